@@ -1,0 +1,38 @@
+# Every public target does its own set-up first, so a fresh clone needs nothing else.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup system-deps lint kafka clean
+
+run: setup
+	$(PY) -m stratalog.demo
+
+test: setup
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/pytest
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
+
+# Starts the reference Apache Kafka (resolved from Maven Central on first use) and prints its
+# bootstrap address; Ctrl-C stops it.
+kafka: setup
+	$(PY) -m stratalog.peers.kafka

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the system packages Stratalog's set-up needs, only when they are missing.
+# Usage: scripts/install-system-deps.sh [extra-command:package ...]
+set -euo pipefail
+
+# command -> Debian package
+declare -A wanted=(
+  [kcat]=kcat
+  [etcd]=etcd-server
+  [java]=openjdk-17-jre-headless
+  [mvn]=maven
+)
+for extra in "$@"; do wanted[${extra%%:*}]=${extra#*:}; done
+
+missing=()
+for cmd in "${!wanted[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${wanted[$cmd]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing missing system packages: ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "error: need root or sudo to apt-get install: ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+for cmd in "${!wanted[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || { echo "error: '$cmd' still missing after apt-get" >&2; exit 1; }
+done
