@@ -1,0 +1,1 @@
+"""Kafka API handlers, one module per family; each takes (core, request, connection)."""

@@ -1,0 +1,335 @@
+"""Topic administration: CreateTopics, DeleteTopics, CreatePartitions, configs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from stratalog.broker.topic_config import (
+    STRING,
+    TOPIC_SETTINGS,
+    TopicConfigError,
+    TopicConfigView,
+    validate_topic_configs,
+)
+from stratalog.cluster.metadata import MetadataError, validate_topic_name
+from stratalog.config import SETTINGS
+from stratalog.protocol.connection import Request
+
+from .common import NONE, err, reply, sub
+
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+BROKER_LOGGER_RESOURCE = 8
+SOURCE_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+
+
+def handle_create_topics(core, req: Request, conn) -> bytes:
+    body = req.body
+    counts = Counter(t.name for t in body.topics)
+    results = []
+    for t in body.topics:
+        error, message = "NONE", None
+        partitions = t.num_partitions if t.num_partitions != -1 else core.config["num.partitions"]
+        meta = None
+        configs: dict[str, str] = {}
+        try:
+            if counts[t.name] > 1:
+                raise MetadataError(
+                    "INVALID_REQUEST",
+                    f"Create topics request from client contains a duplicate topic {t.name}",
+                )
+            validate_topic_name(t.name)
+            if t.name in core.metadata.topics:
+                raise MetadataError("TOPIC_ALREADY_EXISTS", f"Topic '{t.name}' already exists.")
+            if t.assignments:
+                raise MetadataError(
+                    "INVALID_REQUEST", "manual replica assignments are not supported"
+                )
+            if t.replication_factor not in (-1, 1):
+                raise MetadataError(
+                    "INVALID_REPLICATION_FACTOR",
+                    f"Unable to replicate the partition {t.replication_factor} time(s): The "
+                    f"target replication factor of {t.replication_factor} cannot be reached "
+                    f"because only 1 broker(s) are registered.",
+                )
+            if partitions < 1:
+                raise MetadataError(
+                    "INVALID_PARTITIONS",
+                    "Number of partitions was set to an invalid non-positive value.",
+                )
+            try:
+                configs = {
+                    k: v
+                    for k, v in validate_topic_configs({c.name: c.value for c in t.configs}).items()
+                    if v is not None
+                }
+            except TopicConfigError as e:
+                raise MetadataError("INVALID_CONFIG", str(e)) from None
+            if not body.validate_only:
+                meta = core.create_topic(t.name, partitions, configs)
+        except MetadataError as e:
+            error, message = e.error, str(e)
+        ok = error == "NONE"
+        view = TopicConfigView(configs, core.config)
+        cfgs = (
+            tuple(
+                sub(
+                    req,
+                    "CreatableTopicConfigs",
+                    name=c["name"],
+                    value=c["value"],
+                    read_only=False,
+                    config_source=SOURCE_DEFAULT if c["is_default"] else SOURCE_TOPIC,
+                    is_sensitive=False,
+                )
+                for c in view.describe()
+            )
+            if ok
+            else ()
+        )
+        results.append(
+            sub(
+                req,
+                "CreatableTopicResult",
+                name=t.name,
+                topic_id=meta.topic_id if meta else _zero_uuid(),
+                error_code=err(error),
+                error_message=message,
+                topic_config_error_code=0,
+                num_partitions=partitions if ok else -1,
+                replication_factor=1 if ok else -1,
+                configs=cfgs if ok else None,
+            )
+        )
+    return reply(req, topics=tuple(results))
+
+
+def _zero_uuid():
+    import uuid
+
+    return uuid.UUID(int=0)
+
+
+def handle_delete_topics(core, req: Request, conn) -> bytes:
+    body = req.body
+    if hasattr(body, "topic_names"):
+        targets = [(n, None) for n in body.topic_names]
+    else:
+        targets = [(t.name, t.topic_id) for t in body.topics]
+    results = []
+    for name, tid in targets:
+        error, message = "NONE", None
+        topic_id = tid or _zero_uuid()
+        try:
+            if name is None and tid is not None:
+                t = core.topic_by_id(tid)
+                if t is None:
+                    raise MetadataError(
+                        "UNKNOWN_TOPIC_ID", "This server does not host this topic ID."
+                    )
+                name = t.name
+            validate_topic_name(name)
+            if name not in core.metadata.topics:
+                raise MetadataError(
+                    "UNKNOWN_TOPIC_OR_PARTITION", "This server does not host this topic-partition."
+                )
+            topic_id = core.delete_topic(name).topic_id
+        except MetadataError as e:
+            error, message = e.error, str(e)
+            if error == "INVALID_TOPIC_EXCEPTION":
+                error = "UNKNOWN_TOPIC_OR_PARTITION"
+        results.append(
+            sub(
+                req,
+                "DeletableTopicResult",
+                name=name,
+                topic_id=topic_id,
+                error_code=err(error),
+                error_message=message,
+            )
+        )
+    return reply(req, responses=tuple(results))
+
+
+def handle_create_partitions(core, req: Request, conn) -> bytes:
+    body = req.body
+    results = []
+    for t in body.topics:
+        error, message = "NONE", None
+        try:
+            topic = core.metadata.topics.get(t.name)
+            if topic is None:
+                raise MetadataError(
+                    "UNKNOWN_TOPIC_OR_PARTITION", "This server does not host this topic-partition."
+                )
+            if t.assignments:
+                raise MetadataError(
+                    "INVALID_REQUEST", "manual replica assignments are not supported"
+                )
+            if t.count <= len(topic.partitions):
+                raise MetadataError(
+                    "INVALID_PARTITIONS",
+                    f"Topic currently has {len(topic.partitions)} partitions, which is higher "
+                    f"than the requested {t.count}."
+                    if t.count < len(topic.partitions)
+                    else f"Topic already has {t.count} partitions.",
+                )
+            if not body.validate_only:
+                core.add_partitions(t.name, t.count)
+        except MetadataError as e:
+            error, message = e.error, str(e)
+        results.append(
+            sub(
+                req,
+                "CreatePartitionsTopicResult",
+                name=t.name,
+                error_code=err(error),
+                error_message=message,
+            )
+        )
+    return reply(req, results=tuple(results))
+
+
+def _broker_configs() -> list[tuple[str, str, int, str]]:
+    return [(s.name, "", STRING, s.doc) for s in SETTINGS.values()]
+
+
+def handle_describe_configs(core, req: Request, conn) -> bytes:
+    body = req.body
+    include_docs = getattr(body, "include_documentation", False)
+    results = []
+    for res in body.resources:
+        keys = set(res.configuration_keys) if res.configuration_keys is not None else None
+        entries = []
+        error, message = "NONE", None
+        if res.resource_type == TOPIC_RESOURCE:
+            t = core.metadata.topics.get(res.resource_name)
+            if t is None:
+                error = "UNKNOWN_TOPIC_OR_PARTITION"
+                message = f"Topic '{res.resource_name}' does not exist."
+            else:
+                for c in core.topic_config(t).describe():
+                    if keys is not None and c["name"] not in keys:
+                        continue
+                    entries.append(
+                        sub(
+                            req,
+                            "DescribeConfigsResourceResult",
+                            name=c["name"],
+                            value=c["value"],
+                            read_only=False,
+                            config_source=SOURCE_DEFAULT if c["is_default"] else SOURCE_TOPIC,
+                            is_sensitive=False,
+                            synonyms=(),
+                            config_type=c["kind"],
+                            documentation=c["doc"] if include_docs else None,
+                        )
+                    )
+        elif res.resource_type == BROKER_RESOURCE:
+            if res.resource_name not in ("", str(core.node_id)):
+                error = "INVALID_REQUEST"
+                message = (
+                    f"Unexpected broker id, expected {core.node_id} but received "
+                    f"{res.resource_name}"
+                )
+            else:
+                for name, s in sorted(SETTINGS.items()):
+                    if keys is not None and name not in keys:
+                        continue
+                    entries.append(
+                        sub(
+                            req,
+                            "DescribeConfigsResourceResult",
+                            name=name,
+                            value=str(core.config[name]),
+                            read_only=True,
+                            config_source=SOURCE_STATIC_BROKER,
+                            is_sensitive=False,
+                            synonyms=(),
+                            config_type=STRING,
+                            documentation=s.doc if include_docs else None,
+                        )
+                    )
+        elif res.resource_type == BROKER_LOGGER_RESOURCE:
+            entries = []
+        else:
+            error = "INVALID_REQUEST"
+            message = f"Unsupported resource type {res.resource_type}"
+        results.append(
+            sub(
+                req,
+                "DescribeConfigsResult",
+                error_code=err(error),
+                error_message=message,
+                resource_type=res.resource_type,
+                resource_name=res.resource_name,
+                configs=tuple(entries),
+            )
+        )
+    return reply(req, results=tuple(results))
+
+
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
+def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
+    body = req.body
+    results = []
+    for res in body.resources:
+        error, message = "NONE", None
+        try:
+            if res.resource_type != TOPIC_RESOURCE:
+                raise MetadataError(
+                    "INVALID_REQUEST",
+                    "only topic configs can be altered; broker settings come from its config file",
+                )
+            t = core.metadata.topics.get(res.resource_name)
+            if t is None:
+                raise MetadataError(
+                    "UNKNOWN_TOPIC_OR_PARTITION", f"Topic '{res.resource_name}' does not exist."
+                )
+            changes: dict[str, str | None] = {}
+            for c in res.configs:
+                if c.config_operation == SET:
+                    changes[c.name] = c.value
+                elif c.config_operation == DELETE:
+                    if c.name not in TOPIC_SETTINGS:
+                        raise TopicConfigError(f"Unknown topic config name: {c.name}")
+                    changes[c.name] = None
+                else:
+                    raise MetadataError(
+                        "INVALID_REQUEST", f"APPEND and SUBTRACT do not apply to {c.name}"
+                    )
+            try:
+                checked = validate_topic_configs(changes)
+            except TopicConfigError as e:
+                raise MetadataError("INVALID_CONFIG", str(e)) from None
+            if not body.validate_only:
+                core.metadata.set_configs(t.name, checked)
+        except TopicConfigError as e:
+            error, message = "INVALID_CONFIG", str(e)
+        except MetadataError as e:
+            error, message = e.error, str(e)
+        results.append(
+            sub(
+                req,
+                "AlterConfigsResourceResponse",
+                error_code=err(error),
+                error_message=message,
+                resource_type=res.resource_type,
+                resource_name=res.resource_name,
+            )
+        )
+    return reply(req, responses=tuple(results))
+
+
+__all__ = [
+    "NONE",
+    "handle_create_partitions",
+    "handle_create_topics",
+    "handle_delete_topics",
+    "handle_describe_configs",
+    "handle_incremental_alter_configs",
+]

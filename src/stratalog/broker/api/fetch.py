@@ -1,0 +1,126 @@
+"""Fetch with long-poll.
+
+A Fetch is answered when it has ``min_bytes`` or ``max_wait`` has passed (an idle consumer costs
+one request per ``max_wait``, not a busy loop). Chunks come back whole, starting with the one
+holding the fetch offset; the first non-empty partition always gets at least one chunk even if
+it is larger than the limits (KIP-74). Tail chunks are served from memory; older ones are read
+from segment files on the bounded read pool, off the event loop and off the write path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from stratalog.protocol.connection import Request
+from stratalog.protocol.errors import code
+from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
+from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
+
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def _resolve_topic(core, req: Request, ft) -> tuple[str, uuid.UUID | None, object | None, str]:
+    """(name, topic id, TopicMeta or None, error name if unknown)."""
+    if req.api_version >= 13:
+        t = core.topic_by_id(ft.topic_id)
+        if t is None:
+            return "", ft.topic_id, None, "UNKNOWN_TOPIC_ID"
+        return t.name, t.topic_id, t, ""
+    t = core.metadata.topics.get(ft.topic)
+    return ft.topic, t.topic_id if t else None, t, "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+def _gather(core, req: Request, plan, max_bytes: int):
+    """Read every requested partition once; return (topics, size, reads, partitions, errors)."""
+    topics = []
+    total = 0
+    reads: list[ReadResult] = []
+    logs: list[PartitionLog] = []
+    errors = False
+    for name, tid, t, missing, fparts in plan:
+        results = []
+        topics.append((name, tid, results))
+        for fp in fparts:
+            r = PartitionFetchResult(fp.partition)
+            results.append(r)
+            p = core.partition(name, fp.partition) if t is not None else None
+            if p is None:
+                r.error_code = code(missing or "UNKNOWN_TOPIC_OR_PARTITION")
+                errors = True
+                continue
+            logs.append(p)
+            r.high_watermark = p.high_watermark
+            r.last_stable_offset = p.high_watermark
+            r.log_start_offset = p.log_start_offset
+            offset = fp.fetch_offset
+            if offset < p.log_start_offset or offset > p.next_offset:
+                r.error_code = code("OFFSET_OUT_OF_RANGE")
+                errors = True
+                continue
+            remaining = max_bytes - total
+            if remaining <= 0 and total > 0:
+                continue
+            limit = min(fp.partition_max_bytes, remaining) if total else fp.partition_max_bytes
+            rr = p.read(offset, limit, min_one=total == 0)
+            if rr.size:
+                reads.append(rr)
+                r.records = rr.parts
+                r.records_size = rr.size
+                total += rr.size
+    return topics, total, reads, logs, errors
+
+
+def _read_slices(parts_lists: list[list]) -> None:
+    for parts in parts_lists:
+        for i, p in enumerate(parts):
+            if isinstance(p, FileSlice):
+                try:
+                    parts[i] = p.read()
+                finally:
+                    p.release()
+
+
+async def handle_fetch(core, req: Request, conn):
+    body = req.body
+    v = req.api_version
+    max_wait = (
+        body.max_wait.total_seconds()
+        if hasattr(body.max_wait, "total_seconds")
+        else (body.max_wait / 1000)
+    )
+    min_bytes = body.min_bytes
+    max_bytes = getattr(body, "max_bytes", 0x7FFFFFFF)
+    read_committed = getattr(body, "isolation_level", 0) == 1
+    plan = []
+    for ft in body.topics:
+        name, tid, t, missing = _resolve_topic(core, req, ft)
+        plan.append((name, tid, t, missing if t is None else "", ft.partitions))
+    deadline = time.monotonic() + max(0.0, max_wait)
+    while True:
+        topics, total, reads, logs, errors = _gather(core, req, plan, max_bytes)
+        remaining = deadline - time.monotonic()
+        if total >= min_bytes or errors or remaining <= 0 or not logs:
+            break
+        for rr in reads:
+            rr.release()
+        waiters = [p.waiter() for p in logs]
+        try:
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                if not w.done():
+                    w.cancel()
+    slices = [rr.parts for rr in reads if any(isinstance(p, FileSlice) for p in rr.parts)]
+    if slices:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(core.read_executor, _read_slices, slices)
+    parts, _size = encode_fetch_response(
+        v,
+        req.correlation_id,
+        topics,
+        session_id=0,
+        read_committed=read_committed,
+    )
+    return parts

@@ -1,0 +1,328 @@
+"""Consumer-group APIs: coordinator lookup, membership, and committed offsets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from stratalog.broker.group_coordinator import DEAD, EMPTY
+from stratalog.broker.offset_store import CommittedOffset
+from stratalog.protocol.connection import Request
+
+from .common import AUTHORIZED_OPS_OMITTED, NONE, err, reply, sub
+
+MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
+GROUP_KEY = 0
+
+
+def handle_find_coordinator(core, req: Request, conn) -> bytes:
+    body = req.body
+    key_type = getattr(body, "key_type", GROUP_KEY)
+    error = NONE if key_type == GROUP_KEY else err("INVALID_REQUEST")
+    message = None if key_type == GROUP_KEY else "transactions are not supported"
+    node = core.node_id if key_type == GROUP_KEY else -1
+    host = core.advertised_host if key_type == GROUP_KEY else ""
+    port = core.advertised_port if key_type == GROUP_KEY else -1
+    if req.api_version >= 4:
+        coords = tuple(
+            sub(
+                req,
+                "Coordinator",
+                key=k,
+                node_id=node,
+                host=host,
+                port=port,
+                error_code=error,
+                error_message=message,
+            )
+            for k in body.coordinator_keys
+        )
+        return reply(req, coordinators=coords)
+    return reply(req, error_code=error, error_message=message, node_id=node, host=host, port=port)
+
+
+async def handle_join_group(core, req: Request, conn) -> bytes:
+    b = req.body
+    rebalance_ms = b.rebalance_timeout if req.api_version >= 1 else b.session_timeout
+    res = await core.coordinator.join(
+        b.group_id,
+        b.member_id,
+        getattr(b, "group_instance_id", None),
+        req.client_id or "",
+        f"/{conn.peer}",
+        int(b.session_timeout.total_seconds() * 1000),
+        int(rebalance_ms.total_seconds() * 1000),
+        b.protocol_type,
+        [(p.name, p.metadata) for p in b.protocols],
+        require_known_member_id=req.api_version >= 4,
+    )
+    members = tuple(
+        sub(req, "JoinGroupResponseMember", member_id=mid, group_instance_id=gid, metadata=meta)
+        for mid, gid, meta in res.members
+    )
+    protocol_name = res.protocol_name
+    if protocol_name is None and req.api_version < 7:
+        protocol_name = ""
+    return reply(
+        req,
+        error_code=err(res.error),
+        generation_id=res.generation,
+        protocol_type=res.protocol_type,
+        protocol_name=protocol_name,
+        leader=res.leader,
+        skip_assignment=False,
+        member_id=res.member_id,
+        members=members,
+    )
+
+
+async def handle_sync_group(core, req: Request, conn) -> bytes:
+    b = req.body
+    assignments = {a.member_id: a.assignment for a in b.assignments}
+    error, assignment = await core.coordinator.sync(
+        b.group_id, b.generation_id, b.member_id, assignments
+    )
+    g = core.coordinator.group(b.group_id)
+    return reply(
+        req,
+        error_code=err(error),
+        protocol_type=g.protocol_type if g else None,
+        protocol_name=g.protocol_name if g else None,
+        assignment=assignment,
+    )
+
+
+def handle_heartbeat(core, req: Request, conn) -> bytes:
+    b = req.body
+    error = core.coordinator.heartbeat(b.group_id, b.generation_id, b.member_id)
+    return reply(req, error_code=err(error))
+
+
+def handle_leave_group(core, req: Request, conn) -> bytes:
+    b = req.body
+    if req.api_version < 3:
+        error = core.coordinator.leave(b.group_id, b.member_id)
+        return reply(req, error_code=err(error))
+    out = []
+    for m in b.members:
+        e = core.coordinator.leave(b.group_id, m.member_id, m.group_instance_id)
+        out.append(
+            sub(
+                req,
+                "MemberResponse",
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                error_code=err(e),
+            )
+        )
+    return reply(req, error_code=NONE, members=tuple(out))
+
+
+async def handle_offset_commit(core, req: Request, conn):
+    b = req.body
+    generation = b.generation_id_or_member_epoch
+    group_error = core.coordinator.validate_commit(b.group_id, generation, b.member_id)
+    now = int(time.time() * 1000)
+    writes = []
+    topics = []
+    for t in b.topics:
+        parts = []
+        for p in t.partitions:
+            error = group_error
+            if error == "NONE":
+                if core.partition(t.name, p.partition_index) is None:
+                    error = "UNKNOWN_TOPIC_OR_PARTITION"
+                elif (
+                    p.committed_metadata is not None
+                    and len(p.committed_metadata.encode()) > MAX_METADATA_BYTES
+                ):
+                    error = "OFFSET_METADATA_TOO_LARGE"
+                else:
+                    writes.append(
+                        (
+                            (b.group_id, t.name, p.partition_index),
+                            CommittedOffset(
+                                p.committed_offset,
+                                getattr(p, "committed_leader_epoch", -1),
+                                p.committed_metadata,
+                                now,
+                            ),
+                        )
+                    )
+            parts.append(
+                sub(
+                    req,
+                    "OffsetCommitResponsePartition",
+                    partition_index=p.partition_index,
+                    error_code=err(error),
+                )
+            )
+        topics.append(sub(req, "OffsetCommitResponseTopic", name=t.name, partitions=tuple(parts)))
+    if writes:
+        # Durable before the answer: fsync on the metadata thread, off the event loop.
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(core.meta_executor, core.offsets.write, writes)
+    return reply(req, topics=tuple(topics))
+
+
+def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple[str, str]):
+    topic_cls, part_cls = names
+    out = []
+    if topics is None:
+        by_topic: dict[str, list] = {}
+        for (t, p), c in sorted(core.offsets.group_offsets(group_id).items()):
+            by_topic.setdefault(t, []).append((p, c))
+        for t, entries in by_topic.items():
+            out.append(
+                sub(
+                    req,
+                    topic_cls,
+                    name=t,
+                    partitions=tuple(
+                        sub(
+                            req,
+                            part_cls,
+                            partition_index=p,
+                            committed_offset=c.offset,
+                            committed_leader_epoch=c.leader_epoch,
+                            metadata=c.metadata,
+                            error_code=NONE,
+                        )
+                        for p, c in entries
+                    ),
+                )
+            )
+        return tuple(out)
+    for t in topics:
+        parts = []
+        for p in t.partition_indexes:
+            c = core.offsets.get(group_id, t.name, p)
+            parts.append(
+                sub(
+                    req,
+                    part_cls,
+                    partition_index=p,
+                    committed_offset=c.offset if c else -1,
+                    committed_leader_epoch=c.leader_epoch if c else -1,
+                    metadata=(c.metadata if c else ""),
+                    error_code=NONE,
+                )
+            )
+        out.append(sub(req, topic_cls, name=t.name, partitions=tuple(parts)))
+    return tuple(out)
+
+
+def handle_offset_fetch(core, req: Request, conn) -> bytes:
+    b = req.body
+    if req.api_version >= 8:
+        groups = tuple(
+            sub(
+                req,
+                "OffsetFetchResponseGroup",
+                group_id=g.group_id,
+                error_code=NONE,
+                topics=_fetch_group_offsets(
+                    core,
+                    req,
+                    g.group_id,
+                    g.topics,
+                    ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions"),
+                ),
+            )
+            for g in b.groups
+        )
+        return reply(req, groups=groups)
+    topics = _fetch_group_offsets(
+        core,
+        req,
+        b.group_id,
+        b.topics,
+        ("OffsetFetchResponseTopic", "OffsetFetchResponsePartition"),
+    )
+    return reply(req, topics=topics, error_code=NONE)
+
+
+def _known_groups(core) -> dict[str, tuple[str, str]]:
+    """group id -> (state, protocol type) for live groups and offset-only groups."""
+    out = {}
+    for gid in core.offsets.groups():
+        out[gid] = (EMPTY, "consumer")
+    for gid, g in core.coordinator.groups.items():
+        if g.state == EMPTY and gid not in out and not g.members:
+            continue  # a group that never committed and has no members has nothing to show
+        out[gid] = (g.state, g.protocol_type or "consumer")
+    return out
+
+
+def handle_list_groups(core, req: Request, conn) -> bytes:
+    b = req.body
+    states = set(getattr(b, "states_filter", ()) or ())
+    types = {t.lower() for t in (getattr(b, "types_filter", ()) or ())}
+    groups = []
+    for gid, (state, ptype) in sorted(_known_groups(core).items()):
+        if states and state not in states:
+            continue
+        if types and "classic" not in types:
+            continue
+        groups.append(
+            sub(
+                req,
+                "ListedGroup",
+                group_id=gid,
+                protocol_type=ptype,
+                group_state=state,
+                group_type="Classic",
+            )
+        )
+    return reply(req, error_code=NONE, groups=tuple(groups))
+
+
+def handle_describe_groups(core, req: Request, conn) -> bytes:
+    out = []
+    known = _known_groups(core)
+    for gid in req.body.groups:
+        g = core.coordinator.group(gid)
+        if g is None or (not g.members and g.state == EMPTY):
+            state = EMPTY if gid in known else DEAD
+            out.append(
+                sub(
+                    req,
+                    "DescribedGroup",
+                    error_code=NONE,
+                    group_id=gid,
+                    group_state=state,
+                    protocol_type="" if state == DEAD else "consumer",
+                    protocol_data="",
+                    members=(),
+                    authorized_operations=AUTHORIZED_OPS_OMITTED,
+                )
+            )
+            continue
+        stable = g.state in ("Stable",)
+        members = tuple(
+            sub(
+                req,
+                "DescribedGroupMember",
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                member_metadata=m.metadata_for(g.protocol_name or "") if stable else b"",
+                member_assignment=m.assignment if stable else b"",
+            )
+            for m in g.members.values()
+        )
+        out.append(
+            sub(
+                req,
+                "DescribedGroup",
+                error_code=NONE,
+                group_id=gid,
+                group_state=g.state,
+                protocol_type=g.protocol_type or "",
+                protocol_data=g.protocol_name or "" if stable else "",
+                members=members,
+                authorized_operations=AUTHORIZED_OPS_OMITTED,
+            )
+        )
+    return reply(req, groups=tuple(out))

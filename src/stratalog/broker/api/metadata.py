@@ -1,0 +1,184 @@
+"""Metadata, DescribeCluster and DescribeTopicPartitions: what the cluster looks like.
+
+A single node leads every partition at leader epoch 0 and is its only replica. The advertised
+host and port are what clients reconnect to, so they must be reachable from the client.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from stratalog.cluster.metadata import MetadataError, TopicMeta, validate_topic_name
+from stratalog.protocol.connection import Request
+
+from .common import AUTHORIZED_OPS_OMITTED, NONE, err, reply, sub
+
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def _partitions(core, req: Request, t: TopicMeta, cls_name: str) -> tuple:
+    node = core.node_id
+    return tuple(
+        sub(
+            req,
+            cls_name,
+            error_code=NONE,
+            partition_index=i,
+            leader_id=node,
+            leader_epoch=0,
+            replica_nodes=(node,),
+            isr_nodes=(node,),
+            offline_replicas=(),
+            eligible_leader_replicas=(),
+            last_known_elr=(),
+        )
+        for i in range(len(t.partitions))
+    )
+
+
+def _topic(core, req: Request, t: TopicMeta) -> object:
+    return sub(
+        req,
+        "MetadataResponseTopic",
+        error_code=NONE,
+        name=t.name,
+        topic_id=t.topic_id,
+        is_internal=False,
+        partitions=_partitions(core, req, t, "MetadataResponsePartition"),
+        topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
+
+
+def _missing(req: Request, name: str | None, topic_id: uuid.UUID | None, error: str) -> object:
+    return sub(
+        req,
+        "MetadataResponseTopic",
+        error_code=err(error),
+        name=name,
+        topic_id=topic_id or _ZERO_UUID,
+        is_internal=False,
+        partitions=(),
+        topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
+
+
+def handle_metadata(core, req: Request, conn) -> bytes:
+    body = req.body
+    v = req.api_version
+    requested = body.topics
+    if requested is None or (v == 0 and not requested):
+        topics = [_topic(core, req, t) for t in core.metadata.topics.values()]
+    else:
+        allow_auto = getattr(body, "allow_auto_topic_creation", True)
+        topics = []
+        for rt in requested:
+            name = rt.name
+            tid = getattr(rt, "topic_id", None)
+            if name is None and tid is not None and tid != _ZERO_UUID:
+                t = core.topic_by_id(tid)
+                topics.append(
+                    _topic(core, req, t) if t else _missing(req, None, tid, "UNKNOWN_TOPIC_ID")
+                )
+                continue
+            try:
+                validate_topic_name(name)
+            except MetadataError:
+                topics.append(_missing(req, name, None, "INVALID_TOPIC_EXCEPTION"))
+                continue
+            t = core.metadata.topics.get(name)
+            if t is None and allow_auto:
+                t = core.auto_create(name)
+            if t is None:
+                topics.append(_missing(req, name, None, "UNKNOWN_TOPIC_OR_PARTITION"))
+            else:
+                topics.append(_topic(core, req, t))
+    broker = sub(
+        req,
+        "MetadataResponseBroker",
+        node_id=core.node_id,
+        host=core.advertised_host,
+        port=core.advertised_port,
+        rack=None,
+    )
+    return reply(
+        req,
+        brokers=(broker,),
+        cluster_id=core.metadata.cluster_id,
+        controller_id=core.node_id,
+        topics=tuple(topics),
+        cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
+
+
+def handle_describe_cluster(core, req: Request, conn) -> bytes:
+    broker = sub(
+        req,
+        "DescribeClusterBroker",
+        broker_id=core.node_id,
+        host=core.advertised_host,
+        port=core.advertised_port,
+        rack=None,
+    )
+    return reply(
+        req,
+        error_code=NONE,
+        error_message=None,
+        endpoint_type=getattr(req.body, "endpoint_type", 1),
+        cluster_id=core.metadata.cluster_id,
+        controller_id=core.node_id,
+        brokers=(broker,),
+        cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
+
+
+def handle_describe_topic_partitions(core, req: Request, conn) -> bytes:
+    body = req.body
+    names = [t.name for t in body.topics] if body.topics else sorted(core.metadata.topics)
+    limit = max(1, body.response_partition_limit or 2000)
+    start_topic = body.cursor.topic_name if body.cursor is not None else None
+    start_part = body.cursor.partition_index if body.cursor is not None else 0
+    if start_topic is not None:
+        names = [n for n in sorted(names) if n >= start_topic]
+    out = []
+    budget = limit
+    next_cursor = None
+    for name in names:
+        t = core.metadata.topics.get(name)
+        if t is None:
+            out.append(
+                sub(
+                    req,
+                    "DescribeTopicPartitionsResponseTopic",
+                    error_code=err("UNKNOWN_TOPIC_OR_PARTITION"),
+                    name=name,
+                    topic_id=_ZERO_UUID,
+                    is_internal=False,
+                    partitions=(),
+                    topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+                )
+            )
+            continue
+        if budget <= 0:
+            next_cursor = sub(req, "Cursor", topic_name=name, partition_index=0)
+            break
+        first = start_part if name == start_topic else 0
+        parts = _partitions(core, req, t, "DescribeTopicPartitionsResponsePartition")[first:]
+        if len(parts) > budget:
+            next_cursor = sub(req, "Cursor", topic_name=name, partition_index=first + budget)
+            parts = parts[:budget]
+        budget -= len(parts)
+        out.append(
+            sub(
+                req,
+                "DescribeTopicPartitionsResponseTopic",
+                error_code=NONE,
+                name=name,
+                topic_id=t.topic_id,
+                is_internal=False,
+                partitions=parts,
+                topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+            )
+        )
+        if next_cursor is not None:
+            break
+    return reply(req, topics=tuple(out), next_cursor=next_cursor)

@@ -1,0 +1,115 @@
+"""ListOffsets (earliest, latest, max timestamp, by timestamp) and OffsetForLeaderEpoch."""
+
+from __future__ import annotations
+
+from stratalog.protocol.connection import Request
+
+from .common import NONE, err, reply, sub
+
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+
+
+def _lookup(p, ts: int) -> tuple[int, int]:
+    """(timestamp, offset) answered for one partition and target timestamp."""
+    if ts == LATEST:
+        return -1, p.high_watermark
+    if ts in (EARLIEST, EARLIEST_LOCAL):
+        return -1, p.log_start_offset
+    if ts == LATEST_TIERED:
+        return -1, -1
+    if ts == MAX_TIMESTAMP:
+        found = p.max_timestamp()
+        if found is None:
+            return -1, -1
+        offset, stamp = found
+        return stamp, offset
+    found = p.offset_for_timestamp(ts)
+    if found is None:
+        return -1, -1
+    offset, stamp = found
+    return stamp, offset
+
+
+def handle_list_offsets(core, req: Request, conn) -> bytes:
+    topics = []
+    for t in req.body.topics:
+        parts = []
+        for rp in t.partitions:
+            p = core.partition(t.name, rp.partition_index)
+            if p is None:
+                parts.append(
+                    sub(
+                        req,
+                        "ListOffsetsPartitionResponse",
+                        partition_index=rp.partition_index,
+                        error_code=err("UNKNOWN_TOPIC_OR_PARTITION"),
+                        timestamp=-1,
+                        offset=-1,
+                        leader_epoch=-1,
+                    )
+                )
+                continue
+            stamp, offset = _lookup(p, rp.timestamp)
+            parts.append(
+                sub(
+                    req,
+                    "ListOffsetsPartitionResponse",
+                    partition_index=rp.partition_index,
+                    error_code=NONE,
+                    timestamp=stamp,
+                    offset=offset,
+                    leader_epoch=0 if offset >= 0 else -1,
+                )
+            )
+        topics.append(sub(req, "ListOffsetsTopicResponse", name=t.name, partitions=tuple(parts)))
+    return reply(req, topics=tuple(topics))
+
+
+def handle_offset_for_leader_epoch(core, req: Request, conn) -> bytes:
+    topics = []
+    for t in req.body.topics:
+        parts = []
+        for rp in t.partitions:
+            p = core.partition(t.topic, rp.partition)
+            if p is None:
+                parts.append(
+                    sub(
+                        req,
+                        "EpochEndOffset",
+                        error_code=err("UNKNOWN_TOPIC_OR_PARTITION"),
+                        partition=rp.partition,
+                        leader_epoch=-1,
+                        end_offset=-1,
+                    )
+                )
+            elif rp.leader_epoch < 0:
+                parts.append(
+                    sub(
+                        req,
+                        "EpochEndOffset",
+                        error_code=NONE,
+                        partition=rp.partition,
+                        leader_epoch=-1,
+                        end_offset=-1,
+                    )
+                )
+            else:
+                # One leader epoch (0) for the whole life of a single-node partition.
+                parts.append(
+                    sub(
+                        req,
+                        "EpochEndOffset",
+                        error_code=NONE,
+                        partition=rp.partition,
+                        leader_epoch=0,
+                        end_offset=p.next_offset,
+                    )
+                )
+        topics.append(
+            sub(req, "OffsetForLeaderTopicResult", topic=t.topic, partitions=tuple(parts))
+        )
+    return reply(req, topics=tuple(topics))

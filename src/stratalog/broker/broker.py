@@ -1,0 +1,139 @@
+"""Running a broker: in-process (``stratalog.Broker``) or as the ``stratalog serve`` process.
+
+``Broker`` runs the event loop on a background thread so tests and notebooks can use it as a
+context manager::
+
+    with stratalog.Broker("/tmp/data") as b:
+        Producer({"bootstrap.servers": b.bootstrap}) ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from stratalog.broker.core import BrokerCore
+from stratalog.broker.dispatch import make_dispatch
+from stratalog.broker.server import KafkaServer
+from stratalog.config import BrokerConfig
+
+log = logging.getLogger(__name__)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay runnable without
+        return asyncio.new_event_loop()
+
+
+class BrokerService:
+    """Core plus listener, started and stopped inside one event loop."""
+
+    def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
+        self.core = BrokerCore(data_dir, config)
+        self.server = KafkaServer(
+            make_dispatch(self.core), config["host"], config["port"], config["max_request_bytes"]
+        )
+
+    async def start(self) -> None:
+        self.core.open()
+        await self.server.start()
+        self.core.port = self.server.port
+        self.core.start_background()
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        await self.core.close()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.core.advertised_host}:{self.core.advertised_port}"
+
+
+class Broker:
+    """An embedded broker on its own thread and event loop; a context manager."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        config: dict[str, Any] | None = None,
+        config_file: str | Path | None = None,
+    ) -> None:
+        values = dict(config or {})
+        values.setdefault("port", port)
+        values.setdefault("host", host)
+        self.config = BrokerConfig(values, Path(config_file) if config_file else None)
+        self.data_dir = Path(data_dir)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.service: BrokerService | None = None
+
+    def start(self) -> Broker:
+        started: Future[None] = Future()
+        self._loop = new_event_loop()
+
+        def run() -> None:
+            assert self._loop is not None
+            asyncio.set_event_loop(self._loop)
+            self.service = BrokerService(self.data_dir, self.config)
+            try:
+                self._loop.run_until_complete(self.service.start())
+            except BaseException as e:
+                started.set_exception(e)
+                return
+            started.set_result(None)
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="stratalog-broker", daemon=True)
+        self._thread.start()
+        started.result(timeout=60)
+        return self
+
+    def call(self, fn, *args) -> Any:
+        """Run ``fn(*args)`` on the broker's loop and return its result (for tests)."""
+        assert self._loop is not None
+
+        async def run():
+            r = fn(*args)
+            if asyncio.iscoroutine(r):
+                r = await r
+            return r
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=60)
+
+    def stop(self) -> None:
+        if self._loop is None or self.service is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.service.stop(), self._loop).result(timeout=60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            self._loop.close()
+            self._loop = None
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.service is not None, "broker not started"
+        return self.service.bootstrap
+
+    @property
+    def core(self) -> BrokerCore:
+        assert self.service is not None
+        return self.service.core
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,194 @@
+"""The running broker: metadata, storage, groups and the background tasks that tend them.
+
+``BrokerCore`` owns the state every API handler works on. It is started and stopped inside an
+event loop; ``stratalog.Broker`` (embedded) and ``stratalog serve`` (CLI) both drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from stratalog.broker.group_coordinator import GroupCoordinator
+from stratalog.broker.offset_store import OffsetStore
+from stratalog.broker.topic_config import TopicConfigView
+from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
+from stratalog.config import BrokerConfig
+from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
+from stratalog.storage.partition import PartitionLog
+
+log = logging.getLogger(__name__)
+
+
+def _raise_fd_limit() -> None:
+    # The per-partition layout keeps two descriptors per partition open.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class BrokerCore:
+    def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
+        self.data_dir = Path(data_dir)
+        self.config = config
+        self.node_id: int = config["node.id"]
+        self.metadata = MetadataStore(self.data_dir)
+        self.offsets = OffsetStore(self.data_dir)
+        self.coordinator = GroupCoordinator(
+            min_session_ms=config["group.min.session.timeout.ms"],
+            max_session_ms=config["group.max.session.timeout.ms"],
+            initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
+        )
+        self.store = LogStore(
+            StorageConfig(
+                self.data_dir,
+                layout=config["storage.layout"],
+                virtual_logs=config["storage.virtual_logs"],
+                fsync=config.fsync_policy,
+                group_commit_ms=config["group_commit_ms"],
+                group_commit_bytes=config["group_commit_bytes"],
+                segment_bytes=config["segment.bytes"],
+                segment_ms=config["segment.ms"],
+                tail_cache_bytes=config["cache.tail_bytes_per_partition"],
+                io_threads=config["storage.io_threads"],
+            )
+        )
+        self.read_executor = ThreadPoolExecutor(
+            config["storage.read_threads"], thread_name_prefix="stratalog-read"
+        )
+        self.meta_executor = ThreadPoolExecutor(1, thread_name_prefix="stratalog-meta")
+        self.host = config["host"]
+        self.port = config["port"]
+        self._tasks: list[asyncio.Task] = []
+        self.started_at = time.time()
+
+    # -- addresses -----------------------------------------------------------------------------
+    @property
+    def advertised_host(self) -> str:
+        return self.config["advertised.host"] or self.host
+
+    @property
+    def advertised_port(self) -> int:
+        return self.config["advertised.port"] or self.port
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def open(self) -> None:
+        _raise_fd_limit()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.metadata.load()
+        self.offsets.load()
+        triples = [
+            (t.name, i, uid)
+            for t in self.metadata.topics.values()
+            for i, uid in enumerate(t.partitions)
+        ]
+        self.store.open(triples)
+
+    def start_background(self) -> None:
+        self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
+        self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        self.coordinator.shutdown()
+        await self.store.close()
+        self.offsets.close()
+        self.read_executor.shutdown(wait=True)
+        self.meta_executor.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """Stop without flushing anything (tests of crash recovery in-process)."""
+        for t in self._tasks:
+            t.cancel()
+        self.coordinator.shutdown()
+        self.store.abandon()
+        self.offsets.close()
+        self.read_executor.shutdown(wait=False)
+        self.meta_executor.shutdown(wait=False)
+
+    async def _checkpoint_loop(self) -> None:
+        interval = self.config["index.checkpoint.interval.ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.store.checkpoint()
+            except Exception:
+                log.exception("index checkpoint failed")
+
+    async def _retention_loop(self) -> None:
+        interval = self.config["retention.check.interval.ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.run_retention()
+            except Exception:
+                log.exception("retention failed")
+
+    def run_retention(self, now_ms: int | None = None) -> int:
+        policies: dict[int, RetentionPolicy] = {}
+        for t in self.metadata.topics.values():
+            view = self.topic_config(t)
+            policy = RetentionPolicy(view.get_int("retention.ms"), view.get_int("retention.bytes"))
+            for uid in t.partitions:
+                policies[uid] = policy
+        return self.store.apply_retention(policies, now_ms)
+
+    # -- topics --------------------------------------------------------------------------------
+    def topic_config(self, topic: TopicMeta) -> TopicConfigView:
+        return TopicConfigView(topic.configs, self.config)
+
+    def partition(self, topic: str, index: int) -> PartitionLog | None:
+        t = self.metadata.topics.get(topic)
+        if t is None or not 0 <= index < len(t.partitions):
+            return None
+        return self.store.partitions.get(t.partitions[index])
+
+    def create_topic(self, name: str, partitions: int, configs: dict[str, str]) -> TopicMeta:
+        t = self.metadata.create_topic(name, partitions, configs)
+        for i, uid in enumerate(t.partitions):
+            self.store.add_partition(name, i, uid)
+        log.info("created topic %s with %d partitions", name, partitions)
+        return t
+
+    def delete_topic(self, name: str) -> TopicMeta:
+        t = self.metadata.delete_topic(name)
+        for uid in t.partitions:
+            self.store.remove_partition(uid)
+        keys = self.offsets.keys_for_topic(name)
+        if keys:
+            self.offsets.write([(k, None) for k in keys])
+        log.info("deleted topic %s", name)
+        return t
+
+    def add_partitions(self, name: str, total: int) -> None:
+        new = self.metadata.add_partitions(name, total)
+        t = self.metadata.topics[name]
+        first = len(t.partitions) - len(new)
+        for i, uid in enumerate(new):
+            self.store.add_partition(name, first + i, uid)
+
+    def auto_create(self, name: str) -> TopicMeta | None:
+        """Create ``name`` if auto-creation is on; None when it is off or the name is invalid."""
+        if not self.config["auto.create.topics.enable"]:
+            return None
+        try:
+            return self.create_topic(name, self.config["num.partitions"], {})
+        except MetadataError as e:
+            if e.error == "TOPIC_ALREADY_EXISTS":
+                return self.metadata.topics.get(name)
+            return None
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicMeta | None:
+        return self.metadata.topic_by_id(topic_id)

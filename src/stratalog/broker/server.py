@@ -1,0 +1,199 @@
+"""The asyncio side of the Kafka listener: sockets in, ordered responses out.
+
+Requests on one connection are started in arrival order (so appends keep the producer's order)
+but may complete out of order (a Produce waiting for its group commit does not hold up the next
+Produce, which is what lets one pipelining producer fill an fsync group). Responses are written
+strictly in request order, as Kafka clients require. A connection that sends garbage is closed
+alone; the rest of the broker never sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stratalog.protocol.connection import NEED_DATA, KafkaConnection, ProtocolError, Request
+from stratalog.storage.partition import FileSlice
+
+log = logging.getLogger(__name__)
+
+# A handler's result: a whole response frame, a list of parts (Fetch), or None (acks=0).
+Response = bytes | list[Any] | None
+Handler = Callable[[Request, "ClientConnection"], Response | Awaitable[Response]]
+
+_MAX_QUEUED = 64  # requests in flight per connection before we stop reading from it
+
+
+class ClientConnection(asyncio.Protocol):
+    def __init__(self, dispatch: Handler, max_request_bytes: int, on_close: Callable) -> None:
+        self._dispatch = dispatch
+        self._conn = KafkaConnection(max_request_bytes)
+        self._queue: deque[Any] = deque()
+        self._on_close = on_close
+        self.transport: asyncio.Transport | None = None
+        self.peer: str = ""
+        self._reading_paused = False
+        self._writing_paused = False
+        self._closed = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        for item in self._queue:
+            if isinstance(item, asyncio.Future):
+                item.cancel()
+            else:
+                _release(item)
+        self._queue.clear()
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._conn.receive_data(data)
+        except ProtocolError:
+            return
+        while not self._closed:
+            try:
+                event = self._conn.next_event()
+            except ProtocolError as e:
+                log.info("closing connection from %s: %s", self.peer, e)
+                self.abort()
+                return
+            if event is NEED_DATA:
+                break
+            self._start(event)
+        self._update_reading()
+
+    # -- request handling ----------------------------------------------------------------------
+    def _start(self, request: Request) -> None:
+        try:
+            result = self._dispatch(request, self)
+        except Exception:
+            log.exception("handler for API %d v%d failed", request.api_key, request.api_version)
+            self.abort()
+            return
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            fut = asyncio.ensure_future(result)
+            self._queue.append(fut)
+            fut.add_done_callback(self._future_done)
+        else:
+            if result is None and not self._queue:
+                return  # acks=0: nothing to send, nothing to wait for
+            self._queue.append(result)
+        self._flush()
+
+    def _future_done(self, _fut: asyncio.Future) -> None:
+        if not self._closed:
+            self._flush()
+
+    def _flush(self) -> None:
+        queue = self._queue
+        transport = self.transport
+        while queue and not self._closed:
+            head = queue[0]
+            if isinstance(head, asyncio.Future):
+                if not head.done():
+                    break
+                queue.popleft()
+                if head.cancelled():
+                    continue
+                exc = head.exception()
+                if exc is not None:
+                    log.error("request failed, closing connection", exc_info=exc)
+                    self.abort()
+                    return
+                head = head.result()
+            else:
+                queue.popleft()
+            if head is None:
+                continue
+            assert transport is not None
+            if isinstance(head, bytes):
+                transport.write(head)
+            else:
+                transport.writelines([_materialise(p) for p in head])
+                _release(head)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self._closed:
+            return
+        should_pause = self._writing_paused or len(self._queue) >= _MAX_QUEUED
+        if should_pause and not self._reading_paused:
+            self.transport.pause_reading()
+            self._reading_paused = True
+        elif not should_pause and self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self._closed:
+            self._closed = True
+            self.transport.abort()
+
+
+def _materialise(part: Any) -> Any:
+    if isinstance(part, FileSlice):
+        return part.read()
+    return part
+
+
+def _release(item: Any) -> None:
+    if isinstance(item, list):
+        for p in item:
+            if isinstance(p, FileSlice):
+                p.release()
+
+
+class KafkaServer:
+    def __init__(self, dispatch: Handler, host: str, port: int, max_request_bytes: int) -> None:
+        self._dispatch = dispatch
+        self.host = host
+        self.port = port
+        self._max_request_bytes = max_request_bytes
+        self._server: asyncio.Server | None = None
+        self.connections: set[ClientConnection] = set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: self._track(
+                ClientConnection(self._dispatch, self._max_request_bytes, self._untrack)
+            ),
+            self.host,
+            self.port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def _track(self, c: ClientConnection) -> ClientConnection:
+        self.connections.add(c)
+        return c
+
+    def _untrack(self, c: ClientConnection) -> None:
+        self.connections.discard(c)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for c in list(self.connections):
+                c.abort()
+            await self._server.wait_closed()
+            self._server = None

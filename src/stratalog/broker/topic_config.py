@@ -1,0 +1,177 @@
+"""Topic-level configs: the Kafka names Stratalog honours, their defaults and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stratalog.config import BrokerConfig
+
+# DescribeConfigs config types (KIP-569)
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
+
+
+class TopicConfigError(ValueError):
+    """Answered with INVALID_CONFIG and this message."""
+
+
+@dataclass(frozen=True)
+class TopicSetting:
+    name: str
+    kind: int
+    doc: str
+    broker_default: str | None = None  # the broker setting that supplies the default
+    default: str | None = None
+    choices: tuple[str, ...] = ()
+
+
+_T = TopicSetting
+TOPIC_SETTINGS: dict[str, TopicSetting] = {
+    t.name: t
+    for t in [
+        _T(
+            "cleanup.policy",
+            LIST,
+            "Only 'delete' is supported (no compaction).",
+            default="delete",
+            choices=("delete",),
+        ),
+        _T(
+            "compression.type",
+            STRING,
+            "Batches are stored as the producer compressed them.",
+            default="producer",
+            choices=("producer",),
+        ),
+        _T(
+            "retention.ms",
+            LONG,
+            "Drop chunks older than this; -1 keeps them forever.",
+            broker_default="retention.ms",
+        ),
+        _T(
+            "retention.bytes",
+            LONG,
+            "Keep at most this many bytes per partition; -1: no limit.",
+            broker_default="retention.bytes",
+        ),
+        _T(
+            "max.message.bytes",
+            INT,
+            "Largest record batch accepted.",
+            broker_default="message.max.bytes",
+        ),
+        _T(
+            "message.timestamp.type",
+            STRING,
+            "CreateTime keeps the producer's timestamps; "
+            "LogAppendTime stamps batches with broker time.",
+            default="CreateTime",
+            choices=("CreateTime", "LogAppendTime"),
+        ),
+        _T(
+            "segment.bytes",
+            INT,
+            "Accepted for compatibility; segments roll by the broker's "
+            "segment.bytes since partitions share virtual logs.",
+            broker_default="segment.bytes",
+        ),
+        _T(
+            "segment.ms",
+            LONG,
+            "Accepted for compatibility (see segment.bytes).",
+            broker_default="segment.ms",
+        ),
+        _T("min.insync.replicas", INT, "Single node: always 1.", default="1"),
+        _T(
+            "flush.messages",
+            LONG,
+            "Accepted for compatibility; durability is set by the broker's fsync policy.",
+            default="9223372036854775807",
+        ),
+        _T(
+            "flush.ms",
+            LONG,
+            "Accepted for compatibility (see flush.messages).",
+            default="9223372036854775807",
+        ),
+        _T(
+            "message.timestamp.before.max.ms",
+            LONG,
+            "Largest allowed lag of a batch's timestamp behind broker time.",
+            default="9223372036854775807",
+        ),
+        _T(
+            "message.timestamp.after.max.ms",
+            LONG,
+            "Largest allowed lead of a batch's timestamp ahead of broker time.",
+            default="3600000",
+        ),
+    ]
+}
+
+_INTS = (INT, LONG, SHORT)
+
+
+def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str | None]:
+    """Check names and values; returns the configs normalised to strings."""
+    out: dict[str, str | None] = {}
+    for name, value in configs.items():
+        setting = TOPIC_SETTINGS.get(name)
+        if setting is None:
+            raise TopicConfigError(f"Unknown topic config name: {name}")
+        if value is None:
+            out[name] = None
+            continue
+        value = str(value)
+        if setting.kind in _INTS:
+            try:
+                int(value)
+            except ValueError:
+                raise TopicConfigError(
+                    f"Invalid value {value} for configuration {name}: Not a number of type "
+                    f"{'INT' if setting.kind == INT else 'LONG'}"
+                ) from None
+        if setting.choices and value not in setting.choices:
+            raise TopicConfigError(
+                f"Invalid value {value} for configuration {name}: String must be one of: "
+                f"{', '.join(setting.choices)}"
+            )
+        out[name] = value
+    return out
+
+
+def default_value(setting: TopicSetting, broker: BrokerConfig) -> str:
+    if setting.broker_default is not None:
+        return str(broker[setting.broker_default])
+    return str(setting.default)
+
+
+class TopicConfigView:
+    """A topic's effective configs: its own overrides over the broker's defaults."""
+
+    def __init__(self, overrides: dict[str, str], broker: BrokerConfig) -> None:
+        self.overrides = overrides
+        self.broker = broker
+
+    def get(self, name: str) -> str:
+        if name in self.overrides:
+            return self.overrides[name]
+        return default_value(TOPIC_SETTINGS[name], self.broker)
+
+    def get_int(self, name: str) -> int:
+        return int(self.get(name))
+
+    def describe(self) -> list[dict[str, Any]]:
+        out = []
+        for name, s in sorted(TOPIC_SETTINGS.items()):
+            out.append(
+                {
+                    "name": name,
+                    "value": self.get(name),
+                    "is_default": name not in self.overrides,
+                    "kind": s.kind,
+                    "doc": s.doc,
+                }
+            )
+        return out

@@ -1,0 +1,224 @@
+"""Broker settings: one table of names, types, defaults and meanings.
+
+Settings come from defaults, then a TOML file (nested tables flatten to dotted names, so
+``[storage] layout = "virtual"`` is ``storage.layout``), then keyword overrides. Names follow
+Kafka where Kafka has the same setting (``message.max.bytes``, ``auto.create.topics.enable``),
+and topic-level defaults use Kafka's topic config names (``retention.ms``). docs/configuration.md
+documents every entry of ``SETTINGS``; a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratalog.storage.journal import FsyncPolicy
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    doc: str
+
+
+_S = Setting
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in [
+        _S("host", str, "127.0.0.1", "Address the Kafka listener binds to."),
+        _S("port", int, 9092, "Port of the Kafka listener; 0 picks a free port."),
+        _S("advertised.host", str, "", "Host clients are told to connect to (default: host)."),
+        _S("advertised.port", int, 0, "Port clients are told to connect to (default: port)."),
+        _S("node.id", int, 0, "This broker's id in Metadata responses."),
+        _S(
+            "max_request_bytes",
+            int,
+            100 * 1024 * 1024,
+            "Largest request accepted; larger size prefixes close the connection before any "
+            "allocation (Kafka: socket.request.max.bytes).",
+        ),
+        _S(
+            "message.max.bytes",
+            int,
+            1048588,
+            "Largest record batch accepted, the broker default of the topic's max.message.bytes.",
+        ),
+        _S(
+            "auto.create.topics.enable",
+            bool,
+            False,
+            "Create a topic on first Metadata or Produce for it.",
+        ),
+        _S(
+            "num.partitions",
+            int,
+            1,
+            "Partitions of an auto-created topic, or of CreateTopics with -1 partitions.",
+        ),
+        _S(
+            "storage.layout",
+            str,
+            "virtual",
+            "'virtual': partitions share storage.virtual_logs logs (KerA); 'per-partition': one "
+            "log per partition, as Kafka.",
+        ),
+        _S("storage.virtual_logs", int, 4, "Virtual logs per broker in the virtual layout."),
+        _S("storage.io_threads", int, 8, "Threads for fsync and segment sealing."),
+        _S(
+            "storage.read_threads",
+            int,
+            2,
+            "Threads that read segment files for Fetch; bounded so backlog reads cannot starve "
+            "the write path.",
+        ),
+        _S(
+            "fsync",
+            str,
+            "always",
+            "'always': fsync before acks=all is answered (group commit); 'interval:<ms>': fsync "
+            "periodically; 'never': leave it to the OS.",
+        ),
+        _S("group_commit_ms", float, 2.0, "Longest a group of appends waits for its fsync."),
+        _S("group_commit_bytes", int, 512 * 1024, "A group is synced once it holds this much."),
+        _S("segment.bytes", int, 128 * 1024 * 1024, "Roll a log's segment at this size."),
+        _S("segment.ms", int, 7 * 24 * 3600 * 1000, "Roll a log's segment at this age."),
+        _S(
+            "cache.tail_bytes_per_partition",
+            int,
+            4 * 1024 * 1024,
+            "Newest chunks per partition kept in memory so tail reads never touch disk.",
+        ),
+        _S(
+            "index.checkpoint.interval.ms",
+            int,
+            5000,
+            "How often index files are made durable; recovery scans only past the checkpoint.",
+        ),
+        _S("retention.check.interval.ms", int, 10000, "How often retention runs."),
+        _S(
+            "retention.ms",
+            int,
+            7 * 24 * 3600 * 1000,
+            "Default topic retention by time; -1 keeps data forever.",
+        ),
+        _S("retention.bytes", int, -1, "Default topic retention by size per partition; -1: none."),
+        _S("group.min.session.timeout.ms", int, 6000, "Smallest session timeout a member may ask."),
+        _S(
+            "group.max.session.timeout.ms",
+            int,
+            1800000,
+            "Largest session timeout a member may ask.",
+        ),
+        _S(
+            "group.initial.rebalance.delay.ms",
+            int,
+            0,
+            "Wait for more members before the first rebalance of an empty group.",
+        ),
+        _S(
+            "offsets.retention.minutes",
+            int,
+            10080,
+            "Committed offsets of an empty group are kept this long.",
+        ),
+    ]
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _convert(setting: Setting, value: Any) -> Any:
+    try:
+        if setting.type is bool:
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes"):
+                    return True
+                if value.lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if setting.type is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return setting.type(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"setting {setting.name!r} must be {setting.type.__name__}, not {value!r}"
+        ) from None
+
+
+class BrokerConfig:
+    """Resolved settings; read them as ``config["storage.layout"]``."""
+
+    def __init__(self, values: dict[str, Any] | None = None, file: Path | None = None) -> None:
+        merged: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
+        if file is not None:
+            try:
+                with open(file, "rb") as f:
+                    raw = tomllib.load(f)
+            except FileNotFoundError:
+                raise ConfigError(f"config file {file} does not exist") from None
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"config file {file} is not valid TOML: {e}") from None
+            merged.update(self._checked(_flatten(raw)))
+        merged.update(self._checked(values or {}))
+        self._values = merged
+        self.validate()
+
+    @staticmethod
+    def _checked(values: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for key, v in values.items():
+            if key not in SETTINGS:
+                raise ConfigError(f"unknown setting {key!r}")
+            out[key] = _convert(SETTINGS[key], v)
+        return out
+
+    def validate(self) -> None:
+        try:
+            FsyncPolicy.parse(self["fsync"])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self["storage.layout"] not in ("virtual", "per-partition"):
+            raise ConfigError(
+                f"storage.layout must be 'virtual' or 'per-partition', not "
+                f"{self['storage.layout']!r}"
+            )
+        for name in (
+            "storage.virtual_logs",
+            "storage.io_threads",
+            "storage.read_threads",
+            "segment.bytes",
+            "max_request_bytes",
+            "message.max.bytes",
+        ):
+            if self[name] < 1:
+                raise ConfigError(f"setting {name!r} must be positive, not {self[name]}")
+        if self["group_commit_ms"] < 0 or self["group_commit_bytes"] < 0:
+            raise ConfigError("group_commit_ms and group_commit_bytes must not be negative")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @property
+    def fsync_policy(self) -> FsyncPolicy:
+        return FsyncPolicy.parse(self["fsync"])

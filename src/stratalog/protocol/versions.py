@@ -1,0 +1,62 @@
+"""The API versions Stratalog advertises: only those real clients exercise in the tests.
+
+Minimums follow Kafka 4.x (KIP-896 removed older versions). Each range was checked against
+kcat/librdkafka, confluent-kafka, aiokafka, kafka-python and Kafka's own Java client.
+"""
+
+from __future__ import annotations
+
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
+INIT_PRODUCER_ID = 22
+OFFSET_FOR_LEADER_EPOCH = 23
+DESCRIBE_CONFIGS = 32
+CREATE_PARTITIONS = 37
+INCREMENTAL_ALTER_CONFIGS = 44
+DESCRIBE_CLUSTER = 60
+DESCRIBE_TOPIC_PARTITIONS = 75
+
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 12),
+    FETCH: (4, 17),
+    LIST_OFFSETS: (1, 10),
+    METADATA: (0, 12),
+    OFFSET_COMMIT: (2, 9),
+    OFFSET_FETCH: (1, 9),
+    FIND_COORDINATOR: (0, 6),
+    JOIN_GROUP: (0, 9),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    SYNC_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 5),
+    LIST_GROUPS: (0, 5),
+    API_VERSIONS: (0, 4),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    INIT_PRODUCER_ID: (0, 5),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    DESCRIBE_CONFIGS: (1, 4),
+    CREATE_PARTITIONS: (0, 3),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+}
+
+
+def is_supported(api_key: int, version: int) -> bool:
+    r = SUPPORTED.get(api_key)
+    return r is not None and r[0] <= version <= r[1]

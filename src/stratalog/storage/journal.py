@@ -1,0 +1,208 @@
+"""Group commit for one log (BookKeeper's journal): fsync before ack, one fsync per group.
+
+Appends are written to the page cache on the event loop and counted in a log sequence number
+(LSN: bytes appended to the log so far). Under ``fsync=always`` a group gathers appends until it
+holds ``group_commit_bytes`` or is ``group_commit_ms`` old, then one ``fdatasync`` per dirty
+segment runs in a worker thread while the next group gathers. When it returns, every append up
+to the group's LSN is durable and ``on_durable`` is called with that LSN. Under ``interval:<ms>``
+and ``never`` appends count as durable at once (the page cache is the promise) and syncs run on a
+timer or only at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from stratalog.storage.segment import Segment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FsyncPolicy:
+    mode: str  # "always" | "interval" | "never"
+    interval_ms: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FsyncPolicy:
+        t = str(text).strip().lower()
+        if t in ("always", "never"):
+            return cls(t)
+        if t.startswith("interval:"):
+            try:
+                ms = int(t.split(":", 1)[1])
+            except ValueError:
+                ms = -1
+            if ms > 0:
+                return cls("interval", ms)
+        raise ValueError(
+            f"fsync must be 'always', 'never' or 'interval:<ms>' (ms > 0), not {text!r}"
+        )
+
+    def __str__(self) -> str:
+        return f"interval:{self.interval_ms}" if self.mode == "interval" else self.mode
+
+
+class StorageFailure(RuntimeError):
+    """An fsync failed: what is in the page cache can no longer be promised durable."""
+
+
+class GroupCommit:
+    def __init__(
+        self,
+        policy: FsyncPolicy,
+        executor: Executor,
+        on_durable: Callable[[int], None],
+        *,
+        group_ms: float = 2.0,
+        group_bytes: int = 512 * 1024,
+    ) -> None:
+        self.policy = policy
+        self._executor = executor
+        self._on_durable = on_durable
+        self._group_s = group_ms / 1000.0
+        self._group_bytes = group_bytes
+        self.appended = 0
+        self.durable = 0
+        self.failed: BaseException | None = None
+        self._dirty: dict[int, Segment] = {}
+        self._group_size = 0
+        self._group_start: float | None = None
+        self._flushing = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.syncs = 0  # fsync groups completed, for metrics and tests
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: asyncio.Event | None = None
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            if self.policy.mode == "interval":
+                self._timer = self._loop.call_later(self.policy.interval_ms / 1000, self._tick)
+        return self._loop
+
+    def note_append(self, segment: Segment, lsn: int, nbytes: int) -> None:
+        """Record that bytes up to ``lsn`` are in ``segment``'s page cache."""
+        self.appended = lsn
+        self._dirty[segment.seq] = segment
+        if self.policy.mode != "always":
+            self.durable = lsn
+            self._on_durable(lsn)
+            if self.policy.mode == "interval":
+                self._ensure_loop()
+            return
+        loop = self._ensure_loop()
+        self._group_size += nbytes
+        if self._group_start is None:
+            self._group_start = loop.time()
+        if self._flushing:
+            return
+        if self._group_size >= self._group_bytes or self._group_s <= 0:
+            self._start_flush()
+        elif self._timer is None:
+            self._timer = loop.call_at(self._group_start + self._group_s, self._start_flush)
+
+    def _start_flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flushing or self.durable >= self.appended or self.failed:
+            return
+        target = self.appended
+        segments = list(self._dirty.values())
+        for s in segments:
+            s.acquire()
+        self._dirty.clear()
+        self._group_size = 0
+        self._group_start = None
+        self._flushing = True
+        loop = self._ensure_loop()
+        fut = loop.run_in_executor(self._executor, _sync_all, segments)
+        fut.add_done_callback(lambda f: self._flushed(f, target, segments))
+
+    def _flushed(self, fut: asyncio.Future[None], target: int, segments: list[Segment]) -> None:
+        self._flushing = False
+        for s in segments:
+            s.release()
+        exc = fut.exception()
+        if exc is not None:
+            # After a failed fsync the kernel may have dropped the dirty pages: never retry and
+            # pretend (PostgreSQL's fsyncgate). The log stops acknowledging.
+            self.failed = StorageFailure(f"fsync failed: {exc}")
+            log.error("fsync failed, log is read-only from now on: %s", exc)
+            self._on_durable(-1)
+            if self._idle is not None:
+                self._idle.set()
+            return
+        self.syncs += 1
+        self.durable = target
+        self._on_durable(target)
+        if self._idle is not None and self.durable >= self.appended:
+            self._idle.set()
+        if self.appended > self.durable and not self._closed:
+            loop = self._ensure_loop()
+            start = self._group_start if self._group_start is not None else loop.time()
+            if self._group_size >= self._group_bytes or loop.time() - start >= self._group_s:
+                self._start_flush()
+            elif self._timer is None:
+                self._timer = loop.call_at(start + self._group_s, self._start_flush)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._closed:
+            return
+        if self._dirty and not self._flushing:
+            segments = list(self._dirty.values())
+            self._dirty.clear()
+            for s in segments:
+                s.acquire()
+            self._flushing = True
+            loop = self._ensure_loop()
+            fut = loop.run_in_executor(self._executor, _sync_all, segments)
+            fut.add_done_callback(lambda f: self._interval_done(f, segments))
+        loop = self._ensure_loop()
+        self._timer = loop.call_later(self.policy.interval_ms / 1000, self._tick)
+
+    def _interval_done(self, fut: asyncio.Future[None], segments: list[Segment]) -> None:
+        self._flushing = False
+        for s in segments:
+            s.release()
+        if fut.exception() is not None:
+            log.error("periodic fsync failed: %s", fut.exception())
+        else:
+            self.syncs += 1
+
+    async def drain(self) -> None:
+        """Wait until every append so far is durable (used before a clean shutdown)."""
+        if self.policy.mode == "always":
+            while self.durable < self.appended and not self.failed:
+                self._idle = asyncio.Event()
+                self._start_flush()
+                await self._idle.wait()
+        while self._flushing:
+            await asyncio.sleep(0.001)
+        self.sync_now()
+
+    def sync_now(self) -> None:
+        """Synchronously sync every dirty segment (shutdown, segment seal in tests)."""
+        for s in list(self._dirty.values()):
+            s.sync()
+        self._dirty.clear()
+        if not self.failed:
+            self.durable = self.appended
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _sync_all(segments: list[Segment]) -> None:
+    for s in segments:
+        s.sync()

@@ -1,0 +1,286 @@
+"""The storage engine of one broker: its logs, their partitions, retention and checkpoints.
+
+``storage.layout=virtual`` maps each partition to one of V shared virtual logs
+(``logs/v<N>``); ``per-partition`` gives each partition its own log (``logs/p<uid>``), as Kafka
+does. The engine remembers which log a partition lives in and its start/end offsets in
+``partition-state.json`` so that a partition whose chunks were all removed by retention keeps
+its offsets across a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratalog.storage.journal import FsyncPolicy
+from stratalog.storage.partition import PartitionLog
+from stratalog.storage.recovery import RecoveryReport, fsync_dir
+from stratalog.storage.segment import IndexEntry
+from stratalog.storage.virtual_log import VirtualLog
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "partition-state.json"
+
+
+@dataclass
+class StorageConfig:
+    data_dir: Path
+    layout: str = "virtual"
+    virtual_logs: int = 4
+    fsync: FsyncPolicy = field(default_factory=lambda: FsyncPolicy("always"))
+    group_commit_ms: float = 2.0
+    group_commit_bytes: int = 512 * 1024
+    segment_bytes: int = 128 * 1024 * 1024
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    tail_cache_bytes: int = 4 * 1024 * 1024
+    io_threads: int = 8
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("virtual", "per-partition"):
+            raise ValueError(
+                f"storage.layout must be 'virtual' or 'per-partition', not {self.layout!r}"
+            )
+        if self.virtual_logs < 1:
+            raise ValueError("storage.virtual_logs must be at least 1")
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1: keep forever
+    retention_bytes: int = -1
+
+
+class LogStore:
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+        self.root = Path(config.data_dir) / "logs"
+        self.executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="stratalog-io")
+        self.logs: dict[str, VirtualLog] = {}
+        self.partitions: dict[int, PartitionLog] = {}
+        self._state: dict[str, dict] = {}
+        # log name -> segment seq -> live chunks referring to it
+        self._live: dict[str, dict[int, int]] = {}
+        self.recovery: dict[str, RecoveryReport] = {}
+
+    # -- start and stop ------------------------------------------------------------------------
+    def open(self, partitions: list[tuple[str, int, int]]) -> None:
+        """Open every log and load the given (topic, partition, uid) triples."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        state_path = self.root / STATE_FILE
+        if state_path.exists():
+            self._state = json.loads(state_path.read_text())
+        wanted = {uid: (topic, idx) for topic, idx, uid in partitions}
+        names = {p.name for p in self.root.iterdir() if p.is_dir()}
+        for uid in wanted:
+            names.add(self._log_name(uid))
+        entries_by_uid: dict[int, list[tuple[str, int, IndexEntry]]] = {}
+        for name in sorted(names):
+            if name.startswith("p") and int(name[1:]) not in wanted:
+                shutil.rmtree(self.root / name, ignore_errors=True)  # a deleted topic's log
+                continue
+            vlog = self._make_log(name)
+            by_seq = vlog.open()
+            self.recovery[name] = vlog.report
+            live = self._live[name]
+            for seq, entries in by_seq.items():
+                live.setdefault(seq, 0)
+                for e in entries:
+                    if e.uid in wanted:
+                        entries_by_uid.setdefault(e.uid, []).append((name, seq, e))
+        for uid, (topic, idx) in wanted.items():
+            p = self._make_partition(topic, idx, uid)
+            st = self._state.get(str(uid), {})
+            start = int(st.get("start", 0))
+            end = int(st.get("end", 0))
+            for name, seq, e in entries_by_uid.get(uid, []):
+                if name != p.vlog.name or e.last_offset < start:
+                    continue  # another log's stale copy, or removed by retention before
+                p.chunks.append(
+                    e.base_offset, e.last_offset, seq, e.position, e.size, e.max_timestamp
+                )
+                p.producers.record(
+                    e.producer_id,
+                    e.producer_epoch,
+                    e.base_sequence,
+                    e.last_offset_delta + 1,
+                    e.base_offset,
+                    e.max_timestamp,
+                )
+                self._live[name][seq] += 1
+            first = p.chunks.first_offset
+            p.log_start_offset = start if first is None else max(start, first)
+            p.next_offset = max(end, p.chunks.next_offset or 0, p.log_start_offset)
+            p.high_watermark = p.next_offset
+            p.size_bytes = p.chunks.total_bytes()
+        self._collect_garbage()
+        self.save_state()
+
+    async def close(self) -> None:
+        self.save_state()
+        for vlog in self.logs.values():
+            await vlog.close()
+        self.executor.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        for vlog in self.logs.values():
+            vlog.abandon()
+        self.executor.shutdown(wait=False)
+
+    # -- partitions ----------------------------------------------------------------------------
+    def _log_name(self, uid: int) -> str:
+        st = self._state.get(str(uid))
+        if st and "log" in st:
+            return st["log"]
+        if self.config.layout == "per-partition":
+            return f"p{uid}"
+        return f"v{uid % self.config.virtual_logs}"
+
+    def _make_log(self, name: str) -> VirtualLog:
+        vlog = self.logs.get(name)
+        if vlog is None:
+            c = self.config
+            vlog = VirtualLog(
+                self.root / name,
+                name,
+                policy=c.fsync,
+                executor=self.executor,
+                segment_bytes=c.segment_bytes,
+                segment_ms=c.segment_ms,
+                group_commit_ms=c.group_commit_ms,
+                group_commit_bytes=c.group_commit_bytes,
+            )
+            self.logs[name] = vlog
+            self._live[name] = {}
+        return vlog
+
+    def _make_partition(self, topic: str, idx: int, uid: int) -> PartitionLog:
+        name = self._log_name(uid)
+        vlog = self._make_log(name)
+        p = PartitionLog(topic, idx, uid, vlog, tail_cache_bytes=self.config.tail_cache_bytes)
+        p.on_append = self._note_append
+        self.partitions[uid] = p
+        self._state.setdefault(str(uid), {})["log"] = name
+        return p
+
+    def add_partition(self, topic: str, idx: int, uid: int) -> PartitionLog:
+        name = self._log_name(uid)
+        vlog = self._make_log(name)
+        if not vlog.opened:
+            vlog.open()
+        p = self._make_partition(topic, idx, uid)
+        p.size_bytes = 0
+        self.save_state()
+        return p
+
+    def remove_partition(self, uid: int) -> None:
+        p = self.partitions.pop(uid, None)
+        if p is None:
+            return
+        p.deleted = True
+        live = self._live[p.vlog.name]
+        for seq, n in p.chunks.count_by_segment().items():
+            live[seq] = live.get(seq, 0) - n
+        p._wake()
+        self._state.pop(str(uid), None)
+        self.save_state()
+        if self.config.layout == "per-partition" and p.vlog.name == f"p{uid}":
+            vlog = self.logs.pop(p.vlog.name)
+            vlog.abandon()
+            self._live.pop(p.vlog.name, None)
+            shutil.rmtree(vlog.directory, ignore_errors=True)
+        else:
+            self._collect_garbage()
+
+    def _note_append(self, p: PartitionLog, seq: int, n: int) -> None:
+        live = self._live[p.vlog.name]
+        live[seq] = live.get(seq, 0) + n
+
+    # -- retention -----------------------------------------------------------------------------
+    def apply_retention(
+        self, policies: dict[int, RetentionPolicy], now_ms: int | None = None
+    ) -> int:
+        """Drop expired chunks; return how many were dropped. ``policies`` maps uid -> policy."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        dropped_total = 0
+        changed = False
+        for uid, policy in policies.items():
+            p = self.partitions.get(uid)
+            if p is None or not len(p.chunks):
+                continue
+            chunks = p.chunks
+            keep_from = 0
+            n = len(chunks)
+            if policy.retention_ms >= 0:
+                cutoff = now - policy.retention_ms
+                while (
+                    keep_from < n
+                    and chunks.last_of(keep_from) < p.high_watermark
+                    and chunks.max_timestamp_of(keep_from) < cutoff
+                ):
+                    keep_from += 1
+            if policy.retention_bytes >= 0:
+                size = p.size_bytes
+                for i in range(keep_from):
+                    size -= chunks.size_of(i)
+                while (
+                    keep_from < n
+                    and chunks.last_of(keep_from) < p.high_watermark
+                    and size - chunks.size_of(keep_from) >= policy.retention_bytes
+                ):
+                    size -= chunks.size_of(keep_from)
+                    keep_from += 1
+            if keep_from == 0:
+                continue
+            removed_bytes = sum(chunks.size_of(i) for i in range(keep_from))
+            dropped = p.drop_before(keep_from)
+            p.size_bytes -= removed_bytes
+            live = self._live[p.vlog.name]
+            for seq, k in dropped.items():
+                live[seq] = live.get(seq, 0) - k
+            dropped_total += keep_from
+            changed = True
+        if changed:
+            # The new start offsets are durable before any segment file goes.
+            self.save_state()
+            self._collect_garbage()
+        return dropped_total
+
+    def _collect_garbage(self) -> None:
+        for name, live in self._live.items():
+            vlog = self.logs.get(name)
+            if vlog is None or not vlog.opened:
+                continue
+            for seq in [s for s, n in live.items() if n <= 0]:
+                if seq == vlog.active.seq:
+                    continue
+                vlog.delete_segment(seq)
+                del live[seq]
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save_state(self) -> None:
+        for uid, p in self.partitions.items():
+            st = self._state.setdefault(str(uid), {})
+            st["start"] = p.log_start_offset
+            st["end"] = p.next_offset
+        tmp = self.root / (STATE_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self._state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / STATE_FILE)
+        fsync_dir(self.root)
+
+    async def checkpoint(self) -> None:
+        await asyncio.gather(*(v.checkpoint() for v in list(self.logs.values())))
+
+    # -- introspection -------------------------------------------------------------------------
+    def segment_counts(self) -> dict[str, int]:
+        return {name: len(v.segments) for name, v in self.logs.items()}

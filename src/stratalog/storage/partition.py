@@ -1,0 +1,318 @@
+"""One topic-partition's view of storage: offsets, chunk index, tail cache, producer state.
+
+The partition assigns offsets, appends its chunks to the virtual log it maps to, and answers
+reads with whole batches. The freshest chunks are served from memory (the tail cache holds the
+very buffers the producer's request arrived in); older ones are file slices of segments.
+``high_watermark`` is what consumers may see: under ``fsync=always`` it moves only once a chunk is
+durable, so no consumer ever reads a record a crash could take back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from stratalog.storage.batch import (
+    BatchHeader,
+    CorruptBatchError,
+    split_batches,
+    stamp_log_append_time,
+)
+from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.producer_state import BatchMeta, ProducerStateTable, SequenceError
+from stratalog.storage.segment import Segment
+from stratalog.storage.virtual_log import VirtualLog
+
+_OFF = struct.Struct(">q")
+
+
+class AppendError(Exception):
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class FileSlice:
+    """Bytes of a segment to send; holds a reference on the segment until released."""
+
+    segment: Segment
+    position: int
+    size: int
+
+    def read(self) -> bytes:
+        return self.segment.read(self.position, self.size)
+
+    def release(self) -> None:
+        self.segment.release()
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 unless the topic uses LogAppendTime
+    lsn: int  # 0 when nothing was appended (a duplicate)
+    duplicate_of: BatchMeta | None = None
+
+
+@dataclass(slots=True)
+class ReadResult:
+    parts: list[bytes | memoryview | FileSlice]
+    size: int
+
+    def release(self) -> None:
+        for p in self.parts:
+            if isinstance(p, FileSlice):
+                p.release()
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        topic: str,
+        index: int,
+        uid: int,
+        vlog: VirtualLog,
+        *,
+        tail_cache_bytes: int,
+    ) -> None:
+        self.topic = topic
+        self.index = index
+        self.uid = uid
+        self.vlog = vlog
+        self.chunks = ChunkIndex()
+        self.log_start_offset = 0
+        self.next_offset = 0
+        self.high_watermark = 0
+        self.producers = ProducerStateTable()
+        self._tail: dict[int, tuple[bytes, memoryview]] = {}
+        self._tail_order: deque[tuple[int, int]] = deque()
+        self._tail_bytes = 0
+        self._tail_cap = tail_cache_bytes
+        self._waiters: list[asyncio.Future[None]] = []
+        self.deleted = False
+        self.size_bytes = 0
+        self.on_append: Callable[[PartitionLog, int, int], None] | None = None
+
+    # -- write path ----------------------------------------------------------------------------
+    def append(
+        self,
+        records: bytes | memoryview,
+        *,
+        log_append_time_ms: int = -1,
+        max_batch_bytes: int = 1024 * 1024 + 12,
+        timestamp_check=None,
+    ) -> AppendResult:
+        """Validate, assign offsets and append; raises AppendError or CorruptBatchError.
+
+        Nothing is appended unless every batch in ``records`` is valid.
+        """
+        if self.deleted:
+            raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
+        mv = memoryview(records)
+        found = split_batches(mv)
+        headers = [h for _, h in found]
+        for h in headers:
+            if h.size > max_batch_bytes:
+                raise AppendError(
+                    "MESSAGE_TOO_LARGE",
+                    f"batch of {h.size} bytes exceeds max.message.bytes {max_batch_bytes}",
+                )
+            if h.is_transactional or h.is_control:
+                raise AppendError(
+                    "UNSUPPORTED_FOR_MESSAGE_FORMAT", "transactional batches are not supported"
+                )
+            if timestamp_check is not None:
+                timestamp_check(h)
+        duplicate = self._check_sequences(headers)
+        if duplicate is not None:
+            return AppendResult(duplicate.base_offset, duplicate.last_offset, -1, 0, duplicate)
+
+        items: list[tuple[bytes, memoryview, BatchHeader]] = []
+        offset = self.next_offset
+        for pos, h in found:
+            batch = mv[pos : pos + h.size]
+            if log_append_time_ms >= 0:
+                copy = bytearray(batch)
+                stamp_log_append_time(copy, 0, log_append_time_ms)
+                batch = memoryview(bytes(copy))
+                h = replace(
+                    h,
+                    attributes=h.attributes | 0x08,
+                    max_timestamp=log_append_time_ms,
+                    crc=int.from_bytes(batch[17:21], "big"),
+                )
+            items.append((_OFF.pack(offset), batch, h))
+            offset += h.last_offset_delta + 1
+
+        seg, positions, lsn = self.vlog.append(self.uid, items)
+        base = self.next_offset
+        for (off8, batch, h), p in zip(items, positions, strict=True):
+            b = int.from_bytes(off8, "big", signed=True)
+            self.chunks.append(b, b + h.last_offset_delta, seg.seq, p, h.size, h.max_timestamp)
+            self.producers.record(
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
+                h.record_count,
+                b,
+                h.max_timestamp,
+            )
+            self._cache(b, off8, batch[8 : h.size])
+            self.size_bytes += h.size
+        if self.on_append is not None:
+            self.on_append(self, seg.seq, len(items))
+        self.next_offset = offset
+        self.vlog.when_durable(lsn, lambda ok: ok and self.advance_high_watermark(offset))
+        return AppendResult(base, offset - 1, log_append_time_ms, lsn)
+
+    def _check_sequences(self, headers: list[BatchHeader]) -> BatchMeta | None:
+        try:
+            if len(headers) == 1:
+                return self.producers.check(headers[0])
+            # Several batches in one request: each must continue the previous one.
+            first = self.producers.check(headers[0])
+            if first is not None:
+                return first
+            for prev, h in itertools.pairwise(headers):
+                same = h.producer_id >= 0 and h.producer_id == prev.producer_id
+                if same and h.base_sequence != (prev.last_sequence + 1) & 0x7FFFFFFF:
+                    raise SequenceError(
+                        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+                        f"batch sequence {h.base_sequence} does not follow "
+                        f"{prev.last_sequence} in the same request",
+                    )
+            return None
+        except SequenceError as e:
+            raise AppendError(e.error, str(e)) from None
+
+    def _cache(self, base: int, off8: bytes, rest: memoryview) -> None:
+        if self._tail_cap <= 0:
+            return
+        self._tail[base] = (off8, rest)
+        size = len(rest) + 8
+        self._tail_order.append((base, size))
+        self._tail_bytes += size
+        while self._tail_bytes > self._tail_cap and len(self._tail_order) > 1:
+            b, s = self._tail_order.popleft()
+            self._tail.pop(b, None)
+            self._tail_bytes -= s
+
+    def advance_high_watermark(self, offset: int) -> None:
+        if offset > self.high_watermark:
+            self.high_watermark = offset
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future completed the next time the high watermark (or the log) changes."""
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return fut
+
+    # -- read path -----------------------------------------------------------------------------
+    def read(self, offset: int, max_bytes: int, *, min_one: bool = True) -> ReadResult:
+        """Whole batches from the one holding ``offset`` up to ``max_bytes`` below the HWM.
+
+        At least one batch is returned even past ``max_bytes`` when ``min_one`` (KIP-74).
+        """
+        parts: list[bytes | memoryview | FileSlice] = []
+        size = 0
+        chunks = self.chunks
+        n = len(chunks)
+        i = chunks.locate(offset)
+        hwm = self.high_watermark
+        while i < n:
+            base = chunks.base_of(i)
+            if chunks.last_of(i) >= hwm:
+                break
+            s = chunks.size_of(i)
+            if size + s > max_bytes and (size > 0 or not min_one):
+                break
+            cached = self._tail.get(base)
+            if cached is not None:
+                parts.append(cached[0])
+                parts.append(cached[1])
+            else:
+                seg = self.vlog.segment(chunks.segment_of(i))
+                if seg is None:
+                    break
+                loc = chunks[i]
+                parts.append(FileSlice(seg.acquire(), loc.position, loc.size))
+            size += s
+            i += 1
+        return ReadResult(parts, size)
+
+    # -- retention -----------------------------------------------------------------------------
+    def drop_before(self, keep_from: int) -> dict[int, int]:
+        """Drop the first chunks so that chunk ``keep_from`` is first; return per-segment counts."""
+        dropped: dict[int, int] = {}
+        for i in range(keep_from):
+            s = self.chunks.segment_of(i)
+            dropped[s] = dropped.get(s, 0) + 1
+            self._tail.pop(self.chunks.base_of(i), None)
+        if keep_from < len(self.chunks):
+            self.log_start_offset = max(self.log_start_offset, self.chunks.base_of(keep_from))
+        else:
+            self.log_start_offset = max(self.log_start_offset, self.next_offset)
+        self.chunks.drop_front(keep_from)
+        return dropped
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``timestamp``, below the HWM."""
+        from stratalog.records import iter_records
+
+        chunks = self.chunks
+        i = chunks.locate_time(timestamp)
+        while i < len(chunks) and chunks.last_of(i) < self.high_watermark:
+            if chunks.max_timestamp_of(i) >= timestamp:
+                rr = self.read(chunks.base_of(i), 1, min_one=True)
+                try:
+                    data = b"".join(
+                        p.read() if isinstance(p, FileSlice) else bytes(p) for p in rr.parts
+                    )
+                finally:
+                    rr.release()
+                try:
+                    for rec in iter_records(data):
+                        if rec.timestamp >= timestamp and rec.offset >= self.log_start_offset:
+                            return rec.offset, rec.timestamp
+                except CorruptBatchError:
+                    pass
+            i += 1
+        return None
+
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
+        from stratalog.records import iter_records
+
+        chunks = self.chunks
+        best = -1
+        best_i = -1
+        for i in range(len(chunks)):
+            if chunks.last_of(i) >= self.high_watermark:
+                break
+            t = chunks.max_timestamp_of(i)
+            if t > best:
+                best, best_i = t, i
+        if best_i < 0:
+            return None
+        rr = self.read(chunks.base_of(best_i), 1)
+        try:
+            data = b"".join(p.read() if isinstance(p, FileSlice) else bytes(p) for p in rr.parts)
+        finally:
+            rr.release()
+        for rec in iter_records(data):
+            if rec.timestamp == best:
+                return rec.offset, best
+        return chunks.last_of(best_i), best

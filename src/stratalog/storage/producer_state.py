@@ -1,0 +1,110 @@
+"""Idempotent-producer state of one partition: sequence checks and duplicate detection.
+
+Follows Kafka's rules: per producer id the broker remembers the epoch and the last five batches.
+A batch that matches one of those five by (first, last) sequence is a retry and is answered with
+its original offsets instead of being appended twice; a batch whose sequence does not continue
+the last one is rejected with OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch is fenced. The state
+is rebuilt at start from the chunk index (every entry carries the batch's producer fields).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from stratalog.storage.batch import NO_SEQUENCE, BatchHeader
+
+RETAINED_BATCHES = 5
+_INT32_MAX = 0x7FFFFFFF
+
+
+class SequenceError(Exception):
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass(slots=True)
+class BatchMeta:
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+    timestamp: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    epoch: int
+    batches: deque[BatchMeta] = field(default_factory=lambda: deque(maxlen=RETAINED_BATCHES))
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+
+def _in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == _INT32_MAX)
+
+
+class ProducerStateTable:
+    def __init__(self) -> None:
+        self.producers: dict[int, ProducerEntry] = {}
+
+    def check(self, h: BatchHeader) -> BatchMeta | None:
+        """Validate a batch before it is appended.
+
+        Returns the earlier append's metadata when the batch is a duplicate, None when it should
+        be appended; raises SequenceError when it must be rejected.
+        """
+        if h.producer_id < 0 or h.base_sequence == NO_SEQUENCE:
+            return None
+        entry = self.producers.get(h.producer_id)
+        if entry is None:
+            # No state (new producer, or its batches were all removed by retention): accept.
+            return None
+        if h.producer_epoch < entry.epoch:
+            raise SequenceError(
+                "INVALID_PRODUCER_EPOCH",
+                f"producer {h.producer_id} epoch {h.producer_epoch} is older than {entry.epoch}",
+            )
+        if h.producer_epoch > entry.epoch:
+            if h.base_sequence != 0:
+                raise SequenceError(
+                    "OUT_OF_ORDER_SEQUENCE_NUMBER",
+                    f"new epoch {h.producer_epoch} must start at sequence 0, not {h.base_sequence}",
+                )
+            return None
+        for b in entry.batches:
+            if b.first_seq == h.base_sequence and b.last_seq == h.last_sequence:
+                return b
+        if not _in_sequence(entry.last_seq, h.base_sequence):
+            raise SequenceError(
+                "OUT_OF_ORDER_SEQUENCE_NUMBER",
+                f"producer {h.producer_id}: expected sequence {entry.last_seq + 1}, "
+                f"got {h.base_sequence}",
+            )
+        return None
+
+    def record(
+        self,
+        producer_id: int,
+        epoch: int,
+        base_sequence: int,
+        count: int,
+        base_offset: int,
+        timestamp: int,
+    ) -> None:
+        """Remember an appended batch (also used to rebuild state from the index)."""
+        if producer_id < 0 or base_sequence == NO_SEQUENCE:
+            return
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            entry = ProducerEntry(epoch)
+            self.producers[producer_id] = entry
+        elif epoch < entry.epoch:
+            return
+        last_seq = (base_sequence + count - 1) & _INT32_MAX
+        entry.batches.append(
+            BatchMeta(base_sequence, last_seq, base_offset, base_offset + count - 1, timestamp)
+        )

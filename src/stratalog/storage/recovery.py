@@ -1,0 +1,194 @@
+"""Recovery of one log at start: trust the index up to the checkpoint, scan the rest.
+
+The segment index files are written lazily, so after a crash they may lag the data. The log's
+checkpoint names a (segment, position) below which index entries are known complete and durable.
+From there the scan walks frames, checking the frame CRC (partition uid and the batch fields the
+batch CRC does not cover), the batch CRC, that the batch fits in the file, and that each
+partition's offsets continue densely. The first frame that fails ends the log: the segment is
+truncated there and any later segment is deleted, since nothing past a tear was acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratalog.storage.batch import CorruptBatchError, validate_batch
+from stratalog.storage.segment import FRAME, FRAME_SIZE, IndexEntry, Segment, frame_crc
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"
+CLEAN_SHUTDOWN = ".clean-shutdown"
+_SCAN_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass
+class RecoveryReport:
+    scanned_bytes: int = 0
+    scanned_frames: int = 0
+    truncated_bytes: int = 0
+    deleted_segments: list[int] = field(default_factory=list)
+    clean: bool = False
+
+
+def read_checkpoint(directory: Path) -> tuple[int, int] | None:
+    try:
+        text = (directory / CHECKPOINT).read_text().split()
+        return int(text[0]), int(text[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+
+
+def write_checkpoint(directory: Path, seq: int, position: int) -> None:
+    tmp = directory / (CHECKPOINT + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(f"{seq} {position}\n")
+        f.flush()
+        os.fdatasync(f.fileno())
+    os.replace(tmp, directory / CHECKPOINT)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _frame_end(e: IndexEntry) -> int:
+    return e.position + e.size
+
+
+def scan(segment: Segment, start: int, expected: dict[int, int]) -> tuple[list[IndexEntry], int]:
+    """Walk frames from ``start``; return the valid entries and where validity ends.
+
+    ``expected`` maps partition uid -> next offset and is updated as frames are accepted.
+    """
+    entries: list[IndexEntry] = []
+    pos = start
+    size = segment.size
+    buf = b""
+    buf_at = pos
+    while pos < size:
+        # Make sure the buffer holds the frame header and batch header, then the whole batch.
+        need = FRAME_SIZE + 61
+        if pos + need > size:
+            break
+        if pos + need > buf_at + len(buf):
+            buf = segment.read(pos, max(_SCAN_CHUNK, need))
+            buf_at = pos
+        rel = pos - buf_at
+        uid, crc = FRAME.unpack_from(buf, rel)
+        batch_at = rel + FRAME_SIZE
+        if frame_crc(uid, buf[batch_at : batch_at + 21]) != crc:
+            break
+        batch_len = int.from_bytes(buf[batch_at + 8 : batch_at + 12], "big", signed=True)
+        total = FRAME_SIZE + batch_len + 12
+        if batch_len < 49 or pos + total > size:
+            break
+        if rel + total > len(buf):
+            buf = segment.read(pos, max(_SCAN_CHUNK, total))
+            buf_at = pos
+            rel = 0
+            batch_at = FRAME_SIZE
+        try:
+            h = validate_batch(memoryview(buf)[batch_at : batch_at + batch_len + 12])
+        except CorruptBatchError:
+            break
+        want = expected.get(uid)
+        if want is not None and h.base_offset != want:
+            break
+        expected[uid] = h.last_offset + 1
+        entries.append(
+            IndexEntry(
+                uid,
+                h.base_offset,
+                h.last_offset_delta,
+                pos + FRAME_SIZE,
+                h.size,
+                h.max_timestamp,
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
+            )
+        )
+        pos += total
+    return entries, pos
+
+
+def recover_log(
+    directory: Path, seqs: list[int]
+) -> tuple[list[Segment], dict[int, list[IndexEntry]], RecoveryReport]:
+    """Open the segments of one log, repairing a torn tail; return segments and their entries."""
+    report = RecoveryReport()
+    marker = directory / CLEAN_SHUTDOWN
+    clean = marker.exists()
+    ckpt = read_checkpoint(directory)
+    ck_seq, ck_pos = ckpt if ckpt else (-1, 0)
+    segments: list[Segment] = []
+    entries_by_seq: dict[int, list[IndexEntry]] = {}
+    expected: dict[int, int] = {}
+
+    if clean:
+        # Trust the index, but only if it accounts for every byte of every segment.
+        opened = [Segment(directory, s) for s in seqs]
+        ok = True
+        for seg in opened:
+            es = seg.read_index()
+            end = _frame_end(es[-1]) if es else 0
+            if end != seg.size:
+                ok = False
+            entries_by_seq[seg.seq] = es
+        for seg in opened:
+            seg.close()
+        entries_by_seq.clear()
+        if ok:
+            for s in seqs:
+                seg = Segment(directory, s)
+                segments.append(seg)
+                entries_by_seq[s] = seg.read_index()
+            report.clean = True
+            marker.unlink()
+            fsync_dir(directory)
+            return segments, entries_by_seq, report
+        log.warning("%s: clean-shutdown marker but the index disagrees; scanning", directory)
+        marker.unlink()
+        fsync_dir(directory)
+
+    torn = False
+    for s in seqs:
+        seg = Segment(directory, s)
+        if torn:
+            report.deleted_segments.append(s)
+            seg.delete()
+            continue
+        segments.append(seg)
+        indexed = [e for e in seg.read_index() if _frame_end(e) <= seg.size]
+        # Entries below the checkpoint are known complete; past it, the scan redoes them.
+        limit = seg.size if s < ck_seq else (ck_pos if s == ck_seq else 0)
+        trusted = [e for e in indexed if _frame_end(e) <= limit]
+        start = _frame_end(trusted[-1]) if trusted else 0
+        for e in trusted:
+            expected[e.uid] = e.last_offset + 1
+        if start == seg.size and len(trusted) == len(indexed):
+            entries_by_seq[s] = trusted
+            continue
+        scanned, end = scan(seg, start, expected)
+        report.scanned_bytes += end - start
+        report.scanned_frames += len(scanned)
+        if end < seg.size:
+            log.warning(
+                "%s: segment %d torn at %d of %d bytes: truncating", directory, s, end, seg.size
+            )
+            report.truncated_bytes += seg.size - end
+            seg.truncate(end)
+            torn = True
+        all_entries = trusted + scanned
+        if len(all_entries) != len(indexed) or scanned:
+            seg.rewrite_index(all_entries)
+        entries_by_seq[s] = all_entries
+    return segments, entries_by_seq, report

@@ -1,0 +1,243 @@
+"""A virtual log (KerA): one append-only sequence of segments shared by many partitions.
+
+Partitioning is separate from the physical log: every partition maps to one virtual log, and a
+virtual log interleaves the chunks of all partitions mapped to it, so a broker with thousands of
+partitions still writes and fsyncs a handful of files. With ``storage.layout=per-partition`` each
+partition gets a log of its own, as in Kafka, so both layouts run on the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from pathlib import Path
+
+from stratalog.storage.batch import BatchHeader
+from stratalog.storage.journal import FsyncPolicy, GroupCommit
+from stratalog.storage.recovery import (
+    CLEAN_SHUTDOWN,
+    RecoveryReport,
+    fsync_dir,
+    recover_log,
+    write_checkpoint,
+)
+from stratalog.storage.segment import FRAME_SIZE, IndexEntry, Segment, frame_header, list_segments
+
+log = logging.getLogger(__name__)
+
+_IOV_MAX = 1000
+
+
+class VirtualLog:
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        *,
+        policy: FsyncPolicy,
+        executor: Executor,
+        segment_bytes: int,
+        segment_ms: int,
+        group_commit_ms: float,
+        group_commit_bytes: int,
+    ) -> None:
+        self.directory = directory
+        self.name = name
+        self.segment_bytes = segment_bytes
+        self.segment_ms = segment_ms
+        self._executor = executor
+        self.journal = GroupCommit(
+            policy,
+            executor,
+            self._durable,
+            group_ms=group_commit_ms,
+            group_bytes=group_commit_bytes,
+        )
+        self.segments: dict[int, Segment] = {}
+        self.active: Segment
+        self.lsn = 0
+        # (lsn, callback) in LSN order: called once the append at that LSN is durable.
+        self._pending: deque[tuple[int, Callable[[bool], None]]] = deque()
+        self._checkpointed: tuple[int, int] = (-1, 0)
+        self._checkpointing = False
+        self.report = RecoveryReport()
+        self.opened = False
+
+    # -- opening and closing -------------------------------------------------------------------
+    def open(self) -> dict[int, list[IndexEntry]]:
+        """Open (recovering if needed) and return the index entries of every segment."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        segs, entries, self.report = recover_log(self.directory, list_segments(self.directory))
+        for seg in segs:
+            self.segments[seg.seq] = seg
+        if segs:
+            self.active = segs[-1]
+        else:
+            self.active = Segment(self.directory, 0, create=True)
+            self.segments[0] = self.active
+            fsync_dir(self.directory)
+        for seg in segs[:-1]:
+            seg.sealed = True
+        self._checkpointed = (self.active.seq, self.active.size)
+        self.opened = True
+        return entries
+
+    async def close(self) -> None:
+        """Flush everything and leave a clean-shutdown marker so the next start skips the scan."""
+        await self.journal.drain()
+        self.journal.close()
+        ok = self.journal.failed is None
+        for seg in self.segments.values():
+            seg.flush_index(sync=True)
+        if ok:
+            write_checkpoint(self.directory, self.active.seq, self.active.size)
+            (self.directory / CLEAN_SHUTDOWN).touch()
+            fsync_dir(self.directory)
+        for seg in self.segments.values():
+            seg.close()
+        self.segments.clear()
+
+    def abandon(self) -> None:
+        """Close file descriptors without flushing (a crash, as far as the disk can tell)."""
+        self.journal.close()
+        for seg in self.segments.values():
+            seg.release()
+        self.segments.clear()
+
+    # -- appending -----------------------------------------------------------------------------
+    def append(
+        self, uid: int, batches: list[tuple[bytes, memoryview, BatchHeader]]
+    ) -> tuple[Segment, list[int], int]:
+        """Append the frames of one partition's batches in one write.
+
+        Each item is (new 8-byte baseOffset, the batch as received, its header); the batch's own
+        first 8 bytes are replaced by the new offset without copying the rest (zero copy).
+        Returns the segment, the position of each batch and the LSN to wait on for durability.
+        """
+        if self.journal.failed:
+            raise self.journal.failed
+        self._maybe_roll()
+        seg = self.active
+        parts: list[bytes | memoryview] = []
+        positions = []
+        pos = seg.size
+        for off8, batch, h in batches:
+            fh = frame_header(uid, off8 + bytes(batch[8:21]))
+            parts += (fh, off8, batch[8 : h.size])
+            positions.append(pos + FRAME_SIZE)
+            pos += FRAME_SIZE + h.size
+        nbytes = pos - seg.size
+        if len(parts) <= _IOV_MAX:
+            seg.write(parts)
+        else:
+            seg.write([b"".join(parts)])
+        for (off8, _batch, h), p in zip(batches, positions, strict=True):
+            base = int.from_bytes(off8, "big", signed=True)
+            seg.add_index(
+                IndexEntry(
+                    uid,
+                    base,
+                    h.last_offset_delta,
+                    p,
+                    h.size,
+                    h.max_timestamp,
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                )
+            )
+        self.lsn += nbytes
+        self.journal.note_append(seg, self.lsn, nbytes)
+        return seg, positions, self.lsn
+
+    def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(True)`` once ``lsn`` is durable (or ``callback(False)`` on failure)."""
+        if self.journal.durable >= lsn:
+            callback(True)
+        else:
+            self._pending.append((lsn, callback))
+
+    def _durable(self, lsn: int) -> None:
+        pending = self._pending
+        if lsn < 0:
+            while pending:
+                pending.popleft()[1](False)
+            return
+        while pending and pending[0][0] <= lsn:
+            pending.popleft()[1](True)
+
+    def _maybe_roll(self) -> None:
+        seg = self.active
+        if seg.size == 0:
+            return
+        if seg.size >= self.segment_bytes or seg.age_seconds() * 1000 >= self.segment_ms:
+            self.roll()
+
+    def roll(self) -> Segment:
+        old = self.active
+        old.sealed = True
+        old.flush_index()
+        new = Segment(self.directory, old.seq + 1, create=True)
+        self.segments[new.seq] = new
+        self.active = new
+        # The sealed segment's index must be durable before a checkpoint can point past it.
+        old.acquire()
+        self._executor.submit(_seal, old)
+        return new
+
+    # -- reading -------------------------------------------------------------------------------
+    def segment(self, seq: int) -> Segment | None:
+        return self.segments.get(seq)
+
+    def delete_segment(self, seq: int) -> None:
+        seg = self.segments.pop(seq, None)
+        if seg is not None and seg is not self.active:
+            seg.delete()
+        elif seg is not None:
+            self.segments[seq] = seg
+
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments.values())
+
+    # -- index checkpoint ----------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        """Make the index durable up to the current end and record that position."""
+        if self._checkpointing or self.journal.failed:
+            return
+        seg = self.active
+        if (seg.seq, seg.size) == self._checkpointed:
+            return
+        self._checkpointing = True
+        try:
+            seg.flush_index()
+            position = seg.size
+            seg.acquire()
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(
+                    self._executor, _checkpoint, self.directory, seg, position
+                )
+            finally:
+                seg.release()
+            self._checkpointed = (seg.seq, position)
+        finally:
+            self._checkpointing = False
+
+
+def _seal(seg: Segment) -> None:
+    try:
+        seg.sync()
+        os.fdatasync(seg.index_fd)
+    finally:
+        seg.release()
+
+
+def _checkpoint(directory: Path, seg: Segment, position: int) -> None:
+    # Data first, then its index entries, then the checkpoint that vouches for both.
+    seg.sync()
+    os.fdatasync(seg.index_fd)
+    write_checkpoint(directory, seg.seq, position)
