@@ -1,0 +1,367 @@
+"""The ``stratalog`` command: serve a broker, manage topics, produce and consume.
+
+Every failure is reported as one line naming the problem (no traceback) and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Stratalog: a Kafka-compatible, tiered stream store.",
+)
+topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
+app.add_typer(topics_app, name="topics")
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
+
+Bootstrap = Annotated[str, typer.Option("--bootstrap", "-b", help="Broker address HOST:PORT.")]
+TIMEOUT = 15.0
+
+
+class CliError(Exception):
+    """A problem to report in one line."""
+
+
+def fail(message: str) -> None:
+    raise CliError(message)
+
+
+def _parse_pairs(pairs: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in pairs:
+        if "=" not in item:
+            fail(f"{what} {item!r} is not of the form key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+# -- serve ---------------------------------------------------------------------------------------
+@app.command()
+def serve(
+    data_dir: Annotated[Path, typer.Option("--data-dir", "-d", help="Where data lives.")],
+    port: Annotated[int, typer.Option(help="Kafka listener port (0: any free port).")] = 9092,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="TOML settings file.")
+    ] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a setting: key=value.")] = [],  # noqa: B006
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run a broker until SIGTERM or SIGINT, then shut down cleanly."""
+    from stratalog.broker.broker import BrokerService, new_event_loop
+    from stratalog.config import BrokerConfig, ConfigError
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    values: dict = _parse_pairs(set_, "--set")
+    values["port"] = port
+    values["host"] = host
+    try:
+        cfg = BrokerConfig(values, config)
+    except ConfigError as e:
+        fail(str(e))
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    service = BrokerService(data_dir, cfg)
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        try:
+            await service.start()
+        except OSError as e:
+            fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"Stratalog ready at {service.bootstrap}", flush=True)
+        await stop.wait()
+        logging.getLogger("stratalog").info("shutting down")
+        await service.stop()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+# -- topics --------------------------------------------------------------------------------------
+def _admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
+
+
+def _result(future, what: str):
+    from confluent_kafka import KafkaException
+
+    try:
+        return future.result(timeout=TIMEOUT)
+    except KafkaException as e:
+        fail(f"{what}: {e.args[0].str() if e.args else e}")
+    except TimeoutError:
+        fail(f"{what}: no answer from the broker within {TIMEOUT:.0f} s")
+
+
+def _metadata(admin, bootstrap: str, topic: str | None = None):
+    from confluent_kafka import KafkaException
+
+    try:
+        return admin.list_topics(topic=topic, timeout=TIMEOUT)
+    except KafkaException as e:
+        fail(f"cannot reach a broker at {bootstrap}: {e.args[0].str() if e.args else e}")
+
+
+@topics_app.command("create")
+def topics_create(
+    name: str,
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
+    config: Annotated[list[str], typer.Option("--config", help="Topic config key=value.")] = [],  # noqa: B006
+) -> None:
+    """Create a topic."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(bootstrap)
+    fs = admin.create_topics(
+        [NewTopic(name, partitions, 1, config=_parse_pairs(config, "--config"))],
+        request_timeout=TIMEOUT,
+    )
+    _result(fs[name], f"cannot create topic {name!r}")
+    console.print(f"created topic {name} with {partitions} partition(s)")
+
+
+@topics_app.command("list")
+def topics_list(bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
+    """List topics."""
+    md = _metadata(_admin(bootstrap), bootstrap)
+    for name in sorted(md.topics):
+        print(name)
+
+
+@topics_app.command("describe")
+def topics_describe(name: str, bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
+    """Show a topic's partitions, offsets and configs."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import ConfigResource
+
+    admin = _admin(bootstrap)
+    md = _metadata(admin, bootstrap, name)
+    t = md.topics.get(name)
+    if t is None or t.error is not None:
+        fail(f"topic {name!r} does not exist")
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "stratalog-cli", "enable.auto.commit": False}
+    )
+    table = Table(title=f"topic {name} (id {t.topic_id})" if hasattr(t, "topic_id") else name)
+    for col in ("partition", "leader", "start offset", "end offset"):
+        table.add_column(col, justify="right")
+    try:
+        for pid in sorted(t.partitions):
+            lo, hi = c.get_watermark_offsets(TopicPartition(name, pid), timeout=TIMEOUT)
+            table.add_row(str(pid), str(t.partitions[pid].leader), str(lo), str(hi))
+    finally:
+        c.close()
+    console.print(table)
+    res = ConfigResource("topic", name)
+    configs = _result(admin.describe_configs([res])[res], f"cannot describe configs of {name!r}")
+    ct = Table(title="configs")
+    ct.add_column("name")
+    ct.add_column("value")
+    ct.add_column("source")
+    for k in sorted(configs):
+        e = configs[k]
+        ct.add_row(k, str(e.value), "default" if e.is_default else "topic")
+    console.print(ct)
+
+
+@topics_app.command("delete")
+def topics_delete(name: str, bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
+    """Delete a topic and its data."""
+    fs = _admin(bootstrap).delete_topics([name], request_timeout=TIMEOUT)
+    _result(fs[name], f"cannot delete topic {name!r}")
+    console.print(f"deleted topic {name}")
+
+
+# -- produce and consume ---------------------------------------------------------------------------
+@app.command()
+def produce(
+    topic: str,
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    key_separator: Annotated[
+        str | None, typer.Option(help="Split each line into key and value at this string.")
+    ] = None,
+    acks: Annotated[str, typer.Option(help="0, 1 or all.")] = "all",
+) -> None:
+    """Produce each line of standard input as one record."""
+    from confluent_kafka import KafkaException, Producer
+
+    _check_topic(bootstrap, topic)
+    errors: list[str] = []
+
+    def on_delivery(err, _msg) -> None:
+        if err is not None:
+            errors.append(err.str())
+
+    p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5})
+    n = 0
+    try:
+        for line in sys.stdin:
+            line = line.rstrip("\n")
+            key = None
+            if key_separator is not None and key_separator in line:
+                k, line = line.split(key_separator, 1)
+                key = k.encode()
+            p.produce(topic, value=line.encode(), key=key, on_delivery=on_delivery)
+            n += 1
+            p.poll(0)
+    except KafkaException as e:
+        fail(f"cannot produce to {topic!r}: {e.args[0].str() if e.args else e}")
+    left = p.flush(TIMEOUT)
+    if left:
+        fail(f"{left} record(s) not acknowledged within {TIMEOUT:.0f} s")
+    if errors:
+        fail(f"{len(errors)} record(s) failed: {errors[0]}")
+    err_console.print(f"produced {n} record(s) to {topic}")
+
+
+def _check_topic(bootstrap: str, topic: str) -> None:
+    md = _metadata(_admin(bootstrap), bootstrap, topic)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        fail(f"topic {topic!r} does not exist (create it with: stratalog topics create {topic})")
+
+
+@app.command()
+def consume(
+    topic: str,
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    from_beginning: Annotated[bool, typer.Option("--from-beginning")] = False,
+    group: Annotated[str | None, typer.Option(help="Consumer group (commits offsets).")] = None,
+    max_messages: Annotated[int | None, typer.Option(help="Stop after this many.")] = None,
+    timeout: Annotated[float, typer.Option(help="Stop after this many idle seconds.")] = 0.0,
+    print_key: Annotated[bool, typer.Option("--print-key")] = False,
+) -> None:
+    """Print records of a topic, one per line."""
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    _check_topic(bootstrap, topic)
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group or f"stratalog-console-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            "enable.auto.commit": group is not None,
+        }
+    )
+    c.subscribe([topic])
+    n = 0
+    last = time.monotonic()
+    try:
+        while max_messages is None or n < max_messages:
+            m = c.poll(0.5)
+            if m is None:
+                if timeout and time.monotonic() - last > timeout:
+                    break
+                continue
+            if m.error():
+                if m.error().fatal():
+                    fail(f"consumer failed: {m.error().str()}")
+                continue
+            last = time.monotonic()
+            value = (m.value() or b"").decode("utf-8", "replace")
+            if print_key:
+                print(f"{(m.key() or b'').decode('utf-8', 'replace')}\t{value}", flush=True)
+            else:
+                print(value, flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
+    err_console.print(f"consumed {n} record(s)")
+
+
+# -- status --------------------------------------------------------------------------------------
+@app.command()
+def status(bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
+    """Show the broker, its topics with offsets, and consumer groups."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    admin = _admin(bootstrap)
+    md = _metadata(admin, bootstrap)
+    console.print(
+        f"cluster {md.cluster_id}: {len(md.brokers)} broker(s), {len(md.topics)} topic(s)"
+    )
+    table = Table()
+    for col in ("topic", "partitions", "records", "start offsets", "end offsets"):
+        table.add_column(col)
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "stratalog-cli", "enable.auto.commit": False}
+    )
+    try:
+        for name in sorted(md.topics):
+            t = md.topics[name]
+            los, his = [], []
+            for pid in sorted(t.partitions):
+                lo, hi = c.get_watermark_offsets(TopicPartition(name, pid), timeout=TIMEOUT)
+                los.append(lo)
+                his.append(hi)
+            table.add_row(
+                name,
+                str(len(t.partitions)),
+                str(sum(his) - sum(los)),
+                ",".join(map(str, los)),
+                ",".join(map(str, his)),
+            )
+    finally:
+        c.close()
+    console.print(table)
+    groups = _result(admin.list_consumer_groups(request_timeout=TIMEOUT), "cannot list groups")
+    if groups.valid:
+        gt = Table(title="consumer groups")
+        gt.add_column("group")
+        gt.add_column("state")
+        for g in sorted(groups.valid, key=lambda g: g.group_id):
+            gt.add_row(g.group_id, str(g.state.name if g.state else ""))
+        console.print(gt)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except CliError as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(1)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except Exception as e:  # click usage errors and the like: one line, no traceback
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        err_console.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
