@@ -50,13 +50,24 @@ class BrokerProcess:
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
 
     def start(self, timeout: float = 30) -> BrokerProcess:
-        cmd = [sys.executable, "-m", "stratalog.cli", "serve", "--data-dir", str(self.data_dir),
-               "--port", str(self.port), "--log-level", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stratalog.cli",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--log-level",
+            "WARNING",
+        ]
         for k, v in self.settings.items():
             cmd += ["--set", f"{k}={v}"]
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
-                                     start_new_session=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()

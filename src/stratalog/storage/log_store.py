@@ -21,8 +21,8 @@ from pathlib import Path
 
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
-from stratalog.storage.recovery import RecoveryReport, fsync_dir
-from stratalog.storage.segment import IndexEntry
+from stratalog.storage.recovery import RecoveryReport
+from stratalog.storage.segment import IndexEntry, fsync_dir
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratalog.storage.batch import CorruptBatchError, validate_batch
-from stratalog.storage.segment import FRAME, FRAME_SIZE, IndexEntry, Segment, frame_crc
+from stratalog.storage.segment import (
+    FRAME,
+    FRAME_SIZE,
+    IndexEntry,
+    Segment,
+    frame_crc,
+    fsync_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +56,6 @@ def write_checkpoint(directory: Path, seq: int, position: int) -> None:
         f.flush()
         os.fdatasync(f.fileno())
     os.replace(tmp, directory / CHECKPOINT)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _frame_end(e: IndexEntry) -> int:

@@ -29,6 +29,10 @@ ENTRY = struct.Struct("<Iqiqiqqhi")
 ENTRY_SIZE = ENTRY.size
 _UID = struct.Struct("<I")
 
+# Tests simulate a power cut by truncating every segment to the size it had at its last fsync;
+# when STRATALOG_SYNC_LOG names a file, each fsync appends "<path> <size>" to it.
+_SYNC_LOG = os.environ.get("STRATALOG_SYNC_LOG")
+
 
 def frame_crc(uid: int, batch_head: bytes | memoryview) -> int:
     return crc32c(batch_head[:21], crc32c(_UID.pack(uid)))
@@ -68,6 +72,14 @@ class IndexEntry:
         return self.base_offset + self.last_offset_delta
 
 
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def segment_name(seq: int) -> str:
     return f"{seq:020d}"
 
@@ -92,6 +104,8 @@ class Segment:
         self.index_size = os.fstat(self.index_fd).st_size
         os.lseek(self.index_fd, self.index_size, os.SEEK_SET)
         self.created = time.time() if create else os.stat(self.data_path).st_mtime
+        # A new file's directory entry must be durable before data in it is acknowledged.
+        self.dir_synced = not create
         self.sealed = False
         self._index_buf = bytearray()
         self._refs = 1  # the owning log's reference
@@ -121,7 +135,14 @@ class Segment:
             os.fdatasync(self.index_fd)
 
     def sync(self) -> None:
+        size = self.size
         os.fdatasync(self.fd)
+        if not self.dir_synced:
+            fsync_dir(self.directory)
+            self.dir_synced = True
+        if _SYNC_LOG:
+            with open(_SYNC_LOG, "a") as f:
+                f.write(f"{self.data_path} {size}\n")
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)

@@ -21,11 +21,17 @@ from stratalog.storage.journal import FsyncPolicy, GroupCommit
 from stratalog.storage.recovery import (
     CLEAN_SHUTDOWN,
     RecoveryReport,
-    fsync_dir,
     recover_log,
     write_checkpoint,
 )
-from stratalog.storage.segment import FRAME_SIZE, IndexEntry, Segment, frame_header, list_segments
+from stratalog.storage.segment import (
+    FRAME_SIZE,
+    IndexEntry,
+    Segment,
+    frame_header,
+    fsync_dir,
+    list_segments,
+)
 
 log = logging.getLogger(__name__)
 
