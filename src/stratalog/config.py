@@ -119,12 +119,6 @@ SETTINGS: dict[str, Setting] = {
             0,
             "Wait for more members before the first rebalance of an empty group.",
         ),
-        _S(
-            "offsets.retention.minutes",
-            int,
-            10080,
-            "Committed offsets of an empty group are kept this long.",
-        ),
     ]
 }
 

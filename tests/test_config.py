@@ -1,0 +1,65 @@
+"""Settings: documented, typed, and rejected with a clear message when wrong."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stratalog.broker.topic_config import TOPIC_SETTINGS, TopicConfigError, validate_topic_configs
+from stratalog.config import SETTINGS, BrokerConfig, ConfigError
+
+from .conftest import REPO
+
+
+def _documented() -> set[str]:
+    text = (REPO / "docs" / "configuration.md").read_text()
+    return set(re.findall(r"^\| `([^`]+)` \|", text, re.M))
+
+
+def test_every_setting_is_documented_and_nothing_else():
+    assert _documented() == set(SETTINGS) | set(TOPIC_SETTINGS)
+
+
+def test_toml_file_nested_tables_flatten(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('fsync = "never"\n[storage]\nlayout = "per-partition"\nvirtual_logs = 8\n')
+    c = BrokerConfig({"storage.virtual_logs": 2}, f)
+    assert c["fsync"] == "never"
+    assert c["storage.layout"] == "per-partition"
+    assert c["storage.virtual_logs"] == 2  # overrides beat the file
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"no.such.setting": 1}, "unknown setting 'no.such.setting'"),
+        ({"port": "eighty"}, "setting 'port' must be int"),
+        ({"fsync": "sometimes"}, "fsync must be"),
+        ({"storage.layout": "columnar"}, "storage.layout must be"),
+        ({"segment.bytes": 0}, "must be positive"),
+        ({"auto.create.topics.enable": "perhaps"}, "must be bool"),
+    ],
+)
+def test_bad_settings_name_the_problem(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        BrokerConfig(values)
+
+
+def test_bad_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        BrokerConfig(file=tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("fsync = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        BrokerConfig(file=bad)
+
+
+def test_topic_configs_are_validated():
+    assert validate_topic_configs({"retention.ms": 5}) == {"retention.ms": "5"}
+    with pytest.raises(TopicConfigError, match="Unknown topic config name: foo"):
+        validate_topic_configs({"foo": "1"})
+    with pytest.raises(TopicConfigError, match="Not a number"):
+        validate_topic_configs({"retention.bytes": "lots"})
+    with pytest.raises(TopicConfigError, match="must be one of"):
+        validate_topic_configs({"message.timestamp.type": "WallClock"})
