@@ -1,0 +1,600 @@
+"""The reference peer: a real Apache Kafka 4.4.0 broker, resolved from Maven Central on first use.
+
+Stratalog is compared against the genuine article, not a mock. This module
+
+* resolves Apache Kafka's jars with Maven (``tests/peers/kafka/pom.xml``) into a cache outside the
+  repository (``~/.cache/stratalog/kafka-4.4.0/``, or ``$STRATALOG_KAFKA_CACHE``), once, under a
+  file lock, reusing it afterwards (:func:`resolve_kafka`);
+* starts a single-node KRaft cluster (combined broker and controller) on 127.0.0.1 with free ports
+  and a temporary log directory (:class:`KafkaBroker`);
+* runs Kafka's command-line tools by their script names, with the main classes that Kafka's
+  ``bin/*.sh`` scripts use (:func:`run_tool`).
+
+Two classpaths are resolved, so that every JVM runs one consistent Kafka release: the broker's
+(Kafka 4.4.0, which also runs ``kafka-storage``) and the tools' (``org.apache.kafka:kafka-tools``
+at the newest release Maven Central has; see the POM for why that is 4.3.1 and not 4.4.0).
+
+``python -m stratalog.peers.kafka`` (``make kafka``) starts a broker and prints its address until
+Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import base64
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+
+KAFKA_VERSION = "4.4.0"
+"""The broker's Apache Kafka release (the POM's ``kafka.version``)."""
+
+CACHE_ENV = "STRATALOG_KAFKA_CACHE"
+MIN_JAVA = 17
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+POM = REPO_ROOT / "tests" / "peers" / "kafka" / "pom.xml"
+
+BROKER_MAIN = "kafka.Kafka"
+
+# Script name (bin/<name>.sh) -> main classes, first one present on the classpath wins. The first
+# entry is what Kafka 4.4's script runs; a later one is the same tool in the older tools release
+# that Maven Central has (kafka-configs moved from core's kafka.admin to kafka-tools in 4.4).
+TOOL_MAIN_CLASSES: dict[str, tuple[str, ...]] = {
+    "kafka-topics": ("org.apache.kafka.tools.TopicCommand",),
+    "kafka-console-producer": ("org.apache.kafka.tools.ConsoleProducer",),
+    "kafka-console-consumer": ("org.apache.kafka.tools.consumer.ConsoleConsumer",),
+    "kafka-consumer-groups": ("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",),
+    "kafka-configs": ("org.apache.kafka.tools.ConfigCommand", "kafka.admin.ConfigCommand"),
+    "kafka-producer-perf-test": ("org.apache.kafka.tools.ProducerPerformance",),
+    "kafka-consumer-perf-test": ("org.apache.kafka.tools.ConsumerPerformance",),
+    "kafka-storage": ("kafka.tools.StorageTool",),
+}
+# Tools that must run on the broker's own release: kafka-storage writes the on-disk format
+# (metadata version, bootstrap checkpoint) that the 4.4.0 broker then reads.
+BROKER_CLASSPATH_TOOLS = frozenset({"kafka-storage"})
+
+_INSTALL_HINT = (
+    "Install it with `make setup` (scripts/install-system-deps.sh), or directly with "
+    "`sudo apt-get install -y {package}`."
+)
+_MARKER = ".complete"
+_LIBS = {"broker": "libs", "tools": "tools-libs"}
+
+
+class KafkaSetupError(RuntimeError):
+    """The reference Kafka cannot be resolved or started (missing Java/Maven, no checkout...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Resolution
+# --------------------------------------------------------------------------------------------
+
+
+def _cache_dir(cache_dir: Path | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "stratalog" / f"kafka-{KAFKA_VERSION}"
+
+
+def _pom() -> Path:
+    if not POM.is_file():
+        raise KafkaSetupError(
+            f"cannot find the reference Kafka POM at {POM}: stratalog.peers.kafka resolves Apache "
+            "Kafka from tests/peers/kafka/pom.xml, which only exists in a source checkout of "
+            "Stratalog (this package is installed from elsewhere). Run it from a clone with "
+            "`pip install -e .`."
+        )
+    return POM
+
+
+def _require_command(command: str, package: str, what: str) -> str:
+    path = shutil.which(command)
+    if path is None:
+        raise KafkaSetupError(
+            f"`{command}` ({what}) is not on PATH; the reference Apache Kafka needs it. "
+            + _INSTALL_HINT.format(package=package)
+        )
+    return path
+
+
+def _java() -> str:
+    """The ``java`` executable, checked to be Java 17 or newer (Kafka 4.x brokers need 17)."""
+    return _checked_java(_require_command("java", "openjdk-17-jre-headless", "Java 17+ runtime"))
+
+
+@functools.cache
+def _checked_java(java: str) -> str:
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if match:
+        major = int(match.group(1))
+        if major == 1 and match.group(2):  # "1.8.0_..." style
+            major = int(match.group(2))
+        if major < MIN_JAVA:
+            raise KafkaSetupError(
+                f"{java} is Java {major}; Apache Kafka {KAFKA_VERSION} needs Java {MIN_JAVA}+. "
+                + _INSTALL_HINT.format(package="openjdk-17-jre-headless")
+            )
+    return java
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _marker_text(pom: Path) -> str:
+    return f"pom-sha256={hashlib.sha256(pom.read_bytes()).hexdigest()}\n"
+
+
+def _is_complete(cache: Path, pom: Path) -> bool:
+    marker = cache / _MARKER
+    if not marker.is_file() or marker.read_text() != _marker_text(pom):
+        return False
+    return all(any((cache / libs).glob("*.jar")) for libs in _LIBS.values())
+
+
+def _mvn_copy(mvn: str, pom: Path, profile: str, out: Path) -> None:
+    cmd = [mvn, "-q", "-B", "-f", str(pom), f"-P{profile}", "dependency:copy-dependencies",
+           f"-DoutputDirectory={out}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired as e:
+        raise KafkaSetupError(
+            f"Maven did not finish resolving Apache Kafka: {' '.join(cmd)}"
+        ) from e
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        raise KafkaSetupError(
+            f"Maven could not resolve Apache Kafka (profile {profile}, exit {proc.returncode}); "
+            f"it needs to reach Maven Central.\n$ {' '.join(cmd)}\n{tail}"
+        )
+
+
+def resolve_kafka(cache_dir: Path | None = None) -> Path:
+    """Resolve Apache Kafka's jars from Maven Central into the cache; return the broker's libs dir.
+
+    The cache is ``cache_dir``, else ``$STRATALOG_KAFKA_CACHE``, else
+    ``~/.cache/stratalog/kafka-4.4.0/``. It holds ``libs/`` (the broker's classpath) and
+    ``tools-libs/`` (the command-line tools'), and is reused once a marker file records a complete
+    resolution of the current POM. Concurrent callers serialise on a file lock in the cache.
+    Raises :class:`KafkaSetupError` naming what is missing when Java or Maven is not installed.
+    """
+    pom = _pom()
+    cache = _cache_dir(cache_dir)
+    _java()
+    if _is_complete(cache, pom):
+        return cache / _LIBS["broker"]
+    with _locked(cache / ".lock"):
+        if _is_complete(cache, pom):  # another process finished it while we waited
+            return cache / _LIBS["broker"]
+        mvn = _require_command("mvn", "maven", "Apache Maven, which resolves Kafka's jars")
+        (cache / _MARKER).unlink(missing_ok=True)
+        for profile, libs in _LIBS.items():
+            final, partial = cache / libs, cache / f"{libs}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            _mvn_copy(mvn, pom, profile, partial)
+            if not any(partial.glob("*.jar")):
+                raise KafkaSetupError(f"Maven resolved no jars (profile {profile}) into {partial}")
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+        (cache / _MARKER).write_text(_marker_text(pom))
+    return cache / _LIBS["broker"]
+
+
+def kafka_classpath(cache_dir: Path | None = None) -> str:
+    """The broker's Java classpath (Apache Kafka 4.4.0 and the log4j2 backend), resolving first."""
+    return str(resolve_kafka(cache_dir) / "*")
+
+
+def tools_classpath(cache_dir: Path | None = None) -> str:
+    """The command-line tools' Java classpath, resolving first."""
+    return str(resolve_kafka(cache_dir).parent / _LIBS["tools"] / "*")
+
+
+_class_index: dict[Path, frozenset[str]] = {}
+
+
+def _classes_in(libs: Path) -> frozenset[str]:
+    if libs not in _class_index:
+        names: set[str] = set()
+        for jar in sorted(libs.glob("*.jar")):
+            with zipfile.ZipFile(jar) as zf:
+                names.update(n[:-6].replace("/", ".") for n in zf.namelist()
+                             if n.endswith(".class") and "$" not in n)
+        _class_index[libs] = frozenset(names)
+    return _class_index[libs]
+
+
+def tool_main_class(tool: str, cache_dir: Path | None = None) -> tuple[str, str]:
+    """``(main class, classpath)`` that runs the Kafka script ``tool`` (e.g. ``kafka-topics``)."""
+    name = tool.removesuffix(".sh")
+    if name not in TOOL_MAIN_CLASSES:
+        known = ", ".join(sorted(TOOL_MAIN_CLASSES))
+        raise ValueError(f"unknown Kafka tool {tool!r}; known: {known}")
+    broker_libs = resolve_kafka(cache_dir)
+    libs = broker_libs if name in BROKER_CLASSPATH_TOOLS else broker_libs.parent / _LIBS["tools"]
+    present = _classes_in(libs)
+    for main in TOOL_MAIN_CLASSES[name]:
+        if main in present:
+            return main, str(libs / "*")
+    raise KafkaSetupError(f"none of {TOOL_MAIN_CLASSES[name]} is on the classpath {libs}")
+
+
+# --------------------------------------------------------------------------------------------
+# Logging
+# --------------------------------------------------------------------------------------------
+
+
+def _log4j2_config(path: Path, log_file: Path | None, level: str = "WARN") -> Path:
+    """Write a log4j2 properties config: ``level`` and up, to ``log_file`` or else stderr."""
+    pattern = "[%d] %p %m (%c)%n"
+    if log_file is None:
+        appender = ["appender.out.type = Console", "appender.out.target = SYSTEM_ERR"]
+    else:
+        appender = ["appender.out.type = File", f"appender.out.fileName = {log_file}"]
+    lines = [
+        "status = error",
+        *appender,
+        "appender.out.name = OUT",
+        "appender.out.layout.type = PatternLayout",
+        f"appender.out.layout.pattern = {pattern}",
+        f"rootLogger.level = {level}",
+        "rootLogger.appenderRef.out.ref = OUT",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _tools_log_config(cache_dir: Path | None) -> Path:
+    cache = resolve_kafka(cache_dir).parent
+    path = cache / "tools-log4j2.properties"
+    if not path.is_file():
+        tmp = cache / f"tools-log4j2.properties.{os.getpid()}"
+        _log4j2_config(tmp, None)
+        tmp.replace(path)
+    return path
+
+
+def _jvm_base(java: str, heap: str, log_config: Path, classpath: str) -> list[str]:
+    return [java, f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile=file:{log_config}", "-cp", classpath]
+
+
+# --------------------------------------------------------------------------------------------
+# Tools
+# --------------------------------------------------------------------------------------------
+
+
+def run_tool(
+    tool: str,
+    *args: str,
+    timeout: float = 120,
+    input: str | None = None,
+    heap: str = "512m",
+    cache_dir: Path | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run a Kafka command-line tool by its script name, e.g. ``run_tool("kafka-topics", ...)``.
+
+    The tool runs as ``java -cp <classpath> <MainClass> args...``, logging WARN and up to stderr.
+    Output is captured as text; ``check=True`` raises on a non-zero exit.
+    """
+    main, classpath = tool_main_class(tool, cache_dir)
+    cmd = [*_jvm_base(_java(), heap, _tools_log_config(cache_dir), classpath), main, *args]
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
+                          check=check, stdin=None if input is not None else subprocess.DEVNULL)
+
+
+# --------------------------------------------------------------------------------------------
+# Broker
+# --------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _random_cluster_id() -> str:
+    """A Kafka cluster id: a random UUID, URL-safe base64 without padding (22 characters)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _metadata_round_trip(bootstrap: str, timeout: float) -> bool:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return bool(md.brokers)
+
+
+class KafkaBroker:
+    """A single-node Apache Kafka 4.4.0 KRaft cluster (``process.roles=broker,controller``).
+
+    Listens on 127.0.0.1 (a free client port and a free controller port), keeps its logs in a
+    temporary directory (removed on :meth:`stop` unless ``keep=True``), and logs WARN and up to
+    ``<log_dir>/kafka.log``. ``properties`` override the defaults in :attr:`DEFAULTS` and the
+    listener settings. Use as a context manager, or call :meth:`start` / :meth:`stop`; the
+    broker is also stopped at interpreter exit.
+    """
+
+    DEFAULTS: Mapping[str, str] = {
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        # Stratalog's default: topics are created explicitly.
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+    }
+
+    def __init__(
+        self,
+        properties: Mapping[str, object] | None = None,
+        *,
+        heap: str = "512m",
+        keep: bool = False,
+        startup_timeout: float = 90,
+        stop_timeout: float = 30,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.properties = {k: str(v) for k, v in (properties or {}).items()}
+        self.heap = heap
+        self.keep = keep
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.cache_dir = cache_dir
+        self.port = 0
+        self.controller_port = 0
+        self.bootstrap = ""
+        self.cluster_id = ""
+        self.log_dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def server_log(self) -> Path:
+        assert self.log_dir is not None, "broker not started"
+        return self.log_dir / "kafka.log"
+
+    @property
+    def console_log(self) -> Path:
+        assert self.log_dir is not None, "broker not started"
+        return self.log_dir / "console.log"
+
+    def _server_properties(self) -> dict[str, str]:
+        assert self.log_dir is not None
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
+                          f"CONTROLLER://127.0.0.1:{self.controller_port}"),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.log_dir / "data"),
+            **self.DEFAULTS,
+        }
+        props.update(self.properties)
+        return props
+
+    def start(self) -> KafkaBroker:
+        if self.alive:
+            return self
+        libs = resolve_kafka(self.cache_dir)
+        java = _java()
+        classpath = str(libs / "*")
+        self.log_dir = Path(tempfile.mkdtemp(prefix="stratalog-kafka-"))
+        self.port, self.controller_port = _free_port(), _free_port()
+        while self.controller_port == self.port:
+            self.controller_port = _free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.cluster_id = _random_cluster_id()
+
+        config = self.log_dir / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in self._server_properties().items()))
+        log_config = _log4j2_config(self.log_dir / "log4j2.properties", self.server_log)
+        base = _jvm_base(java, self.heap, log_config, classpath)
+
+        fmt = subprocess.run(
+            [*base, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+             "--cluster-id", self.cluster_id, "--config", str(config)],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )
+        if fmt.returncode != 0:
+            self._cleanup()
+            raise KafkaSetupError(
+                f"kafka-storage format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}"
+            )
+
+        with open(self.console_log, "ab") as console:
+            self._proc = subprocess.Popen(
+                [*base, f"-Dkafka.logs.dir={self.log_dir}", BROKER_MAIN, str(config)],
+                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                start_new_session=True,  # own session and process group, led by the JVM
+            )
+        atexit.register(self.stop)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if self._proc.poll() is not None:
+                raise KafkaSetupError(
+                    f"Apache Kafka exited with status {self._proc.returncode} while starting.\n"
+                    + self._log_tails()
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KafkaSetupError(
+                    f"Apache Kafka was not ready at {self.bootstrap} within "
+                    f"{self.startup_timeout:.0f}s.\n" + self._log_tails()
+                )
+            if _port_open(self.port) and _metadata_round_trip(self.bootstrap, min(5, remaining)):
+                return
+            time.sleep(0.2)
+
+    def _log_tails(self) -> str:
+        parts = []
+        for path in (self.console_log, self.server_log):
+            tail = _tail(path)
+            if tail:
+                parts.append(f"--- {path} (tail) ---\n{tail}")
+        return "\n".join(parts) or "(the broker wrote no log output)"
+
+    def stop(self) -> None:
+        """Stop the JVM by its PID (its process group): SIGTERM, bounded wait, then SIGKILL."""
+        atexit.unregister(self.stop)
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._signal(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(proc, signal.SIGKILL)
+                proc.wait(timeout=30)
+            # Anything else left in the group (there should be nothing) goes too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self._cleanup()
+
+    @staticmethod
+    def _signal(proc: subprocess.Popen[bytes], sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+
+    def _cleanup(self) -> None:
+        if self.log_dir is not None and not self.keep:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid} at {self.bootstrap}" if self.alive else "stopped"
+        return f"<KafkaBroker {KAFKA_VERSION} {state}>"
+
+
+# --------------------------------------------------------------------------------------------
+# python -m stratalog.peers.kafka
+# --------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m stratalog.peers.kafka",
+        description=f"Run the reference Apache Kafka {KAFKA_VERSION} broker until Ctrl-C.",
+    )
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra broker property (repeatable)")
+    parser.add_argument("--heap", default="512m", help="JVM max heap (default 512m)")
+    parser.add_argument("--keep", action="store_true", help="keep the log directory on exit")
+    args = parser.parse_args(argv)
+    props: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set expects KEY=VALUE, got {item!r}")
+        props[key.strip()] = value.strip()
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Explicit handlers: a shell's background job starts with SIGINT ignored.
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    try:
+        with KafkaBroker(props, heap=args.heap, keep=args.keep) as broker:
+            print(f"Apache Kafka {KAFKA_VERSION} ready at {broker.bootstrap}", flush=True)
+            print(f"(pid {broker.pid}, logs in {broker.log_dir}; Ctrl-C stops it)",
+                  file=sys.stderr, flush=True)
+            while broker.alive:
+                time.sleep(0.5)
+            print(f"Apache Kafka exited unexpectedly.\n{broker._log_tails()}", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        return 0
+    except KafkaSetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
