@@ -5,12 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup system-deps lint kafka clean
+.PHONY: run test setup system-deps kafka-deps lint kafka clean
 
 run: setup
 	$(PY) -m stratalog.demo
 
-test: setup
+test: setup kafka-deps
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/pytest
 
@@ -18,6 +18,10 @@ setup: system-deps $(STAMP)
 
 system-deps:
 	@bash scripts/install-system-deps.sh
+
+# Apache Kafka (the reference peer) from Maven Central, into ~/.cache/stratalog; reused after.
+kafka-deps: $(STAMP)
+	@$(PY) -c 'from stratalog.peers.kafka import resolve_kafka; print("Apache Kafka jars in", resolve_kafka())'
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
