@@ -82,8 +82,13 @@ def serve(
 
     async def main() -> None:
         try:
-            await service.start()
+            service.open_storage()
         except OSError as e:
+            fail(f"cannot open the data directory {data_dir}: {e}")
+        try:
+            await service.listen()
+        except OSError as e:
+            await service.core.close()
             fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -99,10 +104,32 @@ def serve(
 
 
 # -- topics --------------------------------------------------------------------------------------
+def _client_config(bootstrap: str, **extra) -> dict:
+    """librdkafka settings for the CLI's clients: quiet (errors are reported in one line)."""
+    _check_reachable(bootstrap)
+    return {"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": 10000, **extra}
+
+
+def _check_reachable(bootstrap: str) -> None:
+    import socket
+
+    problems = []
+    for addr in bootstrap.split(","):
+        host, _, port = addr.strip().rpartition(":")
+        if not host or not port.isdigit():
+            fail(f"--bootstrap {addr!r} is not of the form HOST:PORT")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+            return
+        except OSError as e:
+            problems.append(f"{addr}: {e.strerror or e}")
+    fail(f"cannot reach a broker at {bootstrap} ({'; '.join(problems)})")
+
+
 def _admin(bootstrap: str):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
+    return AdminClient(_client_config(bootstrap))
 
 
 def _result(future, what: str):
@@ -164,7 +191,7 @@ def topics_describe(name: str, bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
     if t is None or t.error is not None:
         fail(f"topic {name!r} does not exist")
     c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "stratalog-cli", "enable.auto.commit": False}
+        _client_config(bootstrap, **{"group.id": "stratalog-cli", "enable.auto.commit": False})
     )
     table = Table(title=f"topic {name} (id {t.topic_id})" if hasattr(t, "topic_id") else name)
     for col in ("partition", "leader", "start offset", "end offset"):
@@ -216,7 +243,7 @@ def produce(
         if err is not None:
             errors.append(err.str())
 
-    p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5})
+    p = Producer(_client_config(bootstrap, acks=acks, **{"linger.ms": 5}))
     n = 0
     try:
         for line in sys.stdin:
@@ -263,12 +290,14 @@ def consume(
 
     _check_topic(bootstrap, topic)
     c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group or f"stratalog-console-{uuid.uuid4()}",
-            "auto.offset.reset": "earliest" if from_beginning else "latest",
-            "enable.auto.commit": group is not None,
-        }
+        _client_config(
+            bootstrap,
+            **{
+                "group.id": group or f"stratalog-console-{uuid.uuid4()}",
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "enable.auto.commit": group is not None,
+            },
+        )
     )
     c.subscribe([topic])
     n = 0
@@ -313,7 +342,7 @@ def status(bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
     for col in ("topic", "partitions", "records", "start offsets", "end offsets"):
         table.add_column(col)
     c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "stratalog-cli", "enable.auto.commit": False}
+        _client_config(bootstrap, **{"group.id": "stratalog-cli", "enable.auto.commit": False})
     )
     try:
         for name in sorted(md.topics):
@@ -351,13 +380,12 @@ def main() -> None:
         sys.exit(1)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
-    except Exception as e:  # click usage errors and the like: one line, no traceback
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:  # usage errors and the like: one line, no traceback
+        # typer vendors its own click, so match click's exceptions by shape, not by class.
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
+        if type(e).__name__ == "Exit" and hasattr(e, "exit_code"):
             sys.exit(e.exit_code)
         err_console.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False)
         sys.exit(1)

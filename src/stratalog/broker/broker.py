@@ -43,7 +43,15 @@ class BrokerService:
         )
 
     async def start(self) -> None:
+        self.open_storage()
+        await self.listen()
+
+    def open_storage(self) -> None:
+        """Load metadata and recover the logs (may raise OSError from the data directory)."""
         self.core.open()
+
+    async def listen(self) -> None:
+        """Open the Kafka listener (may raise OSError for the address) and start tending."""
         await self.server.start()
         self.core.port = self.server.port
         self.core.start_background()

@@ -161,8 +161,16 @@ def _is_complete(cache: Path, pom: Path) -> bool:
 
 
 def _mvn_copy(mvn: str, pom: Path, profile: str, out: Path) -> None:
-    cmd = [mvn, "-q", "-B", "-f", str(pom), f"-P{profile}", "dependency:copy-dependencies",
-           f"-DoutputDirectory={out}"]
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(pom),
+        f"-P{profile}",
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={out}",
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired as e:
@@ -226,8 +234,11 @@ def _classes_in(libs: Path) -> frozenset[str]:
         names: set[str] = set()
         for jar in sorted(libs.glob("*.jar")):
             with zipfile.ZipFile(jar) as zf:
-                names.update(n[:-6].replace("/", ".") for n in zf.namelist()
-                             if n.endswith(".class") and "$" not in n)
+                names.update(
+                    n[:-6].replace("/", ".")
+                    for n in zf.namelist()
+                    if n.endswith(".class") and "$" not in n
+                )
         _class_index[libs] = frozenset(names)
     return _class_index[libs]
 
@@ -283,8 +294,15 @@ def _tools_log_config(cache_dir: Path | None) -> Path:
 
 
 def _jvm_base(java: str, heap: str, log_config: Path, classpath: str) -> list[str]:
-    return [java, f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile=file:{log_config}", "-cp", classpath]
+    return [
+        java,
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile=file:{log_config}",
+        "-cp",
+        classpath,
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,8 +326,15 @@ def run_tool(
     """
     main, classpath = tool_main_class(tool, cache_dir)
     cmd = [*_jvm_base(_java(), heap, _tools_log_config(cache_dir), classpath), main, *args]
-    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout,
-                          check=check, stdin=None if input is not None else subprocess.DEVNULL)
+    return subprocess.run(
+        cmd,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+        stdin=None if input is not None else subprocess.DEVNULL,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,8 +451,9 @@ class KafkaBroker:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": (f"PLAINTEXT://127.0.0.1:{self.port},"
-                          f"CONTROLLER://127.0.0.1:{self.controller_port}"),
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+            ),
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
@@ -457,9 +483,20 @@ class KafkaBroker:
         base = _jvm_base(java, self.heap, log_config, classpath)
 
         fmt = subprocess.run(
-            [*base, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-             "--cluster-id", self.cluster_id, "--config", str(config)],
-            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+            [
+                *base,
+                "kafka.tools.StorageTool",
+                "format",
+                "--ignore-formatted",
+                "--cluster-id",
+                self.cluster_id,
+                "--config",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
         )
         if fmt.returncode != 0:
             self._cleanup()
@@ -470,7 +507,9 @@ class KafkaBroker:
         with open(self.console_log, "ab") as console:
             self._proc = subprocess.Popen(
                 [*base, f"-Dkafka.logs.dir={self.log_dir}", BROKER_MAIN, str(config)],
-                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # own session and process group, led by the JVM
             )
         atexit.register(self.stop)
@@ -562,8 +601,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m stratalog.peers.kafka",
         description=f"Run the reference Apache Kafka {KAFKA_VERSION} broker until Ctrl-C.",
     )
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra broker property (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra broker property (repeatable)",
+    )
     parser.add_argument("--heap", default="512m", help="JVM max heap (default 512m)")
     parser.add_argument("--keep", action="store_true", help="keep the log directory on exit")
     args = parser.parse_args(argv)
@@ -583,8 +627,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with KafkaBroker(props, heap=args.heap, keep=args.keep) as broker:
             print(f"Apache Kafka {KAFKA_VERSION} ready at {broker.bootstrap}", flush=True)
-            print(f"(pid {broker.pid}, logs in {broker.log_dir}; Ctrl-C stops it)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"(pid {broker.pid}, logs in {broker.log_dir}; Ctrl-C stops it)",
+                file=sys.stderr,
+                flush=True,
+            )
             while broker.alive:
                 time.sleep(0.5)
             print(f"Apache Kafka exited unexpectedly.\n{broker._log_tails()}", file=sys.stderr)

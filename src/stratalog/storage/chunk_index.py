@@ -101,7 +101,12 @@ class ChunkIndex:
             return
         for col in (self._base, self._last, self._seg, self._pos, self._size, self._maxts):
             del col[:n]
-        del self._prefmax[:n]
+        # The running max must forget what was dropped, or time lookups start too early.
+        self._prefmax = array("q")
+        running = None
+        for t in self._maxts:
+            running = t if running is None else max(running, t)
+            self._prefmax.append(running)
 
     def drop_back(self, keep: int) -> None:
         """Keep only the first ``keep`` chunks (recovery truncation)."""

@@ -117,7 +117,12 @@ class LogStore:
                 self._live[name][seq] += 1
             first = p.chunks.first_offset
             p.log_start_offset = start if first is None else max(start, first)
-            p.next_offset = max(end, p.chunks.next_offset or 0, p.log_start_offset)
+            # The data decides where the log ends; the saved end only matters once retention
+            # removed every chunk (then it keeps offsets from being reused).
+            if p.chunks.next_offset is not None:
+                p.next_offset = p.chunks.next_offset
+            else:
+                p.next_offset = max(end, p.log_start_offset)
             p.high_watermark = p.next_offset
             p.size_bytes = p.chunks.total_bytes()
         self._collect_garbage()

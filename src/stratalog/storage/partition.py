@@ -45,7 +45,12 @@ class FileSlice:
     size: int
 
     def read(self) -> bytes:
-        return self.segment.read(self.position, self.size)
+        data = self.segment.read(self.position, self.size)
+        if len(data) != self.size:
+            raise OSError(
+                f"{self.segment}: short read at {self.position}: {len(data)} of {self.size} bytes"
+            )
+        return data
 
     def release(self) -> None:
         self.segment.release()

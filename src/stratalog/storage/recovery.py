@@ -119,60 +119,77 @@ def scan(segment: Segment, start: int, expected: dict[int, int]) -> tuple[list[I
     return entries, pos
 
 
+def _chain(entries: list[IndexEntry], size: int, expected: dict[int, int]) -> list[IndexEntry]:
+    """The longest prefix of ``entries`` that describes contiguous frames from position 0.
+
+    An index file written lazily can end in garbage after a crash (zeros, a torn entry); only
+    entries that tile the segment from its start, fit in the file and continue each partition's
+    offsets are believed. ``expected`` is updated for the entries returned.
+    """
+    out: list[IndexEntry] = []
+    at = 0
+    seen = dict(expected)
+    for e in entries:
+        if e.position != at + FRAME_SIZE or e.size < 61 or e.last_offset_delta < 0:
+            break
+        end = e.position + e.size
+        if end > size:
+            break
+        want = seen.get(e.uid)
+        if want is not None and e.base_offset != want:
+            break
+        seen[e.uid] = e.last_offset + 1
+        out.append(e)
+        at = end
+    for e in out:
+        expected[e.uid] = e.last_offset + 1
+    return out
+
+
 def recover_log(
     directory: Path, seqs: list[int]
 ) -> tuple[list[Segment], dict[int, list[IndexEntry]], RecoveryReport]:
     """Open the segments of one log, repairing a torn tail; return segments and their entries."""
     report = RecoveryReport()
     marker = directory / CLEAN_SHUTDOWN
-    clean = marker.exists()
     ckpt = read_checkpoint(directory)
     ck_seq, ck_pos = ckpt if ckpt else (-1, 0)
-    segments: list[Segment] = []
-    entries_by_seq: dict[int, list[IndexEntry]] = {}
-    expected: dict[int, int] = {}
+    opened = [Segment(directory, s) for s in seqs]
+    indexes = {seg.seq: seg.read_index() for seg in opened}
 
-    if clean:
+    if marker.exists():
         # Trust the index, but only if it accounts for every byte of every segment.
-        opened = [Segment(directory, s) for s in seqs]
+        expected: dict[int, int] = {}
+        entries_by_seq = {}
         ok = True
         for seg in opened:
-            es = seg.read_index()
-            end = _frame_end(es[-1]) if es else 0
-            if end != seg.size:
-                ok = False
-            entries_by_seq[seg.seq] = es
-        for seg in opened:
-            seg.close()
-        entries_by_seq.clear()
-        if ok:
-            for s in seqs:
-                seg = Segment(directory, s)
-                segments.append(seg)
-                entries_by_seq[s] = seg.read_index()
-            report.clean = True
-            marker.unlink()
-            fsync_dir(directory)
-            return segments, entries_by_seq, report
-        log.warning("%s: clean-shutdown marker but the index disagrees; scanning", directory)
+            chain = _chain(indexes[seg.seq], seg.size, expected)
+            end = _frame_end(chain[-1]) if chain else 0
+            ok &= len(chain) == len(indexes[seg.seq]) and end == seg.size
+            entries_by_seq[seg.seq] = chain
         marker.unlink()
         fsync_dir(directory)
+        if ok:
+            report.clean = True
+            return opened, entries_by_seq, report
+        log.warning("%s: clean-shutdown marker but the index disagrees; scanning", directory)
 
+    segments: list[Segment] = []
+    entries_by_seq = {}
+    expected = {}
     torn = False
-    for s in seqs:
-        seg = Segment(directory, s)
+    for seg in opened:
+        s = seg.seq
         if torn:
             report.deleted_segments.append(s)
             seg.delete()
             continue
         segments.append(seg)
-        indexed = [e for e in seg.read_index() if _frame_end(e) <= seg.size]
+        indexed = indexes[s]
         # Entries below the checkpoint are known complete; past it, the scan redoes them.
         limit = seg.size if s < ck_seq else (ck_pos if s == ck_seq else 0)
-        trusted = [e for e in indexed if _frame_end(e) <= limit]
+        trusted = _chain(indexed, min(limit, seg.size), expected)
         start = _frame_end(trusted[-1]) if trusted else 0
-        for e in trusted:
-            expected[e.uid] = e.last_offset + 1
         if start == seg.size and len(trusted) == len(indexed):
             entries_by_seq[s] = trusted
             continue
@@ -187,7 +204,7 @@ def recover_log(
             seg.truncate(end)
             torn = True
         all_entries = trusted + scanned
-        if len(all_entries) != len(indexed) or scanned:
+        if all_entries != indexed:
             seg.rewrite_index(all_entries)
         entries_by_seq[s] = all_entries
     return segments, entries_by_seq, report
