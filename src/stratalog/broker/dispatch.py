@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stratalog.broker import metrics
 from stratalog.protocol import versions as v
 
 from .api import admin, fetch, groups, metadata, offsets, produce
@@ -38,7 +39,12 @@ assert not missing, f"advertised APIs without a handler: {missing}"
 
 
 def make_dispatch(core):
+    counters = {
+        k: metrics.REQUESTS.labels(h.__name__.removeprefix("handle_")) for k, h in HANDLERS.items()
+    }
+
     def dispatch(request, conn):
+        counters[request.api_key].inc()
         return HANDLERS[request.api_key](core, request, conn)
 
     return dispatch

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from stratalog.storage.segment import Segment
 from stratalog.storage.virtual_log import VirtualLog
 
 _OFF = struct.Struct(">q")
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class AppendError(Exception):
@@ -44,13 +46,31 @@ class FileSlice:
     position: int
     size: int
 
-    def read(self) -> bytes:
-        data = self.segment.read(self.position, self.size)
-        if len(data) != self.size:
+    def read(self, skip: int = 0) -> bytes:
+        """The slice's bytes (from ``skip`` on); a short read is an error, never sent."""
+        want = self.size - skip
+        data = self.segment.read(self.position + skip, want)
+        if len(data) != want:
             raise OSError(
-                f"{self.segment}: short read at {self.position}: {len(data)} of {self.size} bytes"
+                f"{self.segment}: short read at {self.position + skip}: {len(data)} of {want} B"
             )
         return data
+
+    def resident(self) -> bool:
+        """Whether the slice is (probably) in the page cache: its first and last byte are.
+
+        Reads of resident data may run on the event loop (and go out with sendfile); the rest
+        go to the read pool so a cold read never stalls the loop.
+        """
+        buf = bytearray(1)
+        fd = self.segment.fd
+        try:
+            for at in (self.position, self.position + self.size - 1):
+                if os.preadv(fd, [buf], at, _RWF_NOWAIT) != 1:
+                    return False
+        except (BlockingIOError, OSError):
+            return False
+        return True
 
     def release(self) -> None:
         self.segment.release()

@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 
+from stratalog.broker import metrics
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
@@ -72,12 +73,14 @@ def _gather(core, req: Request, plan, max_bytes: int):
     return topics, total, reads, logs, errors
 
 
-def _read_slices(parts_lists: list[list]) -> None:
+def _read_cold(parts_lists: list[list]) -> None:
+    """Replace slices not in the page cache by their bytes (on the read pool)."""
     for parts in parts_lists:
         for i, p in enumerate(parts):
-            if isinstance(p, FileSlice):
+            if isinstance(p, FileSlice) and not p.resident():
                 try:
                     parts[i] = p.read()
+                    metrics.FETCH_COPIED_BYTES.inc(p.size)
                 finally:
                     p.release()
 
@@ -112,10 +115,18 @@ async def handle_fetch(core, req: Request, conn):
             for w in waiters:
                 if not w.done():
                     w.cancel()
-    slices = [rr.parts for rr in reads if any(isinstance(p, FileSlice) for p in rr.parts)]
-    if slices:
+    memory = sum(len(p) for rr in reads for p in rr.parts if not isinstance(p, FileSlice))
+    metrics.FETCH_MEMORY_BYTES.inc(memory)
+    # Slices already in the page cache stay slices (the connection sends them with sendfile);
+    # cold ones are read on the bounded read pool, never on the event loop.
+    cold = [
+        rr.parts
+        for rr in reads
+        if any(isinstance(p, FileSlice) and not p.resident() for p in rr.parts)
+    ]
+    if cold:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(core.read_executor, _read_slices, slices)
+        await loop.run_in_executor(core.read_executor, _read_cold, cold)
     parts, _size = encode_fetch_response(
         v,
         req.correlation_id,

@@ -1,0 +1,82 @@
+"""Which path a Fetch takes: tail chunks from memory, page-cache chunks by sendfile (zero
+copy), cold chunks read on the read pool. Checked through the broker's own byte counters while
+a real consumer reads identical data back each way."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from stratalog import Broker
+from stratalog.broker import metrics
+
+from .conftest import create_topic
+
+N = 3000
+
+
+def _produce(bootstrap: str, topic: str) -> list[bytes]:
+    values = [b"%06d" % i + os.urandom(500) for i in range(N)]
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for v in values:
+        p.produce(topic, value=v)
+    assert p.flush(20) == 0
+    return values
+
+
+def _consume(bootstrap: str, topic: str) -> list[bytes]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "paths"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    out: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(out) < N and time.monotonic() < deadline:
+        out += [m.value() for m in c.consume(1000, 0.5) if m.error() is None]
+    c.close()
+    return out
+
+
+def _counters() -> tuple[float, float, float]:
+    return (
+        metrics.FETCH_MEMORY_BYTES._value.get(),
+        metrics.FETCH_SENDFILE_BYTES._value.get(),
+        metrics.FETCH_COPIED_BYTES._value.get(),
+    )
+
+
+def _delta(before, after) -> tuple[float, ...]:
+    return tuple(a - b for a, b in zip(after, before, strict=True))
+
+
+def test_tail_reads_come_from_memory(tmp_path):
+    with Broker(tmp_path / "d") as b:
+        create_topic(b.bootstrap, "tail")
+        values = _produce(b.bootstrap, "tail")
+        before = _counters()
+        assert _consume(b.bootstrap, "tail") == values
+        memory, sendfile, copied = _delta(before, _counters())
+        assert memory >= N * 500 and sendfile == 0 and copied == 0
+
+
+def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
+    with Broker(tmp_path / "d", config={"cache.tail_bytes_per_partition": 0}) as b:
+        create_topic(b.bootstrap, "warm")
+        values = _produce(b.bootstrap, "warm")
+        before = _counters()
+        assert _consume(b.bootstrap, "warm") == values
+        memory, sendfile, copied = _delta(before, _counters())
+        assert sendfile >= N * 500 * 0.5, (memory, sendfile, copied)
+
+        # Evict the (synced) segment files from the page cache: now every read is cold.
+        for seg in (b.data_dir / "logs").glob("*/*.log"):
+            fd = os.open(seg, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        before = _counters()
+        assert _consume(b.bootstrap, "warm") == values
+        memory, sendfile, copied = _delta(before, _counters())
+        assert copied >= N * 500 * 0.5, (memory, sendfile, copied)
