@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from stratalog.broker import metrics
 from stratalog.cluster.metadata import MetadataError, validate_topic_name
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
@@ -109,6 +110,8 @@ def handle_produce(core, req: Request, conn):
                 r.error_message = str(e)
                 any_error = True
                 continue
+            if res.duplicate_of is None:
+                metrics.PRODUCED_BYTES.inc(len(pd.records))
             r.base_offset = res.base_offset
             r.log_append_time = res.log_append_time
             r.log_start_offset = p.log_start_offset
