@@ -119,3 +119,45 @@ def nested(api_key: int, version: int, name: str) -> type | None:
 def parse_request_header(buf: bytes | memoryview) -> tuple[int, int, int]:
     """api_key, api_version, correlation_id from the first 8 bytes."""
     return _HEADER.unpack_from(buf, 0)
+
+
+# -- the client side: requests out, responses in -------------------------------------------------
+@cache
+def _request_writer(api_key: int, version: int) -> Any:
+    return entity_writer(request_class(api_key, version))
+
+
+@cache
+def _response_reader(api_key: int, version: int) -> Any:
+    return entity_reader(response_class(api_key, version))
+
+
+def encode_request(
+    api_key: int, version: int, correlation_id: int, client_id: str | None, body: Any
+) -> bytes:
+    """The whole request frame: length prefix, header (v1 or v2), body."""
+    out = io.BytesIO()
+    out.write(b"\x00\x00\x00\x00")
+    out.write(_HEADER.pack(api_key, version, correlation_id))
+    if client_id is None:
+        out.write(b"\xff\xff")
+    else:
+        cid = client_id.encode()
+        out.write(struct.pack(">h", len(cid)) + cid)
+    if is_flexible_request(api_key, version):
+        out.write(b"\x00")
+    _request_writer(api_key, version)(out, body)
+    data = out.getbuffer()
+    _I32.pack_into(data, 0, len(data) - 4)
+    del data
+    return out.getvalue()
+
+
+def decode_response(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation id, response entity) from a response frame without its length prefix."""
+    (correlation_id,) = _I32.unpack_from(frame, 0)
+    pos = 4
+    if api_key != 18 and response_class(api_key, version).__flexible__:
+        pos += 1  # empty tagged fields of response header v1
+    obj, _ = _response_reader(api_key, version)(frame, pos)
+    return correlation_id, obj
