@@ -23,6 +23,8 @@ LIST_OFFSETS_V = 7
 FETCH_V = 12
 PRODUCE_V = 9
 INIT_PRODUCER_ID_V = 4
+OFFSET_COMMIT_V = 8
+OFFSET_FETCH_V = 8
 CREATE_TOPICS_V = 5
 
 EARLIEST = -2
@@ -312,3 +314,59 @@ class WireClient:
             raise WireError(
                 f"CreateTopics {name}: {r.error_code.name}: {r.error_message}", int(r.error_code)
             )
+
+    def offset_commit(self, group: str, offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
+        """Commit (topic, partition) -> (offset, metadata) outside any group generation."""
+        by_topic: dict[str, list] = {}
+        for (t, p), (o, meta) in sorted(offsets.items()):
+            by_topic.setdefault(t, []).append(
+                self._new(
+                    8,
+                    OFFSET_COMMIT_V,
+                    "OffsetCommitRequestPartition",
+                    partition_index=p,
+                    committed_offset=o,
+                    committed_leader_epoch=-1,
+                    committed_metadata=meta,
+                )
+            )
+        topics = tuple(
+            self._new(8, OFFSET_COMMIT_V, "OffsetCommitRequestTopic", name=t, partitions=tuple(ps))
+            for t, ps in by_topic.items()
+        )
+        resp = self.request(
+            8,
+            OFFSET_COMMIT_V,
+            self._new(
+                8,
+                OFFSET_COMMIT_V,
+                group_id=group,
+                generation_id_or_member_epoch=-1,
+                member_id="",
+                group_instance_id=None,
+                topics=topics,
+            ),
+        )
+        for t in resp.topics:
+            for p in t.partitions:
+                if p.error_code:
+                    raise WireError(
+                        f"OffsetCommit {group} {t.name}-{p.partition_index}: {p.error_code.name}",
+                        int(p.error_code),
+                    )
+
+    def offset_fetch(self, group: str) -> dict[tuple[str, int], tuple[int, str | None]]:
+        """Every committed (topic, partition) -> (offset, metadata) of ``group``."""
+        g = self._new(9, OFFSET_FETCH_V, "OffsetFetchRequestGroup", group_id=group, topics=None)
+        resp = self.request(
+            9, OFFSET_FETCH_V, self._new(9, OFFSET_FETCH_V, groups=(g,), require_stable=False)
+        )
+        out = {}
+        for grp in resp.groups:
+            if grp.error_code:
+                raise WireError(f"OffsetFetch {group}: {grp.error_code.name}", int(grp.error_code))
+            for t in grp.topics:
+                for p in t.partitions:
+                    if p.committed_offset >= 0:
+                        out[(t.name, p.partition_index)] = (p.committed_offset, p.metadata)
+        return out

@@ -16,6 +16,12 @@ from stratalog.storage.batch import NO_SEQUENCE, BatchHeader
 
 RETAINED_BATCHES = 5
 _INT32_MAX = 0x7FFFFFFF
+# Producer ids from here up are chosen by writers themselves, derived from what they write
+# (Stratalog's exactly-once Spark sink: query, batch and task). For them any batch whose
+# sequence range is already behind the last one is a retry, not only one of the last five, so
+# a task re-run from its first record appends only what is missing. The broker hands out ids
+# from 0 and never gets near this range.
+DETERMINISTIC_PRODUCER_IDS = 1 << 62
 
 
 class SequenceError(Exception):
@@ -78,6 +84,12 @@ class ProducerStateTable:
         for b in entry.batches:
             if b.first_seq == h.base_sequence and b.last_seq == h.last_sequence:
                 return b
+        if (
+            h.producer_id >= DETERMINISTIC_PRODUCER_IDS
+            and entry.batches
+            and h.base_sequence <= h.last_sequence <= entry.last_seq
+        ):
+            return BatchMeta(h.base_sequence, h.last_sequence, -1, -1, h.max_timestamp)
         if not _in_sequence(entry.last_seq, h.base_sequence):
             raise SequenceError(
                 "OUT_OF_ORDER_SEQUENCE_NUMBER",

@@ -1,0 +1,229 @@
+"""Options of the "stratalog" Spark source and sink, with the Kafka source's names and meanings.
+
+Spark hands Python data sources their options with lower-cased keys and string values; every
+lookup here is by lower-cased name. Bad combinations fail at planning time with a message that
+names the option, as Spark's Kafka source does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+EARLIEST = -2
+LATEST = -1
+
+
+class OptionError(ValueError):
+    """A bad option; the message names it."""
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap: str
+    subscribe: tuple[str, ...] = ()
+    subscribe_pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    starting: str | dict[str, dict[int, int]] | None = None  # "earliest" | "latest" | per-partition
+    ending: str | dict[str, dict[int, int]] | None = None
+    starting_timestamp: int | None = None
+    ending_timestamp: int | None = None
+    starting_by_timestamp: dict[str, dict[int, int]] | None = None
+    ending_by_timestamp: dict[str, dict[int, int]] | None = None
+    timestamp_strategy: str = "error"
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    v = options.get(name.lower())
+    return None if v is None else str(v)
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    v = _get(options, name)
+    if v is None:
+        return default
+    if v.strip().lower() in ("true", "false"):
+        return v.strip().lower() == "true"
+    raise OptionError(f"option '{name}' must be 'true' or 'false', not {v!r}")
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+    v = _get(options, name)
+    if v is None:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise OptionError(f"option '{name}' must be a positive integer, not {v!r}") from None
+    if n <= 0:
+        raise OptionError(f"option '{name}' must be a positive integer, not {v!r}")
+    return n
+
+
+def _long(options: Mapping[str, str], name: str) -> int | None:
+    v = _get(options, name)
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise OptionError(
+            f"option '{name}' must be a timestamp in milliseconds since the epoch, not {v!r}"
+        ) from None
+
+
+def parse_partition_json(name: str, text: str) -> dict[str, dict[int, int]]:
+    """``{"topic": {"0": 23, "1": -2}}`` -> {"topic": {0: 23, 1: -2}}, with clear errors."""
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise OptionError(
+            f"option '{name}' is not valid JSON ({e.msg}); expected e.g. "
+            f'{{"topicA": {{"0": 23, "1": -2}}}}'
+        ) from None
+    if not isinstance(raw, dict):
+        raise OptionError(f"option '{name}' must be a JSON object of topics, got {text!r}")
+    out: dict[str, dict[int, int]] = {}
+    for topic, parts in raw.items():
+        if not isinstance(parts, dict):
+            raise OptionError(
+                f"option '{name}': topic {topic!r} must map partitions to numbers, got {parts!r}"
+            )
+        out[topic] = {}
+        for p, v in parts.items():
+            try:
+                out[topic][int(p)] = int(v)
+            except (TypeError, ValueError):
+                raise OptionError(
+                    f"option '{name}': {topic!r} partition {p!r} -> {v!r} is not a number"
+                ) from None
+    return out
+
+
+def _offsets(options: Mapping[str, str], name: str) -> str | dict[str, dict[int, int]] | None:
+    v = _get(options, name)
+    if v is None:
+        return None
+    word = v.strip().lower()
+    if word in ("earliest", "latest"):
+        return word
+    return parse_partition_json(name, v)
+
+
+def parse_bootstrap(options: Mapping[str, str]) -> str:
+    b = _get(options, "kafka.bootstrap.servers") or _get(options, "bootstrap.servers")
+    if not b:
+        raise OptionError(
+            "option 'bootstrap.servers' (or 'kafka.bootstrap.servers') must name the broker, "
+            "e.g. 127.0.0.1:9092"
+        )
+    return b
+
+
+def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    bootstrap = parse_bootstrap(options)
+    given = [n for n in ("subscribe", "subscribePattern", "assign") if _get(options, n)]
+    if len(given) != 1:
+        raise OptionError(
+            "exactly one of 'subscribe', 'subscribePattern' or 'assign' must be given"
+            + (f", not {' and '.join(repr(g) for g in given)}" if given else "")
+        )
+    subscribe: tuple[str, ...] = ()
+    pattern = None
+    assign: dict[str, tuple[int, ...]] = {}
+    if given[0] == "subscribe":
+        subscribe = tuple(t.strip() for t in _get(options, "subscribe").split(",") if t.strip())
+        if not subscribe:
+            raise OptionError("option 'subscribe' names no topic")
+    elif given[0] == "subscribePattern":
+        pattern = _get(options, "subscribePattern")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise OptionError(f"option 'subscribePattern' is not a valid regex: {e}") from None
+    else:
+        parsed = _assign_json(_get(options, "assign"))
+        assign = parsed
+    starting = _offsets(options, "startingOffsets")
+    ending = _offsets(options, "endingOffsets")
+    starting_ts = _long(options, "startingTimestamp")
+    ending_ts = _long(options, "endingTimestamp")
+    starting_bt = _get(options, "startingOffsetsByTimestamp")
+    ending_bt = _get(options, "endingOffsetsByTimestamp")
+    strategy = (_get(options, "startingOffsetsByTimestampStrategy") or "error").lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(
+            "option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', not "
+            f"{strategy!r}"
+        )
+    if streaming:
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if _get(options, name) is not None:
+                raise OptionError(f"option '{name}' is for batch queries only")
+    else:
+        if starting == "latest":
+            raise OptionError("option 'startingOffsets' can't be 'latest' for batch queries")
+        if isinstance(starting, dict) and any(
+            v == LATEST for parts in starting.values() for v in parts.values()
+        ):
+            raise OptionError("option 'startingOffsets' can't use -1 (latest) for batch queries")
+        if ending == "earliest":
+            raise OptionError("option 'endingOffsets' can't be 'earliest' for batch queries")
+        if isinstance(ending, dict) and any(
+            v == EARLIEST for parts in ending.values() for v in parts.values()
+        ):
+            raise OptionError("option 'endingOffsets' can't use -2 (earliest)")
+        if _get(options, "maxOffsetsPerTrigger") is not None:
+            pass  # accepted and ignored in batch, as Spark's Kafka source does
+    return SourceOptions(
+        bootstrap=bootstrap,
+        subscribe=subscribe,
+        subscribe_pattern=pattern,
+        assign=assign,
+        starting=starting,
+        ending=ending,
+        starting_timestamp=starting_ts,
+        ending_timestamp=ending_ts,
+        starting_by_timestamp=(
+            parse_partition_json("startingOffsetsByTimestamp", starting_bt) if starting_bt else None
+        ),
+        ending_by_timestamp=(
+            parse_partition_json("endingOffsetsByTimestamp", ending_bt) if ending_bt else None
+        ),
+        timestamp_strategy=strategy,
+        max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger"),
+        min_partitions=_positive_int(options, "minPartitions"),
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        include_headers=_bool(options, "includeHeaders", False),
+    )
+
+
+def _assign_json(text: str) -> dict[str, tuple[int, ...]]:
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise OptionError(
+            f"option 'assign' is not valid JSON ({e.msg}); expected e.g. "
+            f'{{"topicA": [0, 1], "topicB": [2, 4]}}'
+        ) from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(v, list) and all(isinstance(p, int) for p in v) for v in raw.values()
+    ):
+        raise OptionError(f"option 'assign' must look like {{\"topicA\": [0, 1]}}, got {text!r}")
+    return {t: tuple(ps) for t, ps in raw.items()}
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap: str
+    topic: str | None
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    return SinkOptions(parse_bootstrap(options), _get(options, "topic"))

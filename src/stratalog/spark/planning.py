@@ -1,0 +1,220 @@
+"""Turning source options into topic-partition offset ranges (runs on Spark's driver side)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stratalog.client.wire import WireClient
+from stratalog.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
+
+Offsets = dict[str, dict[int, int]]
+
+
+@dataclass(frozen=True)
+class Range:
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+
+def to_json_offsets(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """Spark compares offsets as JSON text: emit topics and partitions in one canonical order."""
+    return {t: {str(p): offsets[t][p] for p in sorted(offsets[t])} for t in sorted(offsets)}
+
+
+def from_json_offsets(raw: Mapping | None) -> Offsets:
+    if not raw:
+        return {}
+    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
+
+
+def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[int]]:
+    """The topic-partitions the options select, checked against the broker."""
+    if opts.subscribe_pattern is not None:
+        rx = re.compile(opts.subscribe_pattern)
+        meta = client.metadata(None)
+        return {
+            t: list(range(info.partitions))
+            for t, info in sorted(meta.items())
+            if rx.fullmatch(t) and info.error_code == 0
+        }
+    names = list(opts.subscribe) if opts.subscribe else list(opts.assign)
+    meta = client.metadata(names)
+    out: dict[str, list[int]] = {}
+    for t in names:
+        info = meta.get(t)
+        if info is None or info.error_code != 0:
+            raise OptionError(f"topic {t!r} does not exist on {opts.bootstrap}")
+        if opts.assign:
+            bad = [p for p in opts.assign[t] if not 0 <= p < info.partitions]
+            if bad:
+                raise OptionError(
+                    f"option 'assign': topic {t!r} has {info.partitions} partitions, no {bad}"
+                )
+            out[t] = sorted(opts.assign[t])
+        else:
+            out[t] = list(range(info.partitions))
+    return out
+
+
+def _list(client: WireClient, tps: dict[str, list[int]], ts: int) -> Offsets:
+    return {
+        t: {p: off for p, (off, _ts) in client.list_offsets(t, ps, ts).items()}
+        for t, ps in tps.items()
+        if ps
+    }
+
+
+def resolve_start(
+    client: WireClient, tps: dict[str, list[int]], opts: SourceOptions, default: str
+) -> Offsets:
+    """Starting offsets: startingTimestamp > startingOffsetsByTimestamp > startingOffsets."""
+    earliest = _list(client, tps, EARLIEST)
+    latest = _list(client, tps, LATEST)
+    if opts.starting_timestamp is not None or opts.starting_by_timestamp is not None:
+        out: Offsets = {}
+        for t, ps in tps.items():
+            out[t] = {}
+            for p in ps:
+                ts = opts.starting_timestamp
+                if ts is None:
+                    ts = (opts.starting_by_timestamp or {}).get(t, {}).get(p)
+                if ts is None:
+                    raise OptionError(
+                        f"option 'startingOffsetsByTimestamp' has no timestamp for {t}-{p}"
+                    )
+                off, _ = client.list_offsets(t, [p], ts)[p]
+                if off < 0:
+                    if opts.timestamp_strategy == "latest":
+                        off = latest[t][p]
+                    else:
+                        raise OptionError(
+                            f"no record at or after timestamp {ts} in {t}-{p}; set "
+                            "startingOffsetsByTimestampStrategy=latest to start at the end"
+                        )
+                out[t][p] = off
+        return out
+    spec = opts.starting or default
+    return _apply(spec, tps, earliest, latest, "startingOffsets")
+
+
+def resolve_end(client: WireClient, tps: dict[str, list[int]], opts: SourceOptions) -> Offsets:
+    """Ending offsets (batch): endingTimestamp > endingOffsetsByTimestamp > endingOffsets."""
+    latest = _list(client, tps, LATEST)
+    if opts.ending_timestamp is not None or opts.ending_by_timestamp is not None:
+        out: Offsets = {}
+        for t, ps in tps.items():
+            out[t] = {}
+            for p in ps:
+                ts = opts.ending_timestamp
+                if ts is None:
+                    ts = (opts.ending_by_timestamp or {}).get(t, {}).get(p)
+                if ts is None:
+                    raise OptionError(
+                        f"option 'endingOffsetsByTimestamp' has no timestamp for {t}-{p}"
+                    )
+                off, _ = client.list_offsets(t, [p], ts)[p]
+                out[t][p] = latest[t][p] if off < 0 else off
+        return out
+    return _apply(opts.ending or "latest", tps, {}, latest, "endingOffsets")
+
+
+def _apply(spec, tps, earliest: Offsets, latest: Offsets, name: str) -> Offsets:
+    if spec == "earliest":
+        return {t: dict(earliest[t]) for t in tps}
+    if spec == "latest":
+        return {t: dict(latest[t]) for t in tps}
+    out: Offsets = {}
+    for t, ps in tps.items():
+        given = spec.get(t)
+        if given is None:
+            raise OptionError(f"option '{name}' has no offsets for topic {t!r}")
+        out[t] = {}
+        for p in ps:
+            if p not in given:
+                raise OptionError(f"option '{name}' has no offset for {t}-{p}")
+            v = given[p]
+            out[t][p] = (
+                earliest.get(t, {}).get(p, 0)
+                if v == EARLIEST
+                else latest[t][p]
+                if v == LATEST
+                else v
+            )
+    return out
+
+
+def plan_ranges(start: Offsets, end: Offsets, min_partitions: int | None) -> list[Range]:
+    """One range per topic-partition (a start past the end reads nothing), split so that there
+    are at least ``min_partitions`` when asked (Spark's KafkaOffsetRangeCalculator)."""
+    ranges = []
+    for t in sorted(end):
+        for p in sorted(end[t]):
+            s = start.get(t, {}).get(p, 0)
+            e = end[t][p]
+            ranges.append(Range(t, p, s, max(s, e)))
+    nonempty = [r for r in ranges if r.size > 0]
+    if not min_partitions or len(nonempty) >= min_partitions or not nonempty:
+        return nonempty
+    total = sum(r.size for r in nonempty)
+    out = []
+    for r in nonempty:
+        parts = max(1, round(r.size * min_partitions / total))
+        step = -(-r.size // parts)
+        for s in range(r.start, r.end, step):
+            out.append(Range(r.topic, r.partition, s, min(r.end, s + step)))
+    return out
+
+
+def rate_limit(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+    """Cap the next batch at ``max_rows`` offsets in total, shared in proportion to what each
+    partition has waiting (as Spark's Kafka source does for maxOffsetsPerTrigger)."""
+    avail = {
+        (t, p): max(0, latest[t][p] - start.get(t, {}).get(p, 0)) for t in latest for p in latest[t]
+    }
+    total = sum(avail.values())
+    if total <= max_rows:
+        return latest
+    out: Offsets = {t: {} for t in latest}
+    for (t, p), n in avail.items():
+        s = start.get(t, {}).get(p, 0)
+        out[t][p] = s + min(n, int(max_rows * n / total))
+    return out
+
+
+# -- a start resolved once ------------------------------------------------------------------------
+def _start_key(options: Mapping[str, str]) -> str:
+    text = json.dumps(sorted((k, str(v)) for k, v in options.items()))
+    return "__stratalog_spark_start_" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def remembered_start(options: Mapping[str, str], client: WireClient, compute) -> Offsets:
+    """Resolve a query's starting offsets once and keep them on the broker.
+
+    Spark calls ``initialOffset`` again when a query restarts before its first batch committed;
+    re-resolving "latest" or a timestamp then would skip records. The first resolution is
+    stored as the committed offsets of a private group keyed by the options, and reused.
+    """
+    group = _start_key(options)
+    stored = client.offset_fetch(group)
+    if stored:
+        out: Offsets = {}
+        for (t, p), (off, _meta) in stored.items():
+            out.setdefault(t, {})[p] = off
+        return out
+    offsets: Offsets = compute()
+    stamp = str(int(time.time() * 1000))
+    client.offset_commit(
+        group, {(t, p): (o, stamp) for t, ps in offsets.items() for p, o in ps.items()}
+    )
+    return offsets

@@ -1,0 +1,243 @@
+"""The "stratalog" PySpark data source: Kafka-source options and schema, Arrow-batch reads.
+
+Planning (``partitions``, ``initialOffset``, ``latestOffset``) runs in Spark's driver-side Python
+workers and talks to the broker with the wire client; ``read`` runs in executor Python workers,
+fetches raw record batches and decodes them straight into Arrow columns with exactly Spark's
+Arrow schema, so Spark never converts rows one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from stratalog.client.arrow_reader import kafka_schema, read_partition
+from stratalog.client.wire import EARLIEST, WireClient, WireError
+from stratalog.spark import planning
+from stratalog.spark.options import OptionError, parse_source_options
+
+
+def spark_schema(include_headers: bool) -> StructType:
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(
+            StructField(
+                "headers",
+                ArrayType(
+                    StructType(
+                        [StructField("key", StringType()), StructField("value", BinaryType())]
+                    )
+                ),
+            )
+        )
+    return StructType(fields)
+
+
+@dataclass(frozen=True)
+class OffsetRangePartition(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+class _Reading:
+    """The executor side, shared by batch and streaming reads."""
+
+    def __init__(self, bootstrap: str, include_headers: bool, fail_on_data_loss: bool) -> None:
+        self.bootstrap = bootstrap
+        self.include_headers = include_headers
+        self.fail_on_data_loss = fail_on_data_loss
+
+    def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+        # Spark substitutes InputPartition(None) when planning found nothing to read.
+        if not isinstance(partition, OffsetRangePartition) or partition.end <= partition.start:
+            return
+        with WireClient(self.bootstrap, client_id="stratalog-spark") as client:
+            start = partition.start
+            low = client.list_offsets(partition.topic, [partition.partition], EARLIEST)
+            log_start = low[partition.partition][0]
+            if start < log_start:
+                if self.fail_on_data_loss:
+                    raise WireError(
+                        f"offsets {start}..{log_start - 1} of {partition.topic}-"
+                        f"{partition.partition} are gone (retention removed them); set "
+                        "failOnDataLoss=false to skip them"
+                    )
+                start = log_start
+            yield from read_partition(
+                client,
+                partition.topic,
+                partition.partition,
+                start,
+                partition.end,
+                include_headers=self.include_headers,
+            )
+
+
+class StratalogBatchReader(DataSourceReader):
+    def __init__(self, options) -> None:
+        self.opts = parse_source_options(options, streaming=False)
+        self._reading = _Reading(
+            self.opts.bootstrap, self.opts.include_headers, self.opts.fail_on_data_loss
+        )
+
+    def partitions(self) -> list[InputPartition]:
+        with WireClient(self.opts.bootstrap, client_id="stratalog-spark") as client:
+            tps = planning.topic_partitions(client, self.opts)
+            start = planning.resolve_start(client, tps, self.opts, "earliest")
+            end = planning.resolve_end(client, tps, self.opts)
+        ranges = planning.plan_ranges(start, end, self.opts.min_partitions)
+        return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+    def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+        yield from self._reading.read(partition)
+
+
+class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options) -> None:
+        self.options = options
+        self.opts = parse_source_options(options, streaming=True)
+        self._reading = _Reading(
+            self.opts.bootstrap, self.opts.include_headers, self.opts.fail_on_data_loss
+        )
+        self._client: WireClient | None = None
+        self._available_now: planning.Offsets | None = None
+
+    def _wire(self) -> WireClient:
+        # The planning process is long-lived; keep one connection in it.
+        if self._client is None:
+            self._client = WireClient(self.opts.bootstrap, client_id="stratalog-spark")
+        return self._client
+
+    def _latest(self) -> planning.Offsets:
+        client = self._wire()
+        tps = planning.topic_partitions(client, self.opts)
+        return {
+            t: {p: off for p, (off, _) in client.list_offsets(t, ps, -1).items()}
+            for t, ps in tps.items()
+            if ps
+        }
+
+    def initialOffset(self) -> dict:
+        client = self._wire()
+
+        def compute() -> planning.Offsets:
+            tps = planning.topic_partitions(client, self.opts)
+            return planning.resolve_start(client, tps, self.opts, "latest")
+
+        return planning.to_json_offsets(planning.remembered_start(self.options, client, compute))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_offsets_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = self._latest()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        latest = self._available_now if self._available_now is not None else self._latest()
+        begin = planning.from_json_offsets(start)
+        # Partitions that appeared since the start are read from their beginning.
+        for t, parts in latest.items():
+            for p in parts:
+                begin.setdefault(t, {}).setdefault(p, 0)
+        if isinstance(limit, ReadMaxRows):
+            latest = planning.rate_limit(begin, latest, limit.max_rows)
+        # Never move backwards (a start resolved earlier may exceed a shrunken end).
+        for t, parts in latest.items():
+            for p in parts:
+                parts[p] = max(parts[p], begin.get(t, {}).get(p, 0))
+        return planning.to_json_offsets(latest)
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        ranges = planning.plan_ranges(
+            planning.from_json_offsets(start),
+            planning.from_json_offsets(end),
+            self.opts.min_partitions,
+        )
+        return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+    def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+        yield from self._reading.read(partition)
+
+    def commit(self, end: dict) -> None:
+        # Progress is kept in Spark's checkpoint; nothing to do on the broker.
+        return None
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_client"] = None  # sockets do not travel to executors
+        return state
+
+
+class StratalogDataSource(DataSource):
+    """``spark.read.format("stratalog")`` / ``readStream`` / ``write`` / ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "stratalog"
+
+    def schema(self) -> StructType:
+        try:
+            include = str(self.options.get("includeheaders", "false")).lower() == "true"
+        except AttributeError:
+            include = False
+        return spark_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return StratalogBatchReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return StratalogStreamReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool):
+        from stratalog.spark.writer import StratalogBatchWriter
+
+        return StratalogBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from stratalog.spark.writer import StratalogStreamWriter
+
+        return StratalogStreamWriter(self.options, schema)
+
+
+__all__ = ["OptionError", "StratalogDataSource", "kafka_schema", "spark_schema"]

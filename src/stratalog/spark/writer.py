@@ -1,0 +1,226 @@
+"""The "stratalog" Spark sink, batch and streaming, writing each record exactly once.
+
+Every write task is an idempotent producer whose id is *derived* from what it writes: the
+query id, the micro-batch id and the task's partition (streaming), or the write job and the
+partition (batch). It numbers its batches per target partition from sequence 0. A retried task
+or a micro-batch re-run after a crash repeats the same records under the same id and
+sequences, and the broker answers the ones it already has as duplicates without appending them
+again (see storage/producer_state.py, DETERMINISTIC_PRODUCER_IDS). Records with a null key go
+round-robin in a fixed order and keyed records follow Kafka's murmur2 partitioner, so a re-run
+sends every record to the same partition as the first run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from stratalog.client.partitioner import kafka_partition
+from stratalog.client.wire import WireClient, WireError
+from stratalog.records import build_batch
+from stratalog.spark.options import OptionError, parse_sink_options
+from stratalog.storage.producer_state import DETERMINISTIC_PRODUCER_IDS
+
+BATCH_RECORDS = 5000
+BATCH_BYTES = 512 * 1024
+
+
+def derived_producer_id(*parts: object) -> int:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return DETERMINISTIC_PRODUCER_IDS | (
+        int.from_bytes(digest[:8], "big") & (DETERMINISTIC_PRODUCER_IDS - 1)
+    )
+
+
+@dataclass
+class WriteResult(WriterCommitMessage):
+    records: int
+    duplicates: int
+
+
+def check_schema(schema: StructType, topic_option: str | None) -> None:
+    names = {f.name.lower(): f for f in schema.fields}
+    if "value" not in names:
+        raise OptionError("required attribute 'value' not found in the data to write")
+    if topic_option is None and "topic" not in names:
+        raise OptionError(
+            "topic option required when no 'topic' attribute is present; use the 'topic' option"
+            " or a 'topic' column"
+        )
+    for col in ("key", "value"):
+        if col in names and names[col].dataType.typeName() not in ("string", "binary"):
+            raise OptionError(f"{col} attribute type must be a string or binary")
+    if "partition" in names and names["partition"].dataType.typeName() != "integer":
+        raise OptionError("partition attribute type must be an int")
+
+
+class _TaskWriter:
+    """One task's producer: buffers per target partition, exact sequences, acks=all."""
+
+    def __init__(self, bootstrap: str, topic_option: str | None, producer_id: int) -> None:
+        self.client = WireClient(bootstrap, client_id="stratalog-spark-writer")
+        self.topic_option = topic_option
+        self.producer_id = producer_id
+        self.partitions: dict[str, int] = {}
+        self.buffers: dict[tuple[str, int], list] = {}
+        self.buffer_bytes: dict[tuple[str, int], int] = {}
+        self.sequence: dict[tuple[str, int], int] = {}
+        self.round_robin: dict[str, int] = {}
+        self.written = 0
+        self.duplicates = 0
+
+    def _partition_count(self, topic: str) -> int:
+        n = self.partitions.get(topic)
+        if n is None:
+            info = self.client.metadata([topic]).get(topic)
+            if info is None or info.error_code:
+                raise WireError(f"topic {topic!r} does not exist")
+            n = self.partitions[topic] = info.partitions
+        return n
+
+    def add_arrow(self, batch: pa.RecordBatch) -> None:
+        cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+        n = batch.num_rows
+        values = _as_bytes(cols["value"])
+        keys = _as_bytes(cols["key"]) if "key" in cols else [None] * n
+        topics = cols["topic"].to_pylist() if "topic" in cols and not self.topic_option else None
+        parts = cols["partition"].to_pylist() if "partition" in cols else [None] * n
+        headers = cols["headers"].to_pylist() if "headers" in cols else None
+        stamps = _millis(cols["timestamp"]) if "timestamp" in cols else None
+        now = int(time.time() * 1000)
+        for i in range(n):
+            topic = self.topic_option or (topics[i] if topics else None)
+            if not topic:
+                raise OptionError("null topic present in the data; set the 'topic' option")
+            count = self._partition_count(topic)
+            p = parts[i]
+            if p is None:
+                key = keys[i]
+                if key is None:
+                    rr = self.round_robin.get(topic, 0)
+                    self.round_robin[topic] = rr + 1
+                    p = rr % count
+                else:
+                    p = kafka_partition(key, count)
+            elif not 0 <= p < count:
+                raise WireError(f"partition {p} does not exist in {topic} ({count} partitions)")
+            hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers and headers[i] else []
+            ts = stamps[i] if stamps is not None and stamps[i] is not None else now
+            tp = (topic, p)
+            buf = self.buffers.setdefault(tp, [])
+            buf.append((keys[i], values[i], ts, hdrs))
+            size = self.buffer_bytes.get(tp, 0) + len(values[i] or b"") + len(keys[i] or b"")
+            self.buffer_bytes[tp] = size
+            if len(buf) >= BATCH_RECORDS or size >= BATCH_BYTES:
+                self._send(tp)
+
+    def _send(self, tp: tuple[str, int]) -> None:
+        recs = self.buffers.pop(tp, None)
+        self.buffer_bytes.pop(tp, None)
+        if not recs:
+            return
+        seq = self.sequence.get(tp, 0)
+        raw = build_batch(
+            [(k, v, ts) for k, v, ts, _ in recs],
+            headers=[h for *_, h in recs] if any(h for *_, h in recs) else None,
+            producer_id=self.producer_id,
+            producer_epoch=0,
+            base_sequence=seq,
+        )
+        topic, p = tp
+        err, base = self.client.produce(topic, {p: raw}, acks=-1)[p]
+        if err:
+            raise WireError(f"produce to {topic}-{p} failed with error {err}", err)
+        if base < 0:
+            self.duplicates += len(recs)  # written by an earlier attempt
+        else:
+            self.written += len(recs)
+        self.sequence[tp] = seq + len(recs)
+
+    def finish(self) -> WriteResult:
+        try:
+            for tp in sorted(self.buffers):
+                self._send(tp)
+        finally:
+            self.client.close()
+        return WriteResult(self.written, self.duplicates)
+
+
+def _as_bytes(col: pa.Array) -> list:
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return [None if v is None else v.encode() for v in col.to_pylist()]
+    return col.to_pylist()
+
+
+def _millis(col: pa.Array) -> list:
+    ints = col.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+    return ints.to_pylist()
+
+
+def _write(bootstrap, topic, producer_id, batches: Iterator[pa.RecordBatch]) -> WriteResult:
+    w = _TaskWriter(bootstrap, topic, producer_id)
+    try:
+        for b in batches:
+            w.add_arrow(b)
+    except BaseException:
+        w.client.close()
+        raise
+    return w.finish()
+
+
+def _task_partition() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else 0
+
+
+class StratalogBatchWriter(DataSourceArrowWriter):
+    def __init__(self, options, schema: StructType) -> None:
+        self.opts = parse_sink_options(options)
+        check_schema(schema, self.opts.topic)
+        self.job = str(uuid.uuid4())  # made on the driver: the same for every task attempt
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        pid = derived_producer_id("batch", self.job, _task_partition())
+        return _write(self.opts.bootstrap, self.opts.topic, pid, iterator)
+
+    def commit(self, messages: list) -> None:
+        return None
+
+    def abort(self, messages: list) -> None:
+        return None
+
+
+class StratalogStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options, schema: StructType) -> None:
+        self.opts = parse_sink_options(options)
+        check_schema(schema, self.opts.topic)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        query = ctx.getLocalProperty("sql.streaming.queryId") if ctx else None
+        batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        if query is None or batch is None:
+            raise WireError("the stratalog stream sink needs Spark's query and batch ids")
+        pid = derived_producer_id("stream", query, batch, _task_partition())
+        return _write(self.opts.bootstrap, self.opts.topic, pid, iterator)
+
+    def commit(self, messages: list, batchId: int) -> None:
+        return None
+
+    def abort(self, messages: list, batchId: int) -> None:
+        return None
