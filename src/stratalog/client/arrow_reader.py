@@ -50,10 +50,11 @@ class _Columns:
     timestamps: list
     types: list
     headers: list | None
+    producers: list | None  # (producer id, sequence) per record, for time-ordered replay
 
     @classmethod
-    def empty(cls, headers: bool) -> _Columns:
-        return cls([], [], [], [], [], [] if headers else None)
+    def empty(cls, headers: bool, producers: bool = False) -> _Columns:
+        return cls([], [], [], [], [], [] if headers else None, [] if producers else None)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -62,12 +63,23 @@ class _Columns:
 class ArrowDecoder:
     """Accumulates records of one topic-partition in [start, end) and emits RecordBatches."""
 
-    def __init__(self, topic: str, partition: int, include_headers: bool = False) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        include_headers: bool = False,
+        include_producer: bool = False,
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self.include_headers = include_headers
+        self.include_producer = include_producer
         self.schema = kafka_schema(include_headers)
-        self._cols = _Columns.empty(include_headers)
+        if include_producer:
+            self.schema = self.schema.append(pa.field("producerId", pa.int64())).append(
+                pa.field("sequence", pa.int64())
+            )
+        self._cols = _Columns.empty(include_headers, include_producer)
 
     def __len__(self) -> int:
         return len(self._cols)
@@ -104,8 +116,19 @@ class ArrowDecoder:
                 c.offsets.extend([r.offset for r in recs])
                 c.timestamps.extend([r.timestamp for r in recs])
                 c.types.extend([ttype] * len(recs))
+                if c.producers is not None:
+                    pid, seq, base = batch.producer_id, batch.base_sequence, batch.base_offset
+                    c.producers.extend(
+                        [(pid, seq + r.offset - base if seq >= 0 else -1) for r in recs]
+                    )
                 if c.headers is not None:
-                    c.headers.extend([[{"key": k, "value": v} for k, v in r.headers] for r in recs])
+                    # As Spark's Kafka source: null, not an empty array, when there are none.
+                    c.headers.extend(
+                        [
+                            [{"key": k, "value": v} for k, v in r.headers] if r.headers else None
+                            for r in recs
+                        ]
+                    )
             nxt = max(nxt, last + 1)
             if last + 1 >= end:
                 break
@@ -134,6 +157,9 @@ class ArrowDecoder:
                     c.offsets.append(r.offset)
                     c.timestamps.append(r.timestamp)
                     c.types.append(1 if h.is_log_append_time else 0)
+                    if c.producers is not None:
+                        seq = h.base_sequence + r.offset - h.base_offset
+                        c.producers.append((h.producer_id, seq if h.base_sequence >= 0 else -1))
                     if c.headers is not None:
                         c.headers.append(
                             [{"key": k, "value": v} for k, v in r.headers] if r.headers else None
@@ -156,7 +182,10 @@ class ArrowDecoder:
         ]
         if c.headers is not None:
             arrays.append(pa.array(c.headers, HEADER_TYPE))
-        self._cols = _Columns.empty(self.include_headers)
+        if c.producers is not None:
+            arrays.append(pa.array([p for p, _ in c.producers], pa.int64()))
+            arrays.append(pa.array([q for _, q in c.producers], pa.int64()))
+        self._cols = _Columns.empty(self.include_headers, self.include_producer)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
@@ -168,11 +197,12 @@ def read_partition(
     end: int,
     *,
     include_headers: bool = False,
+    include_producer: bool = False,
     rows_per_batch: int = 50_000,
     fetch_bytes: int = 8 * 1024 * 1024,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the records of one partition with start <= offset < end."""
-    dec = ArrowDecoder(topic, partition, include_headers)
+    dec = ArrowDecoder(topic, partition, include_headers, include_producer)
     offset = start
     while offset < end:
         data = client.fetch(
