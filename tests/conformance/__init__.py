@@ -1,0 +1,1 @@
+"""Differential conformance tests: Stratalog against the reference Apache Kafka."""

@@ -1,0 +1,81 @@
+"""The allow-list: where Stratalog differs from Apache Kafka on purpose.
+
+Each entry is a scenario id -> the reason. docs/compatibility.md lists every entry with the same
+reason (checked by test_deliberate.py::test_allow_list_is_documented). A test of a listed
+difference does not compare the two brokers for equality: it calls :func:`check_deliberate`,
+which asserts Stratalog's documented behaviour AND that Kafka really behaves differently, so an
+entry cannot outlive the difference it excuses. Nothing else may be allow-listed: an unlisted
+difference is a broker bug and its test fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DELIBERATE: dict[str, str] = {
+    "transactions.init-producer-id": (
+        "Stratalog has no transactions: InitProducerId with a transactional id is answered "
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED instead of allocating a transactional producer."
+    ),
+    "transactions.find-coordinator": (
+        "Stratalog has no transaction coordinator: FindCoordinator for key type TRANSACTION is "
+        "answered INVALID_REQUEST."
+    ),
+    "transactions.produce": (
+        "Stratalog has no transactions: a Produce request carrying a transactional id is answered "
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED and appends nothing."
+    ),
+    "transactions.client": (
+        "Stratalog has no transactions: a transactional producer cannot initialise; librdkafka's "
+        "init_transactions() retries FindCoordinator(TRANSACTION), answered INVALID_REQUEST, "
+        "until its timeout and fails with _TIMED_OUT."
+    ),
+    "configs.compaction-rejected": (
+        "Stratalog has no log compaction: cleanup.policy=compact (or compact,delete) is rejected "
+        "with INVALID_CONFIG."
+    ),
+    "configs.compression-type-rejected": (
+        "Stratalog stores batches as the producer compressed them and never recompresses: a topic "
+        "compression.type other than 'producer' is rejected with INVALID_CONFIG."
+    ),
+    "configs.unsupported-topic-config-rejected": (
+        "Stratalog accepts only the topic configs it implements (docs/configuration.md); other "
+        "Kafka topic configs (e.g. preallocate, index.interval.bytes) are rejected with "
+        "INVALID_CONFIG instead of being accepted and ignored."
+    ),
+    "configs.segment-bytes-default": (
+        "Partitions share virtual logs, whose segments roll at the broker's segment.bytes, "
+        "default 134217728 (128 MiB); DescribeConfigs reports that as the topic default where "
+        "Kafka reports its 1073741824 (1 GiB)."
+    ),
+    "retention.per-chunk": (
+        "Retention drops whole chunks (record batches) whose newest timestamp is older than "
+        "retention.ms, not whole segments: the log start offset moves past expired batches even "
+        "when newer batches follow them in the same segment."
+    ),
+    "groups.membership-not-persisted": (
+        "Consumer-group membership lives in memory: after a broker restart the group is empty, a "
+        "member's Heartbeat is answered UNKNOWN_MEMBER_ID and it rejoins; committed offsets are "
+        "durable and survive the restart."
+    ),
+    "fsync.high-watermark-after-fsync": (
+        "Under fsync=always (the default) the high watermark moves only once the group commit's "
+        "fsync covered the batch: an acks=1 produce is answered at append, before the record is "
+        "visible to ListOffsets(latest) and Fetch."
+    ),
+    "metadata.no-internal-topics": (
+        "Committed offsets are not stored in a topic: Metadata for all topics lists no "
+        "__consumer_offsets (or __transaction_state) internal topic."
+    ),
+}
+
+
+def check_deliberate(scenario: str, stratalog: Any, kafka: Any, *, documented: Any) -> None:
+    """Stratalog shows its documented behaviour, and Kafka differs from it."""
+    assert scenario in DELIBERATE, f"{scenario} is not on the allow-list"
+    assert stratalog == documented, (
+        f"{scenario}: Stratalog no longer behaves as documented ({DELIBERATE[scenario]})"
+    )
+    assert kafka != stratalog, (
+        f"{scenario}: Kafka now behaves like Stratalog; drop the allow-list entry"
+    )
