@@ -274,7 +274,8 @@ def auto_offset_reset(bs: str, topic: str, ts: int) -> dict[str, Any]:
         seen: list[Any] = []
         try:
             c.assign([TopicPartition(topic, 0, 100)])
-            deadline = time.monotonic() + 10
+            # Generous: on a loaded machine the JVM broker can take seconds per round trip.
+            deadline = time.monotonic() + 30
             produced = False
             while time.monotonic() < deadline and len(seen) < (5 if reset == "earliest" else 1):
                 for m in c.consume(10, 0.1):

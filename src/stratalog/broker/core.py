@@ -140,6 +140,8 @@ class BrokerCore:
         policies: dict[int, RetentionPolicy] = {}
         for t in self.metadata.topics.values():
             view = self.topic_config(t)
+            if "delete" not in view.get("cleanup.policy").split(","):
+                continue  # without the delete policy a topic keeps everything
             policy = RetentionPolicy(view.get_int("retention.ms"), view.get_int("retention.bytes"))
             for uid in t.partitions:
                 policies[uid] = policy

@@ -399,7 +399,9 @@ class GroupCoordinator:
             if g is not None and g.members:
                 return "UNKNOWN_MEMBER_ID"
             return "NONE"
-        if g is None or member_id not in g.members:
+        if g is None:
+            return "GROUP_ID_NOT_FOUND"
+        if member_id not in g.members:
             return "UNKNOWN_MEMBER_ID"
         if generation != g.generation:
             return "ILLEGAL_GENERATION"

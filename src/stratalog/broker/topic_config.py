@@ -32,7 +32,8 @@ TOPIC_SETTINGS: dict[str, TopicSetting] = {
         _T(
             "cleanup.policy",
             LIST,
-            "Only 'delete' is supported (no compaction).",
+            "'delete' drops old data by retention.ms/bytes; an empty list keeps everything. "
+            "No compaction.",
             default="delete",
             choices=("delete",),
         ),
@@ -132,7 +133,14 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str | No
                     f"Invalid value {value} for configuration {name}: Not a number of type "
                     f"{'INT' if setting.kind == INT else 'LONG'}"
                 ) from None
-        if setting.choices and value not in setting.choices:
+        if setting.kind == LIST and setting.choices:
+            bad = [v for v in value.split(",") if v.strip() and v.strip() not in setting.choices]
+            if bad:
+                raise TopicConfigError(
+                    f"Invalid value {bad[0]} for configuration {name}: String must be one of: "
+                    f"{', '.join(setting.choices)}"
+                )
+        elif setting.choices and value not in setting.choices:
             raise TopicConfigError(
                 f"Invalid value {value} for configuration {name}: String must be one of: "
                 f"{', '.join(setting.choices)}"

@@ -86,7 +86,10 @@ class MetadataStore:
             # Kafka cluster ids are 22-character URL-safe base64 of 16 random bytes.
             import base64
 
-            self.cluster_id = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+            cid = "-"
+            while cid.startswith("-"):  # as Kafka: never an id a command line reads as an option
+                cid = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+            self.cluster_id = cid
             self._save()
         # Ids below the persisted limit may have been handed out before a crash: skip them.
         self._next_producer_id = self.producer_id_limit
@@ -120,6 +123,14 @@ class MetadataStore:
         with self._lock:
             if name in self.topics:
                 raise MetadataError("TOPIC_ALREADY_EXISTS", f"topic {name!r} already exists")
+            # Kafka's rule: '.' and '_' collide in metric names, so such names are refused.
+            folded = name.replace(".", "_")
+            clash = next((t for t in self.topics if t.replace(".", "_") == folded), None)
+            if clash is not None:
+                raise MetadataError(
+                    "INVALID_TOPIC_EXCEPTION",
+                    f"Topic '{name}' collides with existing topic: {clash}",
+                )
             uids = list(range(self.next_uid, self.next_uid + partitions))
             self.next_uid += partitions
             t = TopicMeta(name, uuid.uuid4(), uids, dict(configs))

@@ -349,8 +349,15 @@ def _free_port() -> int:
 
 
 def _random_cluster_id() -> str:
-    """A Kafka cluster id: a random UUID, URL-safe base64 without padding (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A Kafka cluster id: a random UUID, URL-safe base64 without padding (22 characters).
+
+    Like Kafka's own Uuid.randomUuid(), never one starting with '-' (kafka-storage would read it
+    as an option).
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 def _tail(path: Path, lines: int = 60) -> str:

@@ -86,6 +86,10 @@ def parse_request(frame: bytes | memoryview) -> Request:
     if not is_supported(api_key, version):
         if api_key == API_VERSIONS:
             # Answered in the v0 format with UNSUPPORTED_VERSION so the client can retry lower.
+            # As Kafka, a version past the newest is read with the newest's (flexible) header,
+            # so its tagged fields must be there.
+            if version >= 3:
+                _skip_tagged_fields(frame, pos)
             return Request(api_key, version, correlation_id, client_id, None, len(frame))
         raise ProtocolError(f"unsupported API key {api_key} version {version}")
     if codec.is_flexible_request(api_key, version):

@@ -67,7 +67,7 @@ def encode_fetch_response(
             if version >= 5:
                 cur += I64.pack(p.log_start_offset)
             # Aborted transactions: null unless the consumer reads committed data.
-            if read_committed:
+            if read_committed or p.error_code:
                 cur += array_len(0, flexible)
             else:
                 cur += b"\x00" if flexible else I32.pack(-1)

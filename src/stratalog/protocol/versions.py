@@ -57,6 +57,16 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 
 
+# Advertised minimums that differ from what is accepted. Kafka 4.x advertises Produce from v0
+# although it rejects v0-v2: librdkafka < 2.x checks for Produce v0 before it compresses, and
+# silently sends uncompressed batches to a broker that does not list it.
+ADVERTISED_MIN: dict[int, int] = {PRODUCE: 0}
+
+
+def advertised() -> dict[int, tuple[int, int]]:
+    return {k: (ADVERTISED_MIN.get(k, lo), hi) for k, (lo, hi) in SUPPORTED.items()}
+
+
 def is_supported(api_key: int, version: int) -> bool:
     r = SUPPORTED.get(api_key)
     return r is not None and r[0] <= version <= r[1]

@@ -96,7 +96,9 @@ class BatchHeader:
 def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     """Parse the header at ``pos``; raises CorruptBatchError when fewer than 61 bytes remain."""
     if len(buf) - pos < HEADER_SIZE:
-        raise CorruptBatchError(f"batch header needs {HEADER_SIZE} bytes, {len(buf) - pos} left")
+        raise CorruptBatchError(
+            f"batch header needs {HEADER_SIZE} bytes, {len(buf) - pos} left", "INVALID_RECORD"
+        )
     return BatchHeader(*_HEADER.unpack_from(buf, pos))
 
 
@@ -111,10 +113,14 @@ def validate_batch(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = T
     if h.magic != 2:
         raise CorruptBatchError(f"unsupported record batch magic {h.magic}", "UNSUPPORTED_VERSION")
     if h.batch_length < HEADER_SIZE - LOG_OVERHEAD:
-        raise CorruptBatchError(f"batchLength {h.batch_length} is smaller than a header")
+        raise CorruptBatchError(
+            f"batchLength {h.batch_length} is smaller than a header", "INVALID_RECORD"
+        )
     end = pos + h.size
     if end > len(buf):
-        raise CorruptBatchError(f"batchLength {h.batch_length} runs past the end of the data")
+        raise CorruptBatchError(
+            f"batchLength {h.batch_length} runs past the end of the data", "INVALID_RECORD"
+        )
     if h.record_count < 1 and not h.is_control:
         raise CorruptBatchError(f"record count {h.record_count} must be positive", "INVALID_RECORD")
     if h.record_count != h.last_offset_delta + 1:

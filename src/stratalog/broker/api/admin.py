@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from stratalog.broker.topic_config import (
+    LIST,
     STRING,
     TOPIC_SETTINGS,
     TopicConfigError,
@@ -29,7 +30,11 @@ def handle_create_topics(core, req: Request, conn) -> bytes:
     body = req.body
     counts = Counter(t.name for t in body.topics)
     results = []
+    answered: set[str] = set()
     for t in body.topics:
+        if t.name in answered:
+            continue  # a duplicate gets one answer, as from Kafka
+        answered.add(t.name)
         error, message = "NONE", None
         partitions = t.num_partitions if t.num_partitions != -1 else core.config["num.partitions"]
         meta = None
@@ -100,7 +105,7 @@ def handle_create_topics(core, req: Request, conn) -> bytes:
                 topic_config_error_code=0,
                 num_partitions=partitions if ok else -1,
                 replication_factor=1 if ok else -1,
-                configs=cfgs if ok else None,
+                configs=cfgs if ok else (),
             )
         )
     return reply(req, topics=tuple(results))
@@ -274,6 +279,24 @@ def handle_describe_configs(core, req: Request, conn) -> bytes:
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
+def _list_change(core, topic, c, changes: dict) -> str:
+    """APPEND or SUBTRACT on a list config (Kafka allows them on list configs only)."""
+    setting = TOPIC_SETTINGS.get(c.name)
+    if setting is None:
+        raise TopicConfigError(f"Unknown topic config name: {c.name}")
+    verb = "append" if c.config_operation == APPEND else "subtract"
+    if setting.kind != LIST:
+        raise TopicConfigError(f"Config value {verb} is not allowed for config key: {c.name}")
+    current = changes.get(c.name, core.topic_config(topic).get(c.name)) or ""
+    have = [v for v in current.split(",") if v]
+    items = [v for v in (c.value or "").split(",") if v]
+    if c.config_operation == APPEND:
+        have += [v for v in items if v not in have]
+    else:
+        have = [v for v in have if v not in items]
+    return ",".join(have)
+
+
 def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
     body = req.body
     results = []
@@ -299,9 +322,7 @@ def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
                         raise TopicConfigError(f"Unknown topic config name: {c.name}")
                     changes[c.name] = None
                 else:
-                    raise MetadataError(
-                        "INVALID_REQUEST", f"APPEND and SUBTRACT do not apply to {c.name}"
-                    )
+                    changes[c.name] = _list_change(core, t, c, changes)
             try:
                 checked = validate_topic_configs(changes)
             except TopicConfigError as e:

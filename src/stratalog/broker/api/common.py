@@ -9,6 +9,15 @@ from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 
 AUTHORIZED_OPS_OMITTED = -(2**31)  # "not requested" in Kafka's authorized-operations fields
+# Without an authorizer every operation is allowed; as Kafka, report the operations each resource
+# type supports as bit sets of AclOperation codes.
+TOPIC_OPERATIONS = 3576  # READ WRITE CREATE DELETE ALTER DESCRIBE DESCRIBE_CONFIGS ALTER_CONFIGS
+CLUSTER_OPERATIONS = 8096  # CREATE ALTER DESCRIBE CLUSTER_ACTION *_CONFIGS IDEMPOTENT_WRITE
+GROUP_OPERATIONS = 328  # READ DELETE DESCRIBE
+
+
+def authorized(requested: object, operations: int) -> int:
+    return operations if requested else AUTHORIZED_OPS_OMITTED
 
 
 def reply(req: Request, /, **fields: Any) -> bytes:

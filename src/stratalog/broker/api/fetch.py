@@ -58,6 +58,8 @@ def _gather(core, req: Request, plan, max_bytes: int):
             offset = fp.fetch_offset
             if offset < p.log_start_offset or offset > p.next_offset:
                 r.error_code = code("OFFSET_OUT_OF_RANGE")
+                # As Kafka: an out-of-range answer carries no watermarks.
+                r.high_watermark = r.last_stable_offset = r.log_start_offset = -1
                 errors = True
                 continue
             remaining = max_bytes - total

@@ -9,7 +9,7 @@ from stratalog.broker.group_coordinator import DEAD, EMPTY
 from stratalog.broker.offset_store import CommittedOffset
 from stratalog.protocol.connection import Request
 
-from .common import AUTHORIZED_OPS_OMITTED, NONE, err, reply, sub
+from .common import GROUP_OPERATIONS, NONE, authorized, err, reply, sub
 
 MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 GROUP_KEY = 0
@@ -82,7 +82,7 @@ async def handle_sync_group(core, req: Request, conn) -> bytes:
     error, assignment = await core.coordinator.sync(
         b.group_id, b.generation_id, b.member_id, assignments
     )
-    g = core.coordinator.group(b.group_id)
+    g = core.coordinator.group(b.group_id) if error == "NONE" else None
     return reply(
         req,
         error_code=err(error),
@@ -246,11 +246,11 @@ def _known_groups(core) -> dict[str, tuple[str, str]]:
     """group id -> (state, protocol type) for live groups and offset-only groups."""
     out = {}
     for gid in core.offsets.groups():
-        out[gid] = (EMPTY, "consumer")
+        out[gid] = (EMPTY, "")
     for gid, g in core.coordinator.groups.items():
         if g.state == EMPTY and gid not in out and not g.members:
             continue  # a group that never committed and has no members has nothing to show
-        out[gid] = (g.state, g.protocol_type or "consumer")
+        out[gid] = (g.state, g.protocol_type or "")
     return out
 
 
@@ -271,13 +271,14 @@ def handle_list_groups(core, req: Request, conn) -> bytes:
                 group_id=gid,
                 protocol_type=ptype,
                 group_state=state,
-                group_type="Classic",
+                group_type="classic",
             )
         )
     return reply(req, error_code=NONE, groups=tuple(groups))
 
 
 def handle_describe_groups(core, req: Request, conn) -> bytes:
+    ops = authorized(getattr(req.body, "include_authorized_operations", False), GROUP_OPERATIONS)
     out = []
     known = _known_groups(core)
     for gid in req.body.groups:
@@ -291,10 +292,10 @@ def handle_describe_groups(core, req: Request, conn) -> bytes:
                     error_code=NONE,
                     group_id=gid,
                     group_state=state,
-                    protocol_type="" if state == DEAD else "consumer",
+                    protocol_type="",
                     protocol_data="",
                     members=(),
-                    authorized_operations=AUTHORIZED_OPS_OMITTED,
+                    authorized_operations=ops,
                 )
             )
             continue
@@ -322,7 +323,7 @@ def handle_describe_groups(core, req: Request, conn) -> bytes:
                 protocol_type=g.protocol_type or "",
                 protocol_data=g.protocol_name or "" if stable else "",
                 members=members,
-                authorized_operations=AUTHORIZED_OPS_OMITTED,
+                authorized_operations=ops,
             )
         )
     return reply(req, groups=tuple(out))

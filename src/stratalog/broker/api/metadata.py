@@ -11,7 +11,16 @@ import uuid
 from stratalog.cluster.metadata import MetadataError, TopicMeta, validate_topic_name
 from stratalog.protocol.connection import Request
 
-from .common import AUTHORIZED_OPS_OMITTED, NONE, err, reply, sub
+from .common import (
+    AUTHORIZED_OPS_OMITTED,
+    CLUSTER_OPERATIONS,
+    NONE,
+    TOPIC_OPERATIONS,
+    authorized,
+    err,
+    reply,
+    sub,
+)
 
 _ZERO_UUID = uuid.UUID(int=0)
 
@@ -36,7 +45,7 @@ def _partitions(core, req: Request, t: TopicMeta, cls_name: str) -> tuple:
     )
 
 
-def _topic(core, req: Request, t: TopicMeta) -> object:
+def _topic(core, req: Request, t: TopicMeta, ops: int = AUTHORIZED_OPS_OMITTED) -> object:
     return sub(
         req,
         "MetadataResponseTopic",
@@ -45,7 +54,7 @@ def _topic(core, req: Request, t: TopicMeta) -> object:
         topic_id=t.topic_id,
         is_internal=False,
         partitions=_partitions(core, req, t, "MetadataResponsePartition"),
-        topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+        topic_authorized_operations=ops,
     )
 
 
@@ -66,8 +75,9 @@ def handle_metadata(core, req: Request, conn) -> bytes:
     body = req.body
     v = req.api_version
     requested = body.topics
+    ops = authorized(getattr(body, "include_topic_authorized_operations", False), TOPIC_OPERATIONS)
     if requested is None or (v == 0 and not requested):
-        topics = [_topic(core, req, t) for t in core.metadata.topics.values()]
+        topics = [_topic(core, req, t, ops) for t in core.metadata.topics.values()]
     else:
         allow_auto = getattr(body, "allow_auto_topic_creation", True)
         topics = []
@@ -77,7 +87,7 @@ def handle_metadata(core, req: Request, conn) -> bytes:
             if name is None and tid is not None and tid != _ZERO_UUID:
                 t = core.topic_by_id(tid)
                 topics.append(
-                    _topic(core, req, t) if t else _missing(req, None, tid, "UNKNOWN_TOPIC_ID")
+                    _topic(core, req, t, ops) if t else _missing(req, None, tid, "UNKNOWN_TOPIC_ID")
                 )
                 continue
             try:
@@ -91,7 +101,7 @@ def handle_metadata(core, req: Request, conn) -> bytes:
             if t is None:
                 topics.append(_missing(req, name, None, "UNKNOWN_TOPIC_OR_PARTITION"))
             else:
-                topics.append(_topic(core, req, t))
+                topics.append(_topic(core, req, t, ops))
     broker = sub(
         req,
         "MetadataResponseBroker",
@@ -106,7 +116,9 @@ def handle_metadata(core, req: Request, conn) -> bytes:
         cluster_id=core.metadata.cluster_id,
         controller_id=core.node_id,
         topics=tuple(topics),
-        cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+        cluster_authorized_operations=authorized(
+            getattr(body, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS
+        ),
     )
 
 
@@ -127,7 +139,9 @@ def handle_describe_cluster(core, req: Request, conn) -> bytes:
         cluster_id=core.metadata.cluster_id,
         controller_id=core.node_id,
         brokers=(broker,),
-        cluster_authorized_operations=AUTHORIZED_OPS_OMITTED,
+        cluster_authorized_operations=authorized(
+            req.body.include_cluster_authorized_operations, CLUSTER_OPERATIONS
+        ),
     )
 
 
@@ -176,7 +190,7 @@ def handle_describe_topic_partitions(core, req: Request, conn) -> bytes:
                 topic_id=t.topic_id,
                 is_internal=False,
                 partitions=parts,
-                topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+                topic_authorized_operations=TOPIC_OPERATIONS,
             )
         )
         if next_cursor is not None:

@@ -12,7 +12,6 @@ import asyncio
 import time
 
 from stratalog.broker import metrics
-from stratalog.cluster.metadata import MetadataError, validate_topic_name
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.produce import PartitionProduceResult, encode_produce_response
@@ -72,11 +71,7 @@ def handle_produce(core, req: Request, conn):
             parts.append(r)
             p: PartitionLog | None = core.partition(name, pd.index) if topic else None
             if p is None:
-                try:
-                    validate_topic_name(name)
-                    r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
-                except MetadataError:
-                    r.error_code = code("INVALID_TOPIC_EXCEPTION")
+                r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
                 any_error = True
                 continue
             if body.transactional_id is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stratalog.protocol import codec
 from stratalog.protocol.connection import Request
-from stratalog.protocol.versions import SUPPORTED
+from stratalog.protocol.versions import advertised
 
 from .common import NONE, err
 
@@ -22,7 +22,7 @@ def handle_api_versions(core, req: Request, conn) -> bytes:
     mod = codec.response_module(18, version)
     keys = tuple(
         codec.build(mod.ApiVersion, api_key=k, min_version=lo, max_version=hi)
-        for k, (lo, hi) in sorted(SUPPORTED.items())
+        for k, (lo, hi) in sorted(advertised().items())
     )
     body = codec.build(cls, error_code=error, api_keys=keys, throttle_time=0)
     return codec.encode_response(18, version, req.correlation_id, body)

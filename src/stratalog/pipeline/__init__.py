@@ -1,0 +1,1 @@
+"""Data pipelines that run on Stratalog and Spark."""
