@@ -144,14 +144,47 @@ ALL4 = frozenset(range(4))
 
 
 def _drive(members, cond, reads: dict | None = None, timeout: float = 30, what: str = "") -> None:
-    """Poll every member until cond() holds; reads[member] collects what that member consumed."""
+    """Poll every member until cond() holds; reads[member] collects what that member consumed.
+
+    kafka-python members poll in threads of their own: that client may sit inside poll() in a
+    JoinGroup that completes only when the other member polls and rejoins too (against Kafka as
+    well). The others are polled in turn from this thread (confluent-kafka's assignment() can
+    wait on a poll() running in another thread).
+    """
     deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        for m in members:
-            got = m.poll()
-            if reads is not None and m in reads:
-                reads[m].extend(got)
+    if not any(isinstance(m, clients.KpMember) for m in members):
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            for m in members:
+                got = m.poll()
+                if reads is not None and m in reads:
+                    reads[m].extend(got)
+        return
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def run(m) -> None:
+        try:
+            while not done.is_set() and time.monotonic() < deadline:
+                got = m.poll()
+                if reads is not None and m in reads:
+                    reads[m].extend(got)
+        except BaseException as e:  # reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(m,), daemon=True) for m in members]
+    for t in threads:
+        t.start()
+    try:
+        while not cond() and not errors:
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+    if errors:
+        raise errors[0]
 
 
 def _split(a, b) -> bool:

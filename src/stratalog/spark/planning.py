@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stratalog.client.wire import WireClient
+from stratalog.client.wire import WireClient, WireError
 from stratalog.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
 
 Offsets = dict[str, dict[int, int]]
@@ -188,33 +190,96 @@ def rate_limit(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     out: Offsets = {t: {} for t in latest}
     for (t, p), n in avail.items():
         s = start.get(t, {}).get(p, 0)
-        out[t][p] = s + min(n, int(max_rows * n / total))
+        share = max_rows * n / total
+        # As Spark's Kafka source: a share below one offset rounds up, so a small limit spread
+        # over many partitions still makes progress.
+        take = math.ceil(share) if share < 1 else math.floor(share)
+        out[t][p] = s + min(n, take)
     return out
 
 
 # -- a start resolved once ------------------------------------------------------------------------
-def _start_key(options: Mapping[str, str]) -> str:
+START_LOG_TOPIC = "__stratalog_spark_starts"
+
+
+def options_key(options: Mapping[str, str]) -> str:
     text = json.dumps(sorted((k, str(v)) for k, v in options.items()))
-    return "__stratalog_spark_start_" + hashlib.sha256(text.encode()).hexdigest()[:24]
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def remembered_start(options: Mapping[str, str], client: WireClient, compute) -> Offsets:
-    """Resolve a query's starting offsets once and keep them on the broker.
+class StartLog:
+    """Where a streaming query's resolved starting offsets are kept, on the broker.
 
-    Spark calls ``initialOffset`` again when a query restarts before its first batch committed;
-    re-resolving "latest" or a timestamp then would skip records. The first resolution is
-    stored as the committed offsets of a private group keyed by the options, and reused.
+    Spark does not persist a Python source's initial offsets. When a query restarts before its
+    first batch committed, Spark calls ``initialOffset`` again and plans batch 0 from that new
+    answer to the end it had already recorded, *without* asking ``latestOffset`` first. With
+    ``startingOffsets=latest`` the new answer is later than the first one, and the records
+    between would never be read. So each query start is logged (options key, a start id, the
+    offsets) and so is the end its batch 0 was planned with; a batch 0 planned without our own
+    ``latestOffset`` is a restart, and its start is the logged start whose planned end matches.
     """
-    group = _start_key(options)
-    stored = client.offset_fetch(group)
-    if stored:
-        out: Offsets = {}
-        for (t, p), (off, _meta) in stored.items():
-            out.setdefault(t, {})[p] = off
-        return out
-    offsets: Offsets = compute()
-    stamp = str(int(time.time() * 1000))
-    client.offset_commit(
-        group, {(t, p): (o, stamp) for t, ps in offsets.items() for p, o in ps.items()}
-    )
-    return offsets
+
+    def __init__(self, client: WireClient, key: str) -> None:
+        self.client = client
+        self.key = key
+
+    def _ensure_topic(self) -> None:
+        meta = self.client.metadata([START_LOG_TOPIC]).get(START_LOG_TOPIC)
+        if meta is None or meta.error_code:
+            try:
+                self.client.create_topic(START_LOG_TOPIC, 1, {"retention.ms": str(7 * 86400000)})
+            except WireError as e:
+                if e.error_code != 36:  # TOPIC_ALREADY_EXISTS: someone was quicker
+                    raise
+
+    def _append(self, doc: dict) -> None:
+        from stratalog.records import build_batch
+
+        self._ensure_topic()
+        raw = build_batch([(self.key.encode(), json.dumps(doc).encode(), int(time.time() * 1000))])
+        err, _ = self.client.produce(START_LOG_TOPIC, {0: raw}, acks=-1)[0]
+        if err:
+            raise WireError(f"cannot log the query's start (error {err})", err)
+
+    def record_start(self, offsets: Offsets) -> str:
+        start_id = uuid.uuid4().hex
+        self._append({"id": start_id, "start": to_json_offsets(offsets)})
+        return start_id
+
+    def record_planned(self, start_id: str, end: Offsets) -> None:
+        self._append({"id": start_id, "planned": to_json_offsets(end)})
+
+    def start_planned_with(self, end: Offsets) -> Offsets | None:
+        """The logged start whose batch 0 was planned to ``end`` (the newest such), if any."""
+        from stratalog.records import iter_records
+
+        self._ensure_topic()
+        lo, _ = self.client.list_offsets(START_LOG_TOPIC, [0], -2)[0]
+        hi, _ = self.client.list_offsets(START_LOG_TOPIC, [0], -1)[0]
+        starts: dict[str, dict] = {}
+        found: str | None = None
+        want = to_json_offsets(end)
+        offset = lo
+        while offset < hi:
+            data = self.client.fetch(START_LOG_TOPIC, {0: offset})[0]
+            if not data.records:
+                break
+            from stratalog.storage.batch import parse_header
+
+            pos = 0
+            while pos + 61 <= len(data.records):
+                h = parse_header(data.records, pos)
+                batch = data.records[pos : pos + h.size]
+                pos += h.size
+                offset = h.last_offset + 1
+                for r in iter_records(batch, h):
+                    if r.key != self.key.encode() or r.value is None:
+                        continue
+                    doc = json.loads(r.value)
+                    if "start" in doc:
+                        starts[doc["id"]] = doc["start"]
+                    elif doc.get("planned") == want:
+                        found = doc["id"]
+        if found is None or found not in starts:
+            return None
+        return from_json_offsets(starts[found])

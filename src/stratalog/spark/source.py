@@ -135,6 +135,11 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         )
         self._client: WireClient | None = None
         self._available_now: planning.Offsets | None = None
+        # This query start, as logged on the broker (see planning.StartLog).
+        self._start: planning.Offsets | None = None
+        self._start_id: str | None = None
+        self._planned_from_start = False
+        self._first_partitions = True
 
     def _wire(self) -> WireClient:
         # The planning process is long-lived; keep one connection in it.
@@ -151,14 +156,16 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if ps
         }
 
+    def _start_log(self) -> planning.StartLog:
+        return planning.StartLog(self._wire(), planning.options_key(self.options))
+
     def initialOffset(self) -> dict:
         client = self._wire()
-
-        def compute() -> planning.Offsets:
+        if self._start is None:  # Spark asks twice at query start; answer the same
             tps = planning.topic_partitions(client, self.opts)
-            return planning.resolve_start(client, tps, self.opts, "latest")
-
-        return planning.to_json_offsets(planning.remembered_start(self.options, client, compute))
+            self._start = planning.resolve_start(client, tps, self.opts, "latest")
+            self._start_id = self._start_log().record_start(self._start)
+        return planning.to_json_offsets(self._start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
@@ -181,14 +188,26 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         for t, parts in latest.items():
             for p in parts:
                 parts[p] = max(parts[p], begin.get(t, {}).get(p, 0))
+        if (
+            self._start_id is not None
+            and not self._planned_from_start
+            and planning.from_json_offsets(start) == self._start
+        ):
+            self._planned_from_start = True
+            self._start_log().record_planned(self._start_id, latest)
         return planning.to_json_offsets(latest)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        ranges = planning.plan_ranges(
-            planning.from_json_offsets(start),
-            planning.from_json_offsets(end),
-            self.opts.min_partitions,
-        )
+        begin = planning.from_json_offsets(start)
+        finish = planning.from_json_offsets(end)
+        if self._first_partitions and self._start_id is not None and not self._planned_from_start:
+            # Batch 0 replanned without latestOffset: a restart before it committed. Read it
+            # from the start the first run resolved, not from the one just resolved again.
+            earlier = self._start_log().start_planned_with(finish)
+            if earlier is not None:
+                begin = earlier
+        self._first_partitions = False
+        ranges = planning.plan_ranges(begin, finish, self.opts.min_partitions)
         return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
 
     def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:

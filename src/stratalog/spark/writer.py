@@ -33,6 +33,7 @@ from stratalog.spark.options import OptionError, parse_sink_options
 from stratalog.storage.producer_state import DETERMINISTIC_PRODUCER_IDS
 
 BATCH_RECORDS = 5000
+OUT_OF_ORDER_SEQUENCE = 45
 BATCH_BYTES = 512 * 1024
 
 
@@ -131,6 +132,10 @@ class _TaskWriter:
         if not recs:
             return
         seq = self.sequence.get(tp, 0)
+        self._produce(tp, recs, seq)
+        self.sequence[tp] = seq + len(recs)
+
+    def _produce(self, tp: tuple[str, int], recs: list, seq: int) -> None:
         raw = build_batch(
             [(k, v, ts) for k, v, ts, _ in recs],
             headers=[h for *_, h in recs] if any(h for *_, h in recs) else None,
@@ -140,13 +145,20 @@ class _TaskWriter:
         )
         topic, p = tp
         err, base = self.client.produce(topic, {p: raw}, acks=-1)[p]
+        if err == OUT_OF_ORDER_SEQUENCE and len(recs) > 1:
+            # An earlier attempt of this task stopped part-way through this batch: the broker
+            # has its head but not its tail. Halve until every piece is either wholly written
+            # before (a duplicate) or wholly new (next in sequence); left first keeps order.
+            mid = len(recs) // 2
+            self._produce(tp, recs[:mid], seq)
+            self._produce(tp, recs[mid:], seq + mid)
+            return
         if err:
             raise WireError(f"produce to {topic}-{p} failed with error {err}", err)
         if base < 0:
             self.duplicates += len(recs)  # written by an earlier attempt
         else:
             self.written += len(recs)
-        self.sequence[tp] = seq + len(recs)
 
     def finish(self) -> WriteResult:
         try:

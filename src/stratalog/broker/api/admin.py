@@ -10,6 +10,7 @@ from stratalog.broker.topic_config import (
     TOPIC_SETTINGS,
     TopicConfigError,
     TopicConfigView,
+    default_value,
     validate_topic_configs,
 )
 from stratalog.cluster.metadata import MetadataError, validate_topic_name
@@ -176,10 +177,10 @@ def handle_create_partitions(core, req: Request, conn) -> bytes:
             if t.count <= len(topic.partitions):
                 raise MetadataError(
                     "INVALID_PARTITIONS",
-                    f"Topic currently has {len(topic.partitions)} partitions, which is higher "
-                    f"than the requested {t.count}."
+                    f"The topic {t.name} currently has {len(topic.partitions)} partition(s); "
+                    f"{t.count} would not be an increase."
                     if t.count < len(topic.partitions)
-                    else f"Topic already has {t.count} partitions.",
+                    else f"Topic already has {t.count} partition(s).",
                 )
             if not body.validate_only:
                 core.add_partitions(t.name, t.count)
@@ -201,6 +202,46 @@ def _broker_configs() -> list[tuple[str, str, int, str]]:
     return [(s.name, "", STRING, s.doc) for s in SETTINGS.values()]
 
 
+# Kafka's broker-level names of the topic configs' defaults (shown as DEFAULT_CONFIG synonyms).
+_BROKER_SYNONYMS = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "retention.ms": "log.retention.ms",
+    "retention.bytes": "log.retention.bytes",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "segment.bytes": "log.segment.bytes",
+    "segment.ms": "log.roll.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+}
+
+
+def _synonyms(req: Request, core, c: dict) -> tuple:
+    """As Kafka: the topic's own override first, then the broker default it falls back to."""
+    out = []
+    if not c["is_default"]:
+        out.append(
+            sub(
+                req, "DescribeConfigsSynonym", name=c["name"], value=c["value"], source=SOURCE_TOPIC
+            )
+        )
+    setting = TOPIC_SETTINGS[c["name"]]
+    out.append(
+        sub(
+            req,
+            "DescribeConfigsSynonym",
+            name=_BROKER_SYNONYMS.get(c["name"], c["name"]),
+            value=default_value(setting, core.config),
+            source=SOURCE_DEFAULT,
+        )
+    )
+    return tuple(out)
+
+
 def handle_describe_configs(core, req: Request, conn) -> bytes:
     body = req.body
     include_docs = getattr(body, "include_documentation", False)
@@ -215,9 +256,11 @@ def handle_describe_configs(core, req: Request, conn) -> bytes:
                 error = "UNKNOWN_TOPIC_OR_PARTITION"
                 message = f"Topic '{res.resource_name}' does not exist."
             else:
+                with_synonyms = getattr(body, "include_synonyms", False)
                 for c in core.topic_config(t).describe():
                     if keys is not None and c["name"] not in keys:
                         continue
+                    synonyms = _synonyms(req, core, c) if with_synonyms else ()
                     entries.append(
                         sub(
                             req,
@@ -227,7 +270,7 @@ def handle_describe_configs(core, req: Request, conn) -> bytes:
                             read_only=False,
                             config_source=SOURCE_DEFAULT if c["is_default"] else SOURCE_TOPIC,
                             is_sensitive=False,
-                            synonyms=(),
+                            synonyms=synonyms,
                             config_type=c["kind"],
                             documentation=c["doc"] if include_docs else None,
                         )

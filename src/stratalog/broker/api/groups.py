@@ -248,8 +248,6 @@ def _known_groups(core) -> dict[str, tuple[str, str]]:
     for gid in core.offsets.groups():
         out[gid] = (EMPTY, "")
     for gid, g in core.coordinator.groups.items():
-        if g.state == EMPTY and gid not in out and not g.members:
-            continue  # a group that never committed and has no members has nothing to show
         out[gid] = (g.state, g.protocol_type or "")
     return out
 

@@ -168,7 +168,7 @@ def handle_describe_topic_partitions(core, req: Request, conn) -> bytes:
                     topic_id=_ZERO_UUID,
                     is_internal=False,
                     partitions=(),
-                    topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
+                    topic_authorized_operations=TOPIC_OPERATIONS,
                 )
             )
             continue
