@@ -256,7 +256,8 @@ def auto_offset_reset(bs: str, topic: str, ts: int) -> dict[str, Any]:
     assert wire.produce(bs, topic, 0, _batch(5, ts))["error_code"] == 0
     obs: dict[str, Any] = {}
     for reset in ("earliest", "latest", "error"):
-        log = logging.getLogger(f"rdkafka.{topic}.{reset}")
+        # One logger per broker: both scenarios run at once with the same topic name.
+        log = logging.getLogger(f"rdkafka.{bs}.{topic}.{reset}")
         log.setLevel(logging.DEBUG)
         log.propagate = False
         lines = _LogLines()
@@ -286,7 +287,9 @@ def auto_offset_reset(bs: str, topic: str, ts: int) -> dict[str, Any]:
                     reset == "latest"
                     and not produced
                     and any(
-                        "END request" in line and "returned offset" in line for line in lines.lines
+                        ("END request" in line and "returned offset" in line)
+                        or ("Fetch topic" in line and "at offset 5 " in line)
+                        for line in lines.lines
                     )
                 ):
                     assert wire.produce(bs, topic, 0, _batch(1, ts))["error_code"] == 0
