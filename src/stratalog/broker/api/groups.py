@@ -248,6 +248,9 @@ def _known_groups(core) -> dict[str, tuple[str, str]]:
     for gid in core.offsets.groups():
         out[gid] = (EMPTY, "")
     for gid, g in core.coordinator.groups.items():
+        if g.state == EMPTY and gid not in out and not g.members:
+            # As Kafka: an empty group with no committed offsets is deleted, not listed.
+            continue
         out[gid] = (g.state, g.protocol_type or "")
     return out
 
