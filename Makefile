@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test setup system-deps kafka-deps lint kafka clean
 
 run: setup
-	$(PY) -m stratalog.demo
+	$(PY) -m stratalog.pipeline.flights
 
 test: setup kafka-deps
 	$(VENV)/bin/ruff check src tests
