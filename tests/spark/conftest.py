@@ -30,7 +30,8 @@ def spark():
     ``format("stratalog")`` resolves through Spark's discovery of ``pyspark_*`` modules."""
     from stratalog.spark import local_session
 
-    session = local_session("stratalog-tests", cores="2,3")  # type: ignore[arg-type]
+    # Spark's own Kafka connector too, so format("kafka") runs beside format("stratalog").
+    session = local_session("stratalog-tests", cores="2,3", kafka_connector=True)
     try:
         yield session
     finally:

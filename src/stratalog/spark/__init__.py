@@ -10,8 +10,21 @@ def register(spark) -> None:
     spark.dataSource.register(StratalogDataSource)
 
 
-def local_session(app: str = "stratalog", cores: int = 2, **conf: str):
-    """A local SparkSession on loopback with the settings that suit this project's machines."""
+def kafka_connector_package() -> str:
+    """Spark's own Kafka connector at the installed PySpark version (for spark.jars.packages)."""
+    import pyspark
+
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def local_session(
+    app: str = "stratalog", cores: int | str = 2, kafka_connector: bool = False, **conf: str
+):
+    """A local SparkSession on loopback with the settings that suit this project's machines.
+
+    ``kafka_connector=True`` adds Spark's own Kafka connector (resolved from Maven Central by
+    Spark on first use, then cached in ~/.ivy2), so ``format("kafka")`` works too.
+    """
     import os
     import sys
 
@@ -30,6 +43,8 @@ def local_session(app: str = "stratalog", cores: int = 2, **conf: str):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if kafka_connector:
+        builder = builder.config("spark.jars.packages", kafka_connector_package())
     for k, v in conf.items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()
