@@ -106,6 +106,54 @@ SETTINGS: dict[str, Setting] = {
             "Default topic retention by time; -1 keeps data forever.",
         ),
         _S("retention.bytes", int, -1, "Default topic retention by size per partition; -1: none."),
+        _S(
+            "local.retention.ms",
+            int,
+            -2,
+            "Default time data stays in the hot tier before migration; -2: as retention.ms.",
+        ),
+        _S(
+            "local.retention.bytes",
+            int,
+            -2,
+            "Default hot bytes per partition before migration; -2: as retention.bytes.",
+        ),
+        _S(
+            "tiers.hot.path",
+            str,
+            "",
+            "Directory of the hot tier (the virtual logs); default: <data-dir>/logs.",
+        ),
+        _S(
+            "tiers.hot.capacity",
+            int,
+            0,
+            "Bytes the hot tier may hold; 0: no limit (no threshold migration, no spill).",
+        ),
+        _S(
+            "tiers.cold.path",
+            str,
+            "",
+            "Directory of the cold tier on a slower device; empty: "
+            "no cold tier (unless tiers.cold.url).",
+        ),
+        _S("tiers.cold.url", str, "", "An fsspec URL for the cold tier (e.g. s3://bucket/prefix)."),
+        _S(
+            "tiers.migrate.threshold",
+            float,
+            0.5,
+            "Migrate the oldest hot segments once hot usage passes this fraction of "
+            "tiers.hot.capacity (Pafka); -1 turns migration by usage off.",
+        ),
+        _S("tiers.migrate.max_bytes_per_sec", int, 0, "Migration rate limit; 0: unlimited."),
+        _S("tiers.migrate.threads", int, 2, "Partitions copied to the cold tier at once."),
+        _S("tiers.migrate.interval.ms", int, 1000, "How often the migrator looks for work."),
+        _S(
+            "tiers.promote",
+            bool,
+            False,
+            "Below the threshold, copy the newest cold segments back to the hot tier's cache.",
+        ),
         _S("group.min.session.timeout.ms", int, 6000, "Smallest session timeout a member may ask."),
         _S(
             "group.max.session.timeout.ms",

@@ -21,6 +21,7 @@ from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
+from stratalog.storage.tiering import Migrator, TierSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,20 @@ class BrokerCore:
                 segment_ms=config["segment.ms"],
                 tail_cache_bytes=config["cache.tail_bytes_per_partition"],
                 io_threads=config["storage.io_threads"],
+                hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
+                cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
             )
+        )
+        self.migrator = Migrator(
+            self.store,
+            TierSettings(
+                hot_capacity=config["tiers.hot.capacity"],
+                threshold=config["tiers.migrate.threshold"],
+                max_bytes_per_sec=config["tiers.migrate.max_bytes_per_sec"],
+                threads=config["tiers.migrate.threads"],
+                interval_ms=config["tiers.migrate.interval.ms"],
+            ),
+            self.local_retention,
         )
         self.read_executor = ThreadPoolExecutor(
             config["storage.read_threads"], thread_name_prefix="stratalog-read"
@@ -92,6 +106,8 @@ class BrokerCore:
     def start_background(self) -> None:
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+        if self.store.cold is not None:
+            self._tasks.append(asyncio.ensure_future(self.migrator.run()))
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -146,6 +162,21 @@ class BrokerCore:
             for uid in t.partitions:
                 policies[uid] = policy
         return self.store.apply_retention(policies, now_ms)
+
+    def local_retention(self) -> dict[int, tuple[int, int]]:
+        """uid -> (ms, bytes) data may stay hot (-1: no limit), from local.retention.* configs."""
+        out = {}
+        for t in self.metadata.topics.values():
+            view = self.topic_config(t)
+            ms = view.get_int("local.retention.ms")
+            nbytes = view.get_int("local.retention.bytes")
+            if ms == -2:
+                ms = view.get_int("retention.ms")
+            if nbytes == -2:
+                nbytes = view.get_int("retention.bytes")
+            for uid in t.partitions:
+                out[uid] = (ms, nbytes)
+        return out
 
     # -- topics --------------------------------------------------------------------------------
     def topic_config(self, topic: TopicMeta) -> TopicConfigView:

@@ -71,6 +71,26 @@ TOPIC_SETTINGS: dict[str, TopicSetting] = {
             choices=("CreateTime", "LogAppendTime"),
         ),
         _T(
+            "local.retention.ms",
+            LONG,
+            "How long chunks stay in the hot tier before migration; -2: as retention.ms.",
+            broker_default="local.retention.ms",
+        ),
+        _T(
+            "local.retention.bytes",
+            LONG,
+            "Hot bytes per partition before migration; -2: as retention.bytes.",
+            broker_default="local.retention.bytes",
+        ),
+        _T(
+            "late.event.policy",
+            STRING,
+            "What to do with a batch outside message.timestamp.before/after.max.ms: 'reject' "
+            "(INVALID_TIMESTAMP) or 'stamp' (accept it as LogAppendTime, broker time).",
+            default="reject",
+            choices=("reject", "stamp"),
+        ),
+        _T(
             "segment.bytes",
             INT,
             "Accepted for compatibility; segments roll by the broker's "

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
@@ -42,6 +43,8 @@ class StorageConfig:
     segment_ms: int = 7 * 24 * 3600 * 1000
     tail_cache_bytes: int = 4 * 1024 * 1024
     io_threads: int = 8
+    hot_path: Path | None = None  # default: <data_dir>/logs
+    cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
 
     def __post_init__(self) -> None:
         if self.layout not in ("virtual", "per-partition"):
@@ -61,7 +64,9 @@ class RetentionPolicy:
 class LogStore:
     def __init__(self, config: StorageConfig) -> None:
         self.config = config
-        self.root = Path(config.data_dir) / "logs"
+        self.root = Path(config.hot_path) if config.hot_path else Path(config.data_dir) / "logs"
+        self.cold = ColdStore(config.cold_location) if config.cold_location else None
+        self.cold_error: str | None = None  # why the cold tier is unusable right now
         self.executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="stratalog-io")
         self.logs: dict[str, VirtualLog] = {}
         self.partitions: dict[int, PartitionLog] = {}
@@ -100,9 +105,13 @@ class LogStore:
             st = self._state.get(str(uid), {})
             start = int(st.get("start", 0))
             end = int(st.get("end", 0))
+            p.log_start_offset = start
+            # Cold first: it holds the older offsets. Hot chunks it already has are stale
+            # copies of an interrupted migration's switch and are skipped.
+            cold_last = self._load_cold(p) if self.cold is not None else -1
             for name, seq, e in entries_by_uid.get(uid, []):
-                if name != p.vlog.name or e.last_offset < start:
-                    continue  # another log's stale copy, or removed by retention before
+                if name != p.vlog.name or e.last_offset < start or e.last_offset <= cold_last:
+                    continue  # another log's stale copy, removed by retention, or migrated
                 p.chunks.append(
                     e.base_offset, e.last_offset, seq, e.position, e.size, e.max_timestamp
                 )
@@ -115,18 +124,40 @@ class LogStore:
                     e.max_timestamp,
                 )
                 self._live[name][seq] += 1
-            first = p.chunks.first_offset
+            first = p.cold.first_offset if len(p.cold) else p.chunks.first_offset
             p.log_start_offset = start if first is None else max(start, first)
             # The data decides where the log ends; the saved end only matters once retention
             # removed every chunk (then it keeps offsets from being reused).
             if p.chunks.next_offset is not None:
                 p.next_offset = p.chunks.next_offset
+            elif p.cold.next_offset is not None:
+                p.next_offset = max(p.cold.next_offset, end)
             else:
                 p.next_offset = max(end, p.log_start_offset)
             p.high_watermark = p.next_offset
             p.size_bytes = p.chunks.total_bytes()
         self._collect_garbage()
         self.save_state()
+
+    def _load_cold(self, p: PartitionLog) -> int:
+        """Attach the partition's cold segments; return the last offset they hold (or -1)."""
+        assert self.cold is not None
+        try:
+            metas = sorted(self.cold.load(p.uid), key=lambda m: m.base)
+            loaded = [(m, self.cold.read_entries(p.uid, m)) for m in metas]
+        except ColdTierError as e:
+            self.cold_error = str(e)
+            log.error("cold tier unavailable for partition %s-%d: %s", p.topic, p.index, e)
+            return -1
+        last = -1
+        for seq, (m, entries) in enumerate(loaded):
+            keep = [e for e in entries if e[0] + e[1] >= p.log_start_offset and e[0] > last]
+            p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), keep)
+            for e in keep:
+                p.producers.record(e[5], e[6], e[7], e[1] + 1, e[0], e[4])
+            if keep:
+                last = keep[-1][0] + keep[-1][1]
+        return last
 
     async def close(self) -> None:
         self.save_state()
@@ -151,19 +182,25 @@ class LogStore:
     def _make_log(self, name: str) -> VirtualLog:
         vlog = self.logs.get(name)
         if vlog is None:
-            c = self.config
-            vlog = VirtualLog(
-                self.root / name,
-                name,
-                policy=c.fsync,
-                executor=self.executor,
-                segment_bytes=c.segment_bytes,
-                segment_ms=c.segment_ms,
-                group_commit_ms=c.group_commit_ms,
-                group_commit_bytes=c.group_commit_bytes,
-            )
-            self.logs[name] = vlog
-            self._live[name] = {}
+            vlog = self._new_log(name)
+        return vlog
+
+    def _new_log(self, name: str) -> VirtualLog:
+        c = self.config
+        vlog = VirtualLog(
+            self.root / name,
+            name,
+            policy=c.fsync,
+            executor=self.executor,
+            segment_bytes=c.segment_bytes,
+            segment_ms=c.segment_ms,
+            group_commit_ms=c.group_commit_ms,
+            group_commit_bytes=c.group_commit_bytes,
+        )
+        if self.cold is not None and self.cold.local:
+            vlog.spill_directory = Path(self.cold.root) / "spill" / name
+        self.logs[name] = vlog
+        self._live[name] = {}
         return vlog
 
     def _make_partition(self, topic: str, idx: int, uid: int) -> PartitionLog:
@@ -196,11 +233,21 @@ class LogStore:
         p._wake()
         self._state.pop(str(uid), None)
         self.save_state()
+        if self.cold is not None:
+            for seg in list(p.cold_segments.values()):
+                seg.release()
+            p.cold_segments.clear()
+            try:
+                self.cold.drop_partition(uid)
+            except ColdTierError as e:
+                log.error("cannot remove the cold data of deleted partition %d: %s", uid, e)
         if self.config.layout == "per-partition" and p.vlog.name == f"p{uid}":
             vlog = self.logs.pop(p.vlog.name)
             vlog.abandon()
             self._live.pop(p.vlog.name, None)
             shutil.rmtree(vlog.directory, ignore_errors=True)
+            if vlog.spill_directory is not None:
+                shutil.rmtree(vlog.spill_directory, ignore_errors=True)
         else:
             self._collect_garbage()
 
@@ -212,51 +259,52 @@ class LogStore:
     def apply_retention(
         self, policies: dict[int, RetentionPolicy], now_ms: int | None = None
     ) -> int:
-        """Drop expired chunks; return how many were dropped. ``policies`` maps uid -> policy."""
+        """Drop expired chunks, oldest first across both tiers; return how many were dropped.
+
+        ``policies`` maps partition uid -> policy. A chunk goes when its newest timestamp is
+        older than retention.ms, or while what is left stays at least retention.bytes.
+        """
         now = int(time.time() * 1000) if now_ms is None else now_ms
         dropped_total = 0
         changed = False
+        dead_cold: list[tuple[PartitionLog, list]] = []
         for uid, policy in policies.items():
             p = self.partitions.get(uid)
-            if p is None or not len(p.chunks):
+            if p is None or not (len(p.chunks) or len(p.cold)):
                 continue
-            chunks = p.chunks
-            keep_from = 0
-            n = len(chunks)
-            if policy.retention_ms >= 0:
-                cutoff = now - policy.retention_ms
-                while (
-                    keep_from < n
-                    and chunks.last_of(keep_from) < p.high_watermark
-                    and chunks.max_timestamp_of(keep_from) < cutoff
-                ):
-                    keep_from += 1
-            if policy.retention_bytes >= 0:
-                size = p.size_bytes
-                for i in range(keep_from):
-                    size -= chunks.size_of(i)
-                while (
-                    keep_from < n
-                    and chunks.last_of(keep_from) < p.high_watermark
-                    and size - chunks.size_of(keep_from) >= policy.retention_bytes
-                ):
-                    size -= chunks.size_of(keep_from)
-                    keep_from += 1
-            if keep_from == 0:
+            drop_cold, drop_hot = _expired(p, policy, now)
+            if not drop_cold and not drop_hot:
                 continue
-            removed_bytes = sum(chunks.size_of(i) for i in range(keep_from))
-            dropped = p.drop_before(keep_from)
-            p.size_bytes -= removed_bytes
-            live = self._live[p.vlog.name]
-            for seq, k in dropped.items():
-                live[seq] = live.get(seq, 0) - k
-            dropped_total += keep_from
+            if drop_cold:
+                dead_cold.append((p, p.drop_cold_front(drop_cold)))
+            if drop_hot:
+                removed_bytes = sum(p.chunks.size_of(i) for i in range(drop_hot))
+                dropped = p.drop_before(drop_hot)
+                p.size_bytes -= removed_bytes
+                live = self._live[p.vlog.name]
+                for seq, k in dropped.items():
+                    live[seq] = live.get(seq, 0) - k
+            dropped_total += drop_cold + drop_hot
             changed = True
         if changed:
             # The new start offsets are durable before any segment file goes.
             self.save_state()
             self._collect_garbage()
+            for p, gone in dead_cold:
+                if gone:
+                    self._forget_cold(p, gone)
         return dropped_total
+
+    def _forget_cold(self, p: PartitionLog, gone: list) -> None:
+        assert self.cold is not None
+        try:
+            self.cold.commit(p.uid, [s.meta for s in p.cold_segments.values()])
+        except ColdTierError as e:
+            self.cold_error = str(e)
+            log.error("cannot update the cold manifest of %s-%d: %s", p.topic, p.index, e)
+            return  # the files stay; a later start drops chunks below the log start again
+        for s in gone:
+            s.delete()
 
     def _collect_garbage(self) -> None:
         for name, live in self._live.items():
@@ -289,3 +337,38 @@ class LogStore:
     # -- introspection -------------------------------------------------------------------------
     def segment_counts(self) -> dict[str, int]:
         return {name: len(v.segments) for name, v in self.logs.items()}
+
+
+def _expired(p: PartitionLog, policy: RetentionPolicy, now: int) -> tuple[int, int]:
+    """How many leading (cold, hot) chunks retention removes: oldest first, cold before hot."""
+    tiers = [p.cold, p.chunks]
+    counts = [0, 0]
+    if policy.retention_ms >= 0:
+        cutoff = now - policy.retention_ms
+        for t, chunks in enumerate(tiers):
+            k = 0
+            while (
+                k < len(chunks)
+                and chunks.last_of(k) < p.high_watermark
+                and chunks.max_timestamp_of(k) < cutoff
+            ):
+                k += 1
+            counts[t] = k
+            if k < len(chunks):
+                break
+    if policy.retention_bytes >= 0:
+        size = p.cold_bytes + p.size_bytes
+        size -= sum(tiers[t].size_of(i) for t in (0, 1) for i in range(counts[t]))
+        for t, chunks in enumerate(tiers):
+            k = counts[t]
+            while (
+                k < len(chunks)
+                and chunks.last_of(k) < p.high_watermark
+                and size - chunks.size_of(k) >= policy.retention_bytes
+            ):
+                size -= chunks.size_of(k)
+                k += 1
+            counts[t] = k
+            if k < len(chunks):
+                break
+    return counts[0], counts[1]

@@ -110,7 +110,9 @@ class PartitionLog:
         self.index = index
         self.uid = uid
         self.vlog = vlog
-        self.chunks = ChunkIndex()
+        self.chunks = ChunkIndex()  # hot: chunks in the virtual log
+        self.cold = ChunkIndex()  # cold: chunks in per-partition cold segments, older offsets
+        self.cold_segments: dict = {}
         self.log_start_offset = 0
         self.next_offset = 0
         self.high_watermark = 0
@@ -132,17 +134,20 @@ class PartitionLog:
         log_append_time_ms: int = -1,
         max_batch_bytes: int = 1024 * 1024 + 12,
         timestamp_check=None,
+        now_ms: int = -1,
     ) -> AppendResult:
         """Validate, assign offsets and append; raises AppendError or CorruptBatchError.
 
-        Nothing is appended unless every batch in ``records`` is valid.
+        Nothing is appended unless every batch in ``records`` is valid. ``timestamp_check(h)``
+        may raise, or return True to have that batch stamped with broker time ``now_ms``.
         """
         if self.deleted:
             raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
         mv = memoryview(records)
         found = split_batches(mv)
         headers = [h for _, h in found]
-        for h in headers:
+        restamp: set[int] = set()
+        for n, h in enumerate(headers):
             if h.size > max_batch_bytes:
                 raise AppendError(
                     "MESSAGE_TOO_LARGE",
@@ -152,24 +157,27 @@ class PartitionLog:
                 raise AppendError(
                     "UNSUPPORTED_FOR_MESSAGE_FORMAT", "transactional batches are not supported"
                 )
-            if timestamp_check is not None:
-                timestamp_check(h)
+            if timestamp_check is not None and timestamp_check(h):
+                restamp.add(n)
         duplicate = self._check_sequences(headers)
         if duplicate is not None:
             return AppendResult(duplicate.base_offset, duplicate.last_offset, -1, 0, duplicate)
 
         items: list[tuple[bytes, memoryview, BatchHeader]] = []
         offset = self.next_offset
-        for pos, h in found:
+        for n, (pos, h) in enumerate(found):
             batch = mv[pos : pos + h.size]
-            if log_append_time_ms >= 0:
+            stamp = (
+                log_append_time_ms if log_append_time_ms >= 0 else (now_ms if n in restamp else -1)
+            )
+            if stamp >= 0:
                 copy = bytearray(batch)
-                stamp_log_append_time(copy, 0, log_append_time_ms)
+                stamp_log_append_time(copy, 0, stamp)
                 batch = memoryview(bytes(copy))
                 h = replace(
                     h,
                     attributes=h.attributes | 0x08,
-                    max_timestamp=log_append_time_ms,
+                    max_timestamp=stamp,
                     crc=int.from_bytes(batch[17:21], "big"),
                 )
             items.append((_OFF.pack(offset), batch, h))
@@ -249,10 +257,18 @@ class PartitionLog:
     def read(self, offset: int, max_bytes: int, *, min_one: bool = True) -> ReadResult:
         """Whole batches from the one holding ``offset`` up to ``max_bytes`` below the HWM.
 
-        At least one batch is returned even past ``max_bytes`` when ``min_one`` (KIP-74).
+        At least one batch is returned even past ``max_bytes`` when ``min_one`` (KIP-74). A read
+        may span tiers: cold chunks first (as one slice per run of contiguous chunks), then hot.
         """
         parts: list[bytes | memoryview | FileSlice] = []
         size = 0
+        cold = self.cold
+        if len(cold) and offset <= cold.last_of(len(cold) - 1):
+            size, offset = self._read_cold(offset, max_bytes, min_one, parts)
+            if size and size >= max_bytes:
+                return ReadResult(parts, size)
+            if offset <= cold.last_of(len(cold) - 1):
+                return ReadResult(parts, size)  # stopped inside the cold tier (budget)
         chunks = self.chunks
         n = len(chunks)
         i = chunks.locate(offset)
@@ -278,6 +294,79 @@ class PartitionLog:
             i += 1
         return ReadResult(parts, size)
 
+    def _read_cold(
+        self, offset: int, max_bytes: int, min_one: bool, parts: list
+    ) -> tuple[int, int]:
+        """Append slices of cold chunks from ``offset``; return (bytes, next offset)."""
+        cold = self.cold
+        n = len(cold)
+        i = cold.locate(offset)
+        size = 0
+        nxt = offset
+        while i < n:
+            seq = cold.segment_of(i)
+            start = cold[i].position
+            run = 0
+            # Chunks of one cold segment lie back to back: one slice covers the whole run.
+            while i < n and cold.segment_of(i) == seq:
+                s = cold.size_of(i)
+                if size + run + s > max_bytes and (size + run > 0 or not min_one):
+                    break
+                run += s
+                nxt = cold.last_of(i) + 1
+                i += 1
+            if run:
+                parts.append(FileSlice(self.cold_segments[seq].acquire(), start, run))
+                size += run
+            if i < n and cold.segment_of(i) == seq:
+                break  # the budget ran out inside this segment
+        return size, nxt
+
+    # -- the cold tier -------------------------------------------------------------------------
+    def add_cold_segment(self, seg, entries: list) -> None:
+        """Take a migrated (or loaded) cold segment into the index; entries must follow on."""
+        self.cold_segments[seg.seq] = seg
+        for base, delta, pos, size, ts, *_ in entries:
+            self.cold.append(base, base + delta, seg.seq, pos, size, ts)
+
+    def migrate_front(self, count: int) -> None:
+        """Forget the first ``count`` hot chunks: they now live in the cold tier. Unlike
+        retention this moves no offsets: the data is still there, one tier down."""
+        for i in range(count):
+            self._tail.pop(self.chunks.base_of(i), None)
+            self.size_bytes -= self.chunks.size_of(i)
+        self.chunks.drop_front(count)
+
+    def drop_cold_front(self, count: int) -> list:
+        """Retention in the cold tier: forget the first ``count`` cold chunks; return the cold
+        segments no chunk refers to any more (the caller deletes them)."""
+        if count <= 0:
+            return []
+        self.cold.drop_front(count)
+        still = self.cold.segments()
+        gone = [s for seq, s in self.cold_segments.items() if seq not in still]
+        for s in gone:
+            del self.cold_segments[s.seq]
+        first = self.cold.first_offset
+        if first is None:
+            first = (
+                self.chunks.first_offset
+                if self.chunks.first_offset is not None
+                else (self.next_offset)
+            )
+        self.log_start_offset = max(self.log_start_offset, first)
+        return gone
+
+    @property
+    def cold_bytes(self) -> int:
+        return self.cold.total_bytes()
+
+    def _tier_of(self, i_cold: int | None) -> ChunkIndex:
+        return self.cold if i_cold is not None else self.chunks
+
+    def _both(self) -> list[ChunkIndex]:
+        return [self.cold, self.chunks]
+
     # -- retention -----------------------------------------------------------------------------
     def drop_before(self, keep_from: int) -> dict[int, int]:
         """Drop the first chunks so that chunk ``keep_from`` is first; return per-segment counts."""
@@ -294,50 +383,49 @@ class PartitionLog:
         return dropped
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record at or after ``timestamp``, below the HWM."""
+        """(offset, timestamp) of the first record at or after ``timestamp``, below the HWM;
+        the time index covers both tiers (cold first: it holds the older offsets)."""
         from stratalog.records import iter_records
 
-        chunks = self.chunks
-        i = chunks.locate_time(timestamp)
-        while i < len(chunks) and chunks.last_of(i) < self.high_watermark:
-            if chunks.max_timestamp_of(i) >= timestamp:
-                rr = self.read(chunks.base_of(i), 1, min_one=True)
-                try:
-                    data = b"".join(
-                        p.read() if isinstance(p, FileSlice) else bytes(p) for p in rr.parts
-                    )
-                finally:
-                    rr.release()
-                try:
-                    for rec in iter_records(data):
-                        if rec.timestamp >= timestamp and rec.offset >= self.log_start_offset:
-                            return rec.offset, rec.timestamp
-                except CorruptBatchError:
-                    pass
-            i += 1
+        for chunks in self._both():
+            i = chunks.locate_time(timestamp)
+            while i < len(chunks) and chunks.last_of(i) < self.high_watermark:
+                if chunks.max_timestamp_of(i) >= timestamp:
+                    data = self._chunk_bytes(chunks.base_of(i))
+                    try:
+                        for rec in iter_records(data):
+                            if rec.timestamp >= timestamp and rec.offset >= self.log_start_offset:
+                                return rec.offset, rec.timestamp
+                    except CorruptBatchError:
+                        pass
+                i += 1
         return None
+
+    def _chunk_bytes(self, base: int) -> bytes:
+        rr = self.read(base, 1, min_one=True)
+        try:
+            data = b"".join(p.read() if isinstance(p, FileSlice) else bytes(p) for p in rr.parts)
+        finally:
+            rr.release()
+        from stratalog.storage.batch import parse_header
+
+        return data[: parse_header(data).size] if len(data) >= 61 else data
 
     def max_timestamp(self) -> tuple[int, int] | None:
         """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
         from stratalog.records import iter_records
 
-        chunks = self.chunks
-        best = -1
-        best_i = -1
-        for i in range(len(chunks)):
-            if chunks.last_of(i) >= self.high_watermark:
-                break
-            t = chunks.max_timestamp_of(i)
-            if t > best:
-                best, best_i = t, i
-        if best_i < 0:
+        best, best_base, best_last = -1, -1, -1
+        for chunks in self._both():
+            for i in range(len(chunks)):
+                if chunks.last_of(i) >= self.high_watermark:
+                    break
+                t = chunks.max_timestamp_of(i)
+                if t > best:
+                    best, best_base, best_last = t, chunks.base_of(i), chunks.last_of(i)
+        if best_base < 0:
             return None
-        rr = self.read(chunks.base_of(best_i), 1)
-        try:
-            data = b"".join(p.read() if isinstance(p, FileSlice) else bytes(p) for p in rr.parts)
-        finally:
-            rr.release()
-        for rec in iter_records(data):
+        for rec in iter_records(self._chunk_bytes(best_base)):
             if rec.timestamp == best:
                 return rec.offset, best
-        return chunks.last_of(best_i), best
+        return best_last, best

@@ -147,14 +147,19 @@ def _chain(entries: list[IndexEntry], size: int, expected: dict[int, int]) -> li
 
 
 def recover_log(
-    directory: Path, seqs: list[int]
+    directory: Path, seqs: list[int], elsewhere: dict[int, Path] | None = None
 ) -> tuple[list[Segment], dict[int, list[IndexEntry]], RecoveryReport]:
-    """Open the segments of one log, repairing a torn tail; return segments and their entries."""
+    """Open the segments of one log, repairing a torn tail; return segments and their entries.
+
+    ``elsewhere`` maps segments that live outside ``directory`` (spilled to the cold tier's
+    directory while the hot tier was full) to their directory.
+    """
+    elsewhere = elsewhere or {}
     report = RecoveryReport()
     marker = directory / CLEAN_SHUTDOWN
     ckpt = read_checkpoint(directory)
     ck_seq, ck_pos = ckpt if ckpt else (-1, 0)
-    opened = [Segment(directory, s) for s in seqs]
+    opened = [Segment(elsewhere.get(s, directory), s) for s in seqs]
     indexes = {seg.seq: seg.read_index() for seg in opened}
 
     if marker.exists():

@@ -72,12 +72,21 @@ class VirtualLog:
         self._checkpointing = False
         self.report = RecoveryReport()
         self.opened = False
+        # Where new segments go while the hot tier is full (a local cold tier only).
+        self.spill_directory: Path | None = None
+        self.spill = False
 
     # -- opening and closing -------------------------------------------------------------------
     def open(self) -> dict[int, list[IndexEntry]]:
         """Open (recovering if needed) and return the index entries of every segment."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        segs, entries, self.report = recover_log(self.directory, list_segments(self.directory))
+        seqs = list_segments(self.directory)
+        spilled: dict[int, Path] = {}
+        if self.spill_directory is not None and self.spill_directory.is_dir():
+            spilled = {s: self.spill_directory for s in list_segments(self.spill_directory)}
+        segs, entries, self.report = recover_log(
+            self.directory, sorted(set(seqs) | set(spilled)), spilled
+        )
         for seg in segs:
             self.segments[seg.seq] = seg
         if segs:
@@ -187,7 +196,12 @@ class VirtualLog:
         old = self.active
         old.sealed = True
         old.flush_index()
-        new = Segment(self.directory, old.seq + 1, create=True)
+        where = self.directory
+        if self.spill and self.spill_directory is not None:
+            # The hot tier is full: new segments go to the cold tier's directory (Pafka).
+            self.spill_directory.mkdir(parents=True, exist_ok=True)
+            where = self.spill_directory
+        new = Segment(where, old.seq + 1, create=True)
         self.segments[new.seq] = new
         self.active = new
         # The sealed segment's index must be durable before a checkpoint can point past it.
@@ -208,6 +222,17 @@ class VirtualLog:
 
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments.values())
+
+    def hot_bytes(self) -> int:
+        """Bytes of this log's segments in the hot directory (not spilled ones)."""
+        return sum(s.size for s in self.segments.values() if s.directory == self.directory)
+
+    def oldest_sealed(self) -> Segment | None:
+        for seq in sorted(self.segments):
+            seg = self.segments[seq]
+            if seg is not self.active:
+                return seg
+        return None
 
     # -- index checkpoint ----------------------------------------------------------------------
     async def checkpoint(self) -> None:

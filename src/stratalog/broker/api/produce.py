@@ -26,18 +26,24 @@ class _TimestampRejected(Exception):
     pass
 
 
-def _timestamp_checker(before_ms: int, after_ms: int, now: int):
-    def check(h: BatchHeader) -> None:
+def _timestamp_checker(before_ms: int, after_ms: int, now: int, stamp: bool):
+    """KIP-937's window around broker time. Out of it, a batch is rejected (INVALID_TIMESTAMP)
+    or, with late.event.policy=stamp, accepted and re-stamped with broker time (returns True)."""
+
+    def check(h: BatchHeader) -> bool:
         if h.is_log_append_time:
-            return
+            return False
         lo = min(h.base_timestamp, h.max_timestamp)
         if now - lo > before_ms or h.max_timestamp - now > after_ms:
+            if stamp:
+                return True
             raise AppendError(
                 "INVALID_TIMESTAMP",
                 f"timestamp {h.max_timestamp} is outside the allowed range around broker time "
                 f"{now} (message.timestamp.before.max.ms={before_ms}, "
                 f"message.timestamp.after.max.ms={after_ms})",
             )
+        return False
 
     return check
 
@@ -93,7 +99,9 @@ def handle_produce(core, req: Request, conn):
                         view.get_int("message.timestamp.before.max.ms"),
                         view.get_int("message.timestamp.after.max.ms"),
                         now,
+                        view.get("late.event.policy") == "stamp",
                     ),
+                    now_ms=now,
                 )
             except (AppendError, CorruptBatchError) as e:
                 r.error_code = code(e.error)

@@ -1,0 +1,270 @@
+"""The cold tier: contiguous per-partition segments on a slower directory or an object store.
+
+Migration rewrites a partition's chunks out of the interleaved virtual logs into segments of
+its own (ChronoGrapher's story files): batches back to back, exactly as stored, so a catch-up
+read of history is one sequential range. Each cold segment has an index of fixed-size entries
+beside it, and each partition a manifest naming its segments. Files are written once, synced,
+and only then named in a new manifest generation (``manifest-<gen>.json``, the highest readable
+one wins), which works the same on a local directory and on an object store, where there is no
+rename. Files no manifest names are leftovers of an interrupted migration and are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# base offset, last delta, position, size, max timestamp, producer id, epoch, base sequence
+COLD_ENTRY = struct.Struct("<qiqiqqhi")
+ColdEntry = tuple[int, int, int, int, int, int, int, int]
+
+
+class ColdTierError(OSError):
+    """The cold tier cannot be read or written (missing, read-only, unreachable)."""
+
+
+@dataclass(frozen=True)
+class ColdSegmentMeta:
+    name: str
+    base: int  # first offset
+    last: int  # last offset
+    size: int
+    entries: int
+    max_timestamp: int
+
+
+class ColdSegment:
+    """An immutable cold segment; the same read interface as a hot Segment for file slices."""
+
+    def __init__(self, store: ColdStore, uid: int, meta: ColdSegmentMeta, seq: int) -> None:
+        self.store = store
+        self.uid = uid
+        self.meta = meta
+        self.seq = seq
+        self._fd: int | None = None
+        self._refs = 1
+        self._deleted = False
+        self._lock = threading.Lock()
+
+    @property
+    def fd(self) -> int:
+        """A descriptor for sendfile; only local cold tiers have one (else -1)."""
+        if not self.store.local:
+            return -1
+        with self._lock:
+            if self._fd is None:
+                try:
+                    self._fd = os.open(self.store.data_path(self.uid, self.meta), os.O_RDONLY)
+                except OSError as e:
+                    raise ColdTierError(f"cold segment {self.meta.name}: {e}") from e
+            return self._fd
+
+    def read(self, position: int, size: int) -> bytes:
+        if self.store.local:
+            return os.pread(self.fd, size, position)
+        return self.store.read_range(self.uid, self.meta, position, size)
+
+    def acquire(self) -> ColdSegment:
+        with self._lock:
+            self._refs += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            gone = self._refs == 0
+        if gone:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            if self._deleted:
+                self.store.remove_files(self.uid, self.meta)
+
+    def delete(self) -> None:
+        self._deleted = True
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"ColdSegment(p{self.uid}/{self.meta.name})"
+
+
+class ColdStore:
+    """Cold segments under a local directory or an fsspec URL (s3://bucket/prefix, ...)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        if "://" in location and not location.startswith("file://"):
+            import fsspec
+
+            self.fs, self.root = fsspec.core.url_to_fs(location)
+            self.local = False
+        else:
+            self.fs = None
+            self.root = location.removeprefix("file://")
+            self.local = True
+        self._gen: dict[int, int] = {}
+
+    # -- paths ---------------------------------------------------------------------------------
+    def _dir(self, uid: int) -> str:
+        return f"{self.root.rstrip('/')}/p{uid}"
+
+    def data_path(self, uid: int, meta: ColdSegmentMeta) -> str:
+        return f"{self._dir(uid)}/{meta.name}.log"
+
+    def _index_path(self, uid: int, meta: ColdSegmentMeta) -> str:
+        return f"{self._dir(uid)}/{meta.name}.idx"
+
+    # -- primitive I/O -------------------------------------------------------------------------
+    def _write(self, path: str, data: bytes) -> None:
+        try:
+            if self.local:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                with self.fs.open(path, "wb") as f:
+                    f.write(data)
+        except OSError as e:
+            raise ColdTierError(f"cannot write {path}: {e.strerror or e}") from e
+
+    def _read(self, path: str) -> bytes:
+        try:
+            if self.local:
+                with open(path, "rb") as f:
+                    return f.read()
+            return self.fs.cat_file(path)
+        except OSError as e:
+            raise ColdTierError(f"cannot read {path}: {e.strerror or e}") from e
+
+    def read_range(self, uid: int, meta: ColdSegmentMeta, position: int, size: int) -> bytes:
+        path = self.data_path(uid, meta)
+        try:
+            return self.fs.cat_file(path, start=position, end=position + size)
+        except OSError as e:
+            raise ColdTierError(f"cannot read {path}: {e}") from e
+
+    def _list(self, uid: int) -> list[str]:
+        d = self._dir(uid)
+        try:
+            if self.local:
+                return sorted(os.listdir(d)) if os.path.isdir(d) else []
+            if not self.fs.exists(d):
+                return []
+            return sorted(p.rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False))
+        except OSError as e:
+            raise ColdTierError(f"cannot list {d}: {e}") from e
+
+    def _remove(self, path: str) -> None:
+        try:
+            if self.local:
+                os.unlink(path)
+            else:
+                self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+    def _sync_dir(self, uid: int) -> None:
+        if self.local:
+            fd = os.open(self._dir(uid), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    # -- health --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise ColdTierError unless the tier is there and writable."""
+        probe = f"{self.root.rstrip('/')}/.probe-{uuid.uuid4().hex[:8]}"
+        self._write(probe, b"ok")
+        self._remove(probe)
+
+    # -- segments ------------------------------------------------------------------------------
+    def write_segment(
+        self, uid: int, batches: list[bytes]
+    ) -> tuple[ColdSegmentMeta, list[ColdEntry]]:
+        """Write whole record batches back to back, with an index, synced; return the segment's
+        description and its entries."""
+        from stratalog.storage.batch import parse_header
+
+        entries: list[ColdEntry] = []
+        pos = 0
+        for data in batches:
+            h = parse_header(data)
+            entries.append(
+                (
+                    h.base_offset,
+                    h.last_offset_delta,
+                    pos,
+                    len(data),
+                    h.max_timestamp,
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                )
+            )
+            pos += len(data)
+        base = entries[0][0]
+        name = f"{base:020d}-{uuid.uuid4().hex[:8]}"
+        last = entries[-1][0] + entries[-1][1]
+        meta = ColdSegmentMeta(name, base, last, pos, len(entries), max(e[4] for e in entries))
+        self._write(self.data_path(uid, meta), b"".join(batches))
+        self._write(self._index_path(uid, meta), b"".join(COLD_ENTRY.pack(*e) for e in entries))
+        return meta, entries
+
+    def read_entries(self, uid: int, meta: ColdSegmentMeta) -> list[ColdEntry]:
+        raw = self._read(self._index_path(uid, meta))
+        return [COLD_ENTRY.unpack_from(raw, i) for i in range(0, len(raw), COLD_ENTRY.size)]
+
+    def remove_files(self, uid: int, meta: ColdSegmentMeta) -> None:
+        for p in (self.data_path(uid, meta), self._index_path(uid, meta)):
+            self._remove(p)
+
+    # -- manifests -----------------------------------------------------------------------------
+    def load(self, uid: int) -> list[ColdSegmentMeta]:
+        """The partition's cold segments; removes files of interrupted migrations."""
+        names = self._list(uid)
+        manifests = sorted(n for n in names if n.startswith("manifest-") and n.endswith(".json"))
+        metas: list[ColdSegmentMeta] = []
+        gen = 0
+        for m in reversed(manifests):
+            try:
+                doc = json.loads(self._read(f"{self._dir(uid)}/{m}"))
+                metas = [ColdSegmentMeta(**s) for s in doc["segments"]]
+                gen = int(m[len("manifest-") : -len(".json")])
+                break
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn manifest write: the previous generation stands
+        self._gen[uid] = gen
+        keep = {f"{s.name}.log" for s in metas} | {f"{s.name}.idx" for s in metas}
+        keep.add(f"manifest-{gen:012d}.json")
+        for n in names:
+            if n not in keep:
+                self._remove(f"{self._dir(uid)}/{n}")
+        return metas
+
+    def commit(self, uid: int, metas: list[ColdSegmentMeta]) -> None:
+        """Make ``metas`` the partition's segment list (a new manifest generation)."""
+        gen = self._gen.get(uid, 0) + 1
+        doc = json.dumps({"segments": [asdict(m) for m in metas]}).encode()
+        self._write(f"{self._dir(uid)}/manifest-{gen:012d}.json", doc)
+        self._sync_dir(uid)
+        old = self._gen.get(uid, 0)
+        self._gen[uid] = gen
+        if old:
+            self._remove(f"{self._dir(uid)}/manifest-{old:012d}.json")
+
+    def drop_partition(self, uid: int) -> None:
+        for n in self._list(uid):
+            self._remove(f"{self._dir(uid)}/{n}")
+        self._gen.pop(uid, None)

@@ -1,0 +1,270 @@
+"""Migration between the tiers (Pafka's threshold, ChronoLog's story builder).
+
+A background task watches the hot tier. When its usage passes ``threshold x capacity``, or a
+partition's hot data is older or bigger than its local retention, the oldest sealed segment of a
+virtual log is migrated: each partition's chunks in it are copied into a cold segment of that
+partition's own (on the I/O pool, ``threads`` partitions at a time, at most
+``max_bytes_per_sec``), synced, named in the partition's manifest, and only then switched in the
+index; the hot segment is deleted once no partition refers to it. A SIGKILL at any step leaves
+either the hot copy or both (start-up drops hot chunks the cold tier already has), never
+neither. When the hot tier is full, new segments are created in the cold tier's directory
+instead of failing writes, and the log and the metrics say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stratalog.storage.cold_tier import ColdSegment, ColdTierError
+from stratalog.storage.log_store import LogStore
+from stratalog.storage.partition import PartitionLog
+from stratalog.storage.segment import Segment
+from stratalog.storage.virtual_log import VirtualLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TierSettings:
+    hot_capacity: int = 0  # bytes; 0: unbounded
+    threshold: float = 0.5  # fraction of capacity; < 0: no migration by usage
+    max_bytes_per_sec: int = 0  # 0: unlimited
+    threads: int = 2
+    interval_ms: int = 1000
+
+
+@dataclass
+class TierStats:
+    migrated_bytes: int = 0
+    migrated_segments: int = 0
+    spilling: bool = False
+    last_error: str | None = None
+    recent: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) per segment
+
+    def rate(self, window: float = 60.0) -> float:
+        """Migrated bytes per second over the last ``window`` seconds."""
+        now = time.monotonic()
+        self.recent = [(t, b) for t, b in self.recent if now - t <= window]
+        return sum(b for _, b in self.recent) / window
+
+
+# uid -> (local retention ms, local retention bytes); -1 means no limit
+LocalPolicies = Callable[[], dict[int, tuple[int, int]]]
+
+
+class Migrator:
+    def __init__(self, store: LogStore, settings: TierSettings, local: LocalPolicies) -> None:
+        self.store = store
+        self.settings = settings
+        self.local = local
+        self.stats = TierStats()
+        self._backoff = 0.0
+        self._throttle_until = 0.0
+
+    # -- accounting ----------------------------------------------------------------------------
+    def hot_usage(self) -> int:
+        return sum(v.hot_bytes() for v in self.store.logs.values())
+
+    def _over_threshold(self) -> bool:
+        s = self.settings
+        return (
+            s.hot_capacity > 0
+            and s.threshold >= 0
+            and (self.hot_usage() > s.threshold * s.hot_capacity)
+        )
+
+    def backlog_bytes(self) -> int:
+        """Hot bytes above the threshold: what migration still has to move."""
+        s = self.settings
+        if s.hot_capacity <= 0 or s.threshold < 0:
+            return 0
+        return max(0, self.hot_usage() - int(s.threshold * s.hot_capacity))
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.interval_ms / 1000 + self._backoff)
+            try:
+                await self.step()
+                self._backoff = 0.0
+            except ColdTierError as e:
+                self.stats.last_error = str(e)
+                self.store.cold_error = str(e)
+                self._backoff = min(30.0, max(1.0, self._backoff * 2))
+                log.error(
+                    "migration paused, cold tier unavailable: %s (retry in %.0f s)",
+                    e,
+                    self._backoff,
+                )
+            except Exception:
+                log.exception("migration step failed")
+
+    async def step(self) -> int:
+        """Migrate what is due now; return how many segments moved."""
+        if self.store.cold is None:
+            return 0
+        self._update_spill()
+        moved = 0
+        while True:
+            pick = self._next_segment()
+            if pick is None:
+                break
+            await self.migrate(*pick)
+            moved += 1
+            self._update_spill()
+        if moved:
+            self.stats.last_error = None
+            self.store.cold_error = None
+        return moved
+
+    def _update_spill(self) -> None:
+        s = self.settings
+        cold = self.store.cold
+        if cold is None or not cold.local or s.hot_capacity <= 0:
+            return
+        full = self.hot_usage() >= s.hot_capacity
+        if full != self.stats.spilling:
+            self.stats.spilling = full
+            if full:
+                log.warning(
+                    "hot tier full (%d of %d bytes): new segments go to the cold tier",
+                    self.hot_usage(),
+                    s.hot_capacity,
+                )
+            else:
+                log.info("hot tier below capacity again: new segments go to the hot tier")
+        for vlog in self.store.logs.values():
+            if vlog.spill != full and vlog.opened:
+                vlog.spill = full
+                if vlog.active.size > 0:
+                    vlog.roll()
+
+    def _next_segment(self) -> tuple[VirtualLog, Segment] | None:
+        candidates = []
+        for vlog in self.store.logs.values():
+            if not vlog.opened:
+                continue
+            seg = vlog.oldest_sealed()
+            if seg is not None:
+                candidates.append((seg.created, vlog, seg))
+        if not candidates:
+            return None
+        candidates.sort(key=lambda c: (c[0], c[2].seq))
+        if self._over_threshold():
+            _, vlog, seg = candidates[0]
+            return vlog, seg
+        policies = self.local()
+        now = time.time() * 1000
+        for _, vlog, seg in candidates:
+            if self._locally_expired(vlog, seg, policies, now):
+                return vlog, seg
+        return None
+
+    def _locally_expired(self, vlog, seg, policies, now: float) -> bool:
+        """Whether every partition with chunks in ``seg`` wants them out of the hot tier."""
+        found = False
+        for p in self.store.partitions.values():
+            if p.vlog is not vlog or not len(p.chunks) or p.chunks.segment_of(0) != seg.seq:
+                continue
+            found = True
+            local_ms, local_bytes = policies.get(p.uid, (-1, -1))
+            k = _leading(p, seg.seq)
+            newest = max(p.chunks.max_timestamp_of(i) for i in range(k))
+            by_time = local_ms >= 0 and newest < now - local_ms
+            by_size = local_bytes >= 0 and p.size_bytes > local_bytes
+            if not (by_time or by_size):
+                return False
+        return found
+
+    # -- one segment ---------------------------------------------------------------------------
+    async def migrate(self, vlog: VirtualLog, seg: Segment) -> None:
+        store = self.store
+        cold = store.cold
+        assert cold is not None
+        loop = asyncio.get_running_loop()
+        plan = []
+        for p in list(store.partitions.values()):
+            if p.vlog is vlog:
+                k = _leading(p, seg.seq)
+                if k:
+                    plan.append((p, [p.chunks[i] for i in range(k)]))
+        seg.acquire()
+        try:
+            gate = asyncio.Semaphore(max(1, self.settings.threads))
+
+            async def copy(p: PartitionLog, locs):
+                async with gate:
+                    batches = await loop.run_in_executor(store.executor, _read_chunks, seg, locs)
+                    meta, entries = await loop.run_in_executor(
+                        store.executor, cold.write_segment, p.uid, batches
+                    )
+                    await self._throttle(meta.size)
+                    return p, meta, entries
+
+            copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))
+            moved = 0
+            for p, meta, entries in copied:
+                if p.deleted or store.partitions.get(p.uid) is not p:
+                    cold.remove_files(p.uid, meta)
+                    continue
+                metas = [s.meta for s in p.cold_segments.values()] + [meta]
+                await loop.run_in_executor(store.executor, cold.commit, p.uid, metas)
+                # The manifest is durable: switch the index (no await from here on).
+                seq = max(p.cold_segments, default=-1) + 1
+                keep = [e for e in entries if e[0] + e[1] >= p.log_start_offset]
+                p.add_cold_segment(ColdSegment(cold, p.uid, meta, seq), keep)
+                k = 0
+                while (
+                    k < len(p.chunks)
+                    and p.chunks.segment_of(k) == seg.seq
+                    and p.chunks.last_of(k) <= meta.last
+                ):
+                    k += 1
+                p.migrate_front(k)
+                live = store._live[vlog.name]
+                live[seg.seq] = live.get(seg.seq, 0) - k
+                moved += meta.size
+            # Chunks of deleted partitions do not count: the segment may go now.
+            live = store._live[vlog.name]
+            if live.get(seg.seq, 0) > 0:
+                log.warning("segment %s still referenced after migration", seg)
+            store._collect_garbage()
+            self.stats.migrated_bytes += moved
+            self.stats.migrated_segments += 1
+            self.stats.recent.append((time.monotonic(), moved))
+            log.info("migrated %s of %s (%d bytes) to the cold tier", seg, vlog.name, moved)
+        finally:
+            seg.release()
+
+    async def _throttle(self, nbytes: int) -> None:
+        rate = self.settings.max_bytes_per_sec
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        start = max(now, self._throttle_until)
+        self._throttle_until = start + nbytes / rate
+        if self._throttle_until > now:
+            await asyncio.sleep(self._throttle_until - now)
+
+
+def _leading(p: PartitionLog, seq: int) -> int:
+    """How many of the partition's first hot chunks lie in segment ``seq``."""
+    k = 0
+    n = len(p.chunks)
+    while k < n and p.chunks.segment_of(k) == seq:
+        k += 1
+    return k
+
+
+def _read_chunks(seg: Segment, locs) -> list[bytes]:
+    out = []
+    for loc in locs:
+        data = seg.read(loc.position, loc.size)
+        if len(data) != loc.size:
+            raise OSError(f"{seg}: short read while migrating")
+        out.append(data)
+    return out
