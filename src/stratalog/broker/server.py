@@ -154,7 +154,13 @@ class ClientConnection(asyncio.Protocol):
                     sent = _sendfile(transport, p)
                     metrics.FETCH_SENDFILE_BYTES.inc(sent)
                 if sent < p.size:
-                    pending.append(p.read(sent))
+                    try:
+                        pending.append(p.read(sent))
+                    except OSError as e:
+                        # Part of the answer may be out already: no valid frame can follow.
+                        log.error("read for a fetch failed, closing the connection: %s", e)
+                        self.abort()
+                        return
                     metrics.FETCH_COPIED_BYTES.inc(p.size - sent)
             if pending:
                 transport.writelines(pending)

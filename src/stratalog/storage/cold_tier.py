@@ -21,6 +21,7 @@ from pathlib import Path
 
 # base offset, last delta, position, size, max timestamp, producer id, epoch, base sequence
 COLD_ENTRY = struct.Struct("<qiqiqqhi")
+READ_AHEAD = 8 * 1024 * 1024
 ColdEntry = tuple[int, int, int, int, int, int, int, int]
 
 
@@ -50,6 +51,7 @@ class ColdSegment:
         self._refs = 1
         self._deleted = False
         self._lock = threading.Lock()
+        self._ahead: tuple[int, bytes] = (0, b"")
 
     @property
     def fd(self) -> int:
@@ -67,7 +69,17 @@ class ColdSegment:
     def read(self, position: int, size: int) -> bytes:
         if self.store.local:
             return os.pread(self.fd, size, position)
-        return self.store.read_range(self.uid, self.meta, position, size)
+        # An object store answers each request slowly: read ahead, as catch-up reads are
+        # sequential, and serve the next chunks from what came back.
+        with self._lock:
+            at, buf = self._ahead
+        if at <= position and position + size <= at + len(buf):
+            return buf[position - at : position - at + size]
+        want = min(max(size, READ_AHEAD), self.meta.size - position)
+        buf = self.store.read_range(self.uid, self.meta, position, want)
+        with self._lock:
+            self._ahead = (position, buf)
+        return buf[:size]
 
     def acquire(self) -> ColdSegment:
         with self._lock:

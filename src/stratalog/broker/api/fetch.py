@@ -10,6 +10,7 @@ from segment files on the bounded read pool, off the event loop and off the writ
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 
@@ -20,6 +21,7 @@ from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
 from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
 
 _ZERO_UUID = uuid.UUID(int=0)
+log = logging.getLogger(__name__)
 
 
 def _resolve_topic(core, req: Request, ft) -> tuple[str, uuid.UUID | None, object | None, str]:
@@ -75,16 +77,23 @@ def _gather(core, req: Request, plan, max_bytes: int):
     return topics, total, reads, logs, errors
 
 
-def _read_cold(parts_lists: list[list]) -> None:
-    """Replace slices not in the page cache by their bytes (on the read pool)."""
-    for parts in parts_lists:
-        for i, p in enumerate(parts):
-            if isinstance(p, FileSlice) and not p.resident():
-                try:
+def _read_cold(parts: list) -> str | None:
+    """Replace the slices of one partition's answer that are not in the page cache by their
+    bytes (on the read pool); return an error text instead if the storage fails."""
+    failure = None
+    for i, p in enumerate(parts):
+        if isinstance(p, FileSlice) and (failure is not None or not p.resident()):
+            try:
+                if failure is None:
                     parts[i] = p.read()
                     metrics.FETCH_COPIED_BYTES.inc(p.size)
-                finally:
-                    p.release()
+            except OSError as e:
+                failure = str(e)
+            finally:
+                p.release()
+    if failure is not None:
+        parts.clear()
+    return failure
 
 
 async def handle_fetch(core, req: Request, conn):
@@ -127,8 +136,21 @@ async def handle_fetch(core, req: Request, conn):
         if any(isinstance(p, FileSlice) and not p.resident() for p in rr.parts)
     ]
     if cold:
+        # One task per partition: a Fetch over many partitions of history reads them at once.
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(core.read_executor, _read_cold, cold)
+        failures = await asyncio.gather(
+            *(loop.run_in_executor(core.read_executor, _read_cold, parts) for parts in cold)
+        )
+        failed = {id(parts): f for parts, f in zip(cold, failures, strict=True) if f}
+        if failed:
+            for _name, _tid, results in topics:
+                for r in results:
+                    if id(r.records) in failed:
+                        log.error(
+                            "fetch of partition %d failed: %s", r.index, failed[id(r.records)]
+                        )
+                        r.error_code = code("KAFKA_STORAGE_ERROR")
+                        r.records_size = 0
     parts, _size = encode_fetch_response(
         v,
         req.correlation_id,
