@@ -373,39 +373,101 @@ def replay(
 
 
 # -- status --------------------------------------------------------------------------------------
+def _admin_status(admin, bootstrap: str) -> dict | None:
+    """The broker's /status document, found through its admin.address config (None if the
+    broker has no admin endpoint, e.g. it is not Stratalog)."""
+    import json
+    import urllib.request
+
+    from confluent_kafka.admin import ConfigResource
+
+    md = _metadata(admin, bootstrap)
+    node = next(iter(md.brokers))
+    res = ConfigResource("broker", str(node))
+    try:
+        configs = admin.describe_configs([res])[res].result(timeout=TIMEOUT)
+    except Exception:
+        return None
+    entry = configs.get("admin.address")
+    if entry is None or not entry.value:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{entry.value}/status", timeout=TIMEOUT) as r:
+            return json.loads(r.read())
+    except OSError as e:
+        fail(f"cannot read the broker's status from http://{entry.value}/status: {e}")
+    return None
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 @app.command()
-def status(bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
-    """Show the broker, its topics with offsets, and consumer groups."""
-    from confluent_kafka import Consumer, TopicPartition
+def status(
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw status document.")] = False,
+) -> None:
+    """Show the broker, each topic per tier (bytes, segments, time range), migration, groups."""
+    import json
 
     admin = _admin(bootstrap)
-    md = _metadata(admin, bootstrap)
+    doc = _admin_status(admin, bootstrap)
+    if doc is None:
+        fail(f"the broker at {bootstrap} has no Stratalog admin endpoint (admin.address)")
+    if as_json:
+        print(json.dumps(doc, indent=1))
+        return
+    b, tiers, mig = doc["broker"], doc["tiers"], doc["migration"]
     console.print(
-        f"cluster {md.cluster_id}: {len(md.brokers)} broker(s), {len(md.topics)} topic(s)"
+        f"broker {b['node_id']} at {b['bootstrap']}, up {b['uptime_s']:.0f} s, "
+        f"fsync={b['fsync']}, layout={b['layout']}"
     )
+    hot = tiers["hot"]
+    cap = f" of {_size(hot['capacity'])}" if hot["capacity"] else ""
+    console.print(f"hot tier {hot['path']}: {_size(hot['used'])}{cap} in use")
+    if tiers["cold"]:
+        cold = tiers["cold"]
+        state = f"[red]unavailable: {cold['error']}[/red]" if cold["error"] else "ok"
+        console.print(f"cold tier {cold['location']}: {state}")
+        spill = ", [yellow]hot tier full: writing to the cold tier[/yellow]"
+        console.print(
+            f"migration: backlog {_size(mig['backlog_bytes'])}, "
+            f"{_size(mig['rate_bytes_per_sec'])}/s over the last minute, "
+            f"{mig['migrated_segments']} segment(s) / {_size(mig['migrated_bytes'])} moved"
+            + (spill if mig["spilling_to_cold"] else "")
+        )
+    else:
+        console.print("cold tier: none configured")
     table = Table()
-    for col in ("topic", "partitions", "records", "start offsets", "end offsets"):
+    for col in ("topic", "tier", "bytes", "segments", "chunks", "oldest", "newest", "offsets"):
         table.add_column(col)
-    c = Consumer(
-        _client_config(bootstrap, **{"group.id": "stratalog-cli", "enable.auto.commit": False})
-    )
-    try:
-        for name in sorted(md.topics):
-            t = md.topics[name]
-            los, his = [], []
-            for pid in sorted(t.partitions):
-                lo, hi = c.get_watermark_offsets(TopicPartition(name, pid), timeout=TIMEOUT)
-                los.append(lo)
-                his.append(hi)
+    for name, t in sorted(doc["topics"].items()):
+        span = f"{sum(t['log_start_offsets'])}..{sum(t['log_end_offsets'])}"
+        for tier in ("hot", "cold"):
+            x = t[tier]
             table.add_row(
-                name,
-                str(len(t.partitions)),
-                str(sum(his) - sum(los)),
-                ",".join(map(str, los)),
-                ",".join(map(str, his)),
+                name if tier == "hot" else "",
+                tier,
+                _size(x["bytes"]),
+                str(x["segments"]),
+                str(x["chunks"]),
+                _when(x["oldest_timestamp"]),
+                _when(x["newest_timestamp"]),
+                span if tier == "hot" else "",
             )
-    finally:
-        c.close()
     console.print(table)
     groups = _result(admin.list_consumer_groups(request_timeout=TIMEOUT), "cannot list groups")
     if groups.valid:

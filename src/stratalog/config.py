@@ -35,6 +35,13 @@ SETTINGS: dict[str, Setting] = {
         _S("advertised.port", int, 0, "Port clients are told to connect to (default: port)."),
         _S("node.id", int, 0, "This broker's id in Metadata responses."),
         _S(
+            "admin.port",
+            int,
+            0,
+            "Port of the HTTP admin endpoint (/status, /metrics) on the "
+            "listener's host; 0: any free port; -1: off.",
+        ),
+        _S(
             "max_request_bytes",
             int,
             100 * 1024 * 1024,

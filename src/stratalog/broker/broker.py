@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from stratalog.broker.admin_http import AdminServer
 from stratalog.broker.core import BrokerCore
 from stratalog.broker.dispatch import make_dispatch
 from stratalog.broker.server import KafkaServer
@@ -41,6 +42,7 @@ class BrokerService:
         self.server = KafkaServer(
             make_dispatch(self.core), config["host"], config["port"], config["max_request_bytes"]
         )
+        self.admin: AdminServer | None = None
 
     async def start(self) -> None:
         self.open_storage()
@@ -54,10 +56,16 @@ class BrokerService:
         """Open the Kafka listener (may raise OSError for the address) and start tending."""
         await self.server.start()
         self.core.port = self.server.port
+        if self.core.config["admin.port"] >= 0:
+            self.admin = AdminServer(self.core, self.core.host, self.core.config["admin.port"])
+            await self.admin.start()
+            self.core.admin_address = f"{self.core.advertised_host}:{self.admin.port}"
         self.core.start_background()
 
     async def stop(self) -> None:
         await self.server.stop()
+        if self.admin is not None:
+            await self.admin.stop()
         await self.core.close()
 
     @property

@@ -79,6 +79,7 @@ class BrokerCore:
         self.host = config["host"]
         self.port = config["port"]
         self._tasks: list[asyncio.Task] = []
+        self.admin_address = ""  # host:port of the HTTP admin endpoint, once listening
         self.started_at = time.time()
 
     # -- addresses -----------------------------------------------------------------------------

@@ -283,7 +283,14 @@ def handle_describe_configs(core, req: Request, conn) -> bytes:
                     f"{res.resource_name}"
                 )
             else:
-                for name, s in sorted(SETTINGS.items()):
+                broker_entries = [
+                    (name, str(core.config[name]), st.doc) for name, st in sorted(SETTINGS.items())
+                ]
+                # Not a setting: where `stratalog status` finds the admin endpoint.
+                broker_entries.append(
+                    ("admin.address", core.admin_address, "HTTP admin endpoint (/status)")
+                )
+                for name, value, doc in broker_entries:
                     if keys is not None and name not in keys:
                         continue
                     entries.append(
@@ -291,13 +298,13 @@ def handle_describe_configs(core, req: Request, conn) -> bytes:
                             req,
                             "DescribeConfigsResourceResult",
                             name=name,
-                            value=str(core.config[name]),
+                            value=value,
                             read_only=True,
                             config_source=SOURCE_STATIC_BROKER,
                             is_sensitive=False,
                             synonyms=(),
                             config_type=STRING,
-                            documentation=s.doc if include_docs else None,
+                            documentation=doc if include_docs else None,
                         )
                     )
         elif res.resource_type == BROKER_LOGGER_RESOURCE:

@@ -1,0 +1,139 @@
+"""The broker's admin endpoint: ``GET /status`` (JSON) and ``GET /metrics`` (Prometheus).
+
+A small HTTP/1.1 server on the broker's event loop, with h11 doing the protocol. ``stratalog
+status`` finds it through the Kafka API (the broker's ``admin.address`` config) and prints what
+``/status`` returns: per topic and per tier the bytes, segments and timestamp range, and the
+migration backlog and rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import h11
+from prometheus_client import generate_latest
+
+log = logging.getLogger(__name__)
+
+
+def _tier_summary(indexes, segments: int) -> dict[str, Any]:
+    nbytes = sum(ix.total_bytes() for ix in indexes)
+    stamps = [ix.max_timestamp_of(i) for ix in indexes for i in range(len(ix))]
+    return {
+        "bytes": nbytes,
+        "chunks": sum(len(ix) for ix in indexes),
+        "segments": segments,
+        "oldest_timestamp": min(stamps) if stamps else None,
+        "newest_timestamp": max(stamps) if stamps else None,
+    }
+
+
+def status(core) -> dict[str, Any]:
+    """Everything ``stratalog status`` shows, as plain data."""
+    store = core.store
+    m = core.migrator
+    topics: dict[str, Any] = {}
+    for t in core.metadata.topics.values():
+        parts = [store.partitions[uid] for uid in t.partitions if uid in store.partitions]
+        hot_segments = {(p.vlog.name, s) for p in parts for s in p.chunks.segments()}
+        cold_segments = sum(len(p.cold_segments) for p in parts)
+        topics[t.name] = {
+            "partitions": len(t.partitions),
+            "log_start_offsets": [p.log_start_offset for p in parts],
+            "log_end_offsets": [p.high_watermark for p in parts],
+            "hot": _tier_summary([p.chunks for p in parts], len(hot_segments)),
+            "cold": _tier_summary([p.cold for p in parts], cold_segments),
+        }
+    return {
+        "broker": {
+            "node_id": core.node_id,
+            "bootstrap": f"{core.advertised_host}:{core.advertised_port}",
+            "uptime_s": round(time.time() - core.started_at, 1),
+            "fsync": str(core.config.fsync_policy),
+            "layout": core.config["storage.layout"],
+        },
+        "tiers": {
+            "hot": {
+                "path": str(store.root),
+                "capacity": core.config["tiers.hot.capacity"],
+                "used": m.hot_usage(),
+            },
+            "cold": None
+            if store.cold is None
+            else {
+                "location": store.cold.location,
+                "error": store.cold_error,
+            },
+        },
+        "migration": {
+            "threshold": core.config["tiers.migrate.threshold"],
+            "backlog_bytes": m.backlog_bytes(),
+            "rate_bytes_per_sec": round(m.stats.rate(), 1),
+            "migrated_bytes": m.stats.migrated_bytes,
+            "migrated_segments": m.stats.migrated_segments,
+            "spilling_to_cold": m.stats.spilling,
+            "last_error": m.stats.last_error,
+        },
+        "topics": topics,
+    }
+
+
+class AdminServer:
+    def __init__(self, core, host: str, port: int) -> None:
+        self.core = core
+        self.host = host
+        self.port = port
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await asyncio.wait_for(reader.read(65536), timeout=30)
+                    conn.receive_data(data)
+                    if not data:
+                        break
+                    continue
+                if isinstance(event, h11.Request):
+                    status, ctype, body = self._route(event.method, event.target)
+                    headers = [
+                        ("content-type", ctype),
+                        ("content-length", str(len(body))),
+                        ("connection", "close"),  # one request per connection keeps this small
+                    ]
+                    writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
+                    writer.write(conn.send(h11.Data(data=body)))
+                    writer.write(conn.send(h11.EndOfMessage()))
+                    await writer.drain()
+                    break
+                if isinstance(event, h11.ConnectionClosed):
+                    break
+        except (TimeoutError, h11.RemoteProtocolError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _route(self, method: bytes, target: bytes) -> tuple[int, str, bytes]:
+        if method != b"GET":
+            return 405, "text/plain", b"only GET\n"
+        path = target.split(b"?", 1)[0]
+        if path == b"/status":
+            return 200, "application/json", json.dumps(status(self.core), indent=1).encode()
+        if path == b"/metrics":
+            return 200, "text/plain; version=0.0.4", generate_latest()
+        return 404, "text/plain", b"try /status or /metrics\n"
