@@ -135,6 +135,9 @@ class ColdStore:
     def _write(self, path: str, data: bytes) -> None:
         try:
             if self.local:
+                if not os.path.isdir(self.root):
+                    # Never recreate it: a missing mount would silently fill the wrong disk.
+                    raise ColdTierError(f"the cold tier directory {self.root} is not there")
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
@@ -193,6 +196,11 @@ class ColdStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def create(self) -> None:
+        """Create the cold tier's directory (first start only)."""
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
 
     # -- health --------------------------------------------------------------------------------
     def check(self) -> None:

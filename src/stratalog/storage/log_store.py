@@ -79,6 +79,8 @@ class LogStore:
     def open(self, partitions: list[tuple[str, int, int]]) -> None:
         """Open every log and load the given (topic, partition, uid) triples."""
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.cold is not None and not (self.root / STATE_FILE).exists():
+            self.cold.create()  # a new broker; later a missing cold directory is an error
         state_path = self.root / STATE_FILE
         if state_path.exists():
             self._state = json.loads(state_path.read_text())
@@ -311,11 +313,12 @@ class LogStore:
             vlog = self.logs.get(name)
             if vlog is None or not vlog.opened:
                 continue
-            for seq in [s for s, n in live.items() if n <= 0]:
+            # Any sealed segment no live chunk refers to goes (also ones that never got one).
+            for seq in [s for s in vlog.segments if live.get(s, 0) <= 0]:
                 if seq == vlog.active.seq:
                     continue
                 vlog.delete_segment(seq)
-                del live[seq]
+                live.pop(seq, None)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save_state(self) -> None:

@@ -63,8 +63,8 @@ class FileSlice:
         go to the read pool so a cold read never stalls the loop.
         """
         buf = bytearray(1)
-        fd = self.segment.fd
         try:
+            fd = self.segment.fd
             for at in (self.position, self.position + self.size - 1):
                 if os.preadv(fd, [buf], at, _RWF_NOWAIT) != 1:
                     return False

@@ -26,6 +26,7 @@ from stratalog.storage.segment import Segment
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
+PROBE_INTERVAL = 5.0  # seconds between checks that the cold tier is still there and writable
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Migrator:
         self.stats = TierStats()
         self._backoff = 0.0
         self._throttle_until = 0.0
+        self._probed = 0.0
 
     # -- accounting ----------------------------------------------------------------------------
     def hot_usage(self) -> int:
@@ -107,15 +109,27 @@ class Migrator:
         """Migrate what is due now; return how many segments moved."""
         if self.store.cold is None:
             return 0
+        if time.monotonic() - self._probed > PROBE_INTERVAL:
+            # Even with nothing to move, notice (and report) a cold tier that went away.
+            self._probed = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(
+                self.store.executor, self.store.cold.check
+            )
+            self.stats.last_error = None
+            self.store.cold_error = None
         self._update_spill()
         moved = 0
         while True:
             pick = self._next_segment()
             if pick is None:
                 break
-            await self.migrate(*pick)
+            vlog, seg = pick
+            await self.migrate(vlog, seg)
             moved += 1
             self._update_spill()
+            if vlog.segments.get(seg.seq) is seg:
+                log.warning("segment %s of %s is still there after migration", seg, vlog.name)
+                break
         if moved:
             self.stats.last_error = None
             self.store.cold_error = None
@@ -140,7 +154,8 @@ class Migrator:
         for vlog in self.store.logs.values():
             if vlog.spill != full and vlog.opened:
                 vlog.spill = full
-                if vlog.active.size > 0:
+                in_hot = vlog.active.directory == vlog.directory
+                if (full and vlog.active.size > 0) or (not full and not in_hot):
                     vlog.roll()
 
     def _next_segment(self) -> tuple[VirtualLog, Segment] | None:
@@ -160,7 +175,14 @@ class Migrator:
         policies = self.local()
         now = time.time() * 1000
         for _, vlog, seg in candidates:
-            if self._locally_expired(vlog, seg, policies, now):
+            # A log that spilled segments to the cold directory has them rewritten into the
+            # cold tier's own format, oldest segment first, pressure or not.
+            spilled = any(
+                s.directory != vlog.directory
+                for s in vlog.segments.values()
+                if s is not vlog.active
+            )
+            if spilled or self._locally_expired(vlog, seg, policies, now):
                 return vlog, seg
         return None
 
