@@ -193,8 +193,10 @@ def test_cold_tier_that_disappears_or_turns_read_only(tmp_path):
         def settled() -> bool:  # below the threshold, writing to the hot tier again
             m = b.core.migrator
             logs = b.core.store.logs.values()
-            return not m.stats.spilling and m.backlog_bytes() == 0 and all(
-                v.active.directory == v.directory for v in logs
+            return (
+                not m.stats.spilling
+                and m.backlog_bytes() == 0
+                and all(v.active.directory == v.directory for v in logs)
             )
 
         wait_for(settled, what="migration to catch up")
@@ -297,3 +299,24 @@ def test_sigkill_during_migration_loses_and_duplicates_nothing(tmp_path):
     finally:
         bp.kill()
         os.sync()
+
+
+def test_promotion_caches_the_newest_cold_data_in_the_hot_tier(tmp_path):
+    # Local retention moves everything sealed down; the hot tier is then nearly empty, and
+    # promotion fills it back with the newest cold segments, up to the threshold.
+    cfg = tier_config(tmp_path, **{"tiers.promote": True, "tiers.hot.capacity": 400_000})
+    with Broker(tmp_path / "data", config=cfg) as b:
+        create_topic(b.bootstrap, "warm", 1, **{"local.retention.ms": "0"})
+        produce(b.bootstrap, "warm", [(0, b"p%05d" % i + b"." * 300, 0) for i in range(1500)])
+        promoted_dir = b.core.store.root / "promoted"
+        m = b.core.migrator
+        wait_for(lambda: m.stats.promoted_segments > 0, what="promotion")
+        assert list(promoted_dir.glob("p*/*.log"))
+        assert m.hot_usage() <= 0.5 * 400_000  # promotion stays below the threshold
+        got = consume(b.bootstrap, "warm", 1)[0]
+        assert [v for _, v in got] == [b"p%05d" % i + b"." * 300 for i in range(1500)]
+        # New data pushes usage past the threshold: the cached copies go before anything else.
+        b.call(b.core.metadata.set_configs, "warm", {"local.retention.ms": "-1"})
+        produce(b.bootstrap, "warm", [(0, b"q" * 300, 0) for _ in range(600)])
+        wait_for(lambda: m.stats.evicted_segments > 0, what="eviction")
+        assert len(consume(b.bootstrap, "warm", 1)[0]) == 2100

@@ -69,6 +69,7 @@ class BrokerCore:
                 max_bytes_per_sec=config["tiers.migrate.max_bytes_per_sec"],
                 threads=config["tiers.migrate.threads"],
                 interval_ms=config["tiers.migrate.interval.ms"],
+                promote=config["tiers.promote"],
             ),
             self.local_retention,
         )

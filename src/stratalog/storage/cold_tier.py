@@ -52,22 +52,29 @@ class ColdSegment:
         self._deleted = False
         self._lock = threading.Lock()
         self._ahead: tuple[int, bytes] = (0, b"")
+        # A copy in the hot tier's promotion cache (tiers.promote), preferred for reads.
+        self.promoted: Path | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.store.local or self.promoted is not None
 
     @property
     def fd(self) -> int:
-        """A descriptor for sendfile; only local cold tiers have one (else -1)."""
-        if not self.store.local:
+        """A descriptor for sendfile; only local (or promoted) segments have one (else -1)."""
+        if not self.local:
             return -1
         with self._lock:
             if self._fd is None:
+                path = self.promoted or self.store.data_path(self.uid, self.meta)
                 try:
-                    self._fd = os.open(self.store.data_path(self.uid, self.meta), os.O_RDONLY)
+                    self._fd = os.open(path, os.O_RDONLY)
                 except OSError as e:
                     raise ColdTierError(f"cold segment {self.meta.name}: {e}") from e
             return self._fd
 
     def read(self, position: int, size: int) -> bytes:
-        if self.store.local:
+        if self.local:
             return os.pread(self.fd, size, position)
         # An object store answers each request slowly: read ahead, as catch-up reads are
         # sequential, and serve the next chunks from what came back.

@@ -79,6 +79,8 @@ class LogStore:
     def open(self, partitions: list[tuple[str, int, int]]) -> None:
         """Open every log and load the given (topic, partition, uid) triples."""
         self.root.mkdir(parents=True, exist_ok=True)
+        # Promoted copies are a cache of cold segments: start without them.
+        shutil.rmtree(self.root / "promoted", ignore_errors=True)
         if self.cold is not None and not (self.root / STATE_FILE).exists():
             self.cold.create()  # a new broker; later a missing cold directory is an error
         state_path = self.root / STATE_FILE

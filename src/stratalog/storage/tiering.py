@@ -36,6 +36,7 @@ class TierSettings:
     max_bytes_per_sec: int = 0  # 0: unlimited
     threads: int = 2
     interval_ms: int = 1000
+    promote: bool = False  # below the threshold, cache the newest cold segments in the hot tier
 
 
 @dataclass
@@ -43,6 +44,8 @@ class TierStats:
     migrated_bytes: int = 0
     migrated_segments: int = 0
     spilling: bool = False
+    promoted_segments: int = 0
+    evicted_segments: int = 0
     last_error: str | None = None
     recent: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) per segment
 
@@ -69,7 +72,13 @@ class Migrator:
 
     # -- accounting ----------------------------------------------------------------------------
     def hot_usage(self) -> int:
-        return sum(v.hot_bytes() for v in self.store.logs.values())
+        return sum(v.hot_bytes() for v in self.store.logs.values()) + self.promoted_bytes()
+
+    def _cold_segments(self) -> list[ColdSegment]:
+        return [s for p in self.store.partitions.values() for s in p.cold_segments.values()]
+
+    def promoted_bytes(self) -> int:
+        return sum(s.meta.size for s in self._cold_segments() if s.promoted is not None)
 
     def _over_threshold(self) -> bool:
         s = self.settings
@@ -117,6 +126,7 @@ class Migrator:
             )
             self.stats.last_error = None
             self.store.cold_error = None
+        self._evict_promoted()
         self._update_spill()
         moved = 0
         while True:
@@ -133,7 +143,53 @@ class Migrator:
         if moved:
             self.stats.last_error = None
             self.store.cold_error = None
+        await self._promote()
         return moved
+
+    # -- promotion (Pafka) ---------------------------------------------------------------------
+    def _promote_limit(self) -> int:
+        s = self.settings
+        if not s.promote or s.hot_capacity <= 0 or s.threshold < 0:
+            return 0
+        return int(s.threshold * s.hot_capacity)
+
+    def _evict_promoted(self) -> None:
+        """Over the threshold, promoted copies go first (they are only a cache)."""
+        limit = self._promote_limit()
+        usage = self.hot_usage()
+        promoted = sorted(
+            (s for s in self._cold_segments() if s.promoted is not None),
+            key=lambda s: s.meta.max_timestamp,
+        )
+        for seg in promoted:
+            if usage <= limit and self.settings.promote:
+                break
+            path, seg.promoted = seg.promoted, None
+            path.unlink(missing_ok=True)  # open descriptors keep reading the unlinked copy
+            usage -= seg.meta.size
+            self.stats.evicted_segments += 1
+
+    async def _promote(self) -> None:
+        """Below the threshold, copy the newest cold segments back to the hot tier."""
+        limit = self._promote_limit()
+        if not limit:
+            return
+        cold = self.store.cold
+        assert cold is not None
+        usage = self.hot_usage()
+        todo = sorted(
+            (s for s in self._cold_segments() if s.promoted is None),
+            key=lambda s: -s.meta.max_timestamp,
+        )
+        loop = asyncio.get_running_loop()
+        for seg in todo:
+            if usage + seg.meta.size > limit:
+                break
+            target = self.store.root / "promoted" / f"p{seg.uid}" / f"{seg.meta.name}.log"
+            await loop.run_in_executor(self.store.executor, _copy_down_up, seg, target)
+            seg.promoted = target
+            usage += seg.meta.size
+            self.stats.promoted_segments += 1
 
     def _update_spill(self) -> None:
         s = self.settings
@@ -290,3 +346,11 @@ def _read_chunks(seg: Segment, locs) -> list[bytes]:
             raise OSError(f"{seg}: short read while migrating")
         out.append(data)
     return out
+
+
+def _copy_down_up(seg: ColdSegment, target) -> None:
+    data = seg.read(0, seg.meta.size)
+    if len(data) != seg.meta.size:
+        raise ColdTierError(f"{seg}: short read while promoting")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
