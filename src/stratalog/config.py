@@ -146,6 +146,14 @@ SETTINGS: dict[str, Setting] = {
         ),
         _S("tiers.cold.url", str, "", "An fsspec URL for the cold tier (e.g. s3://bucket/prefix)."),
         _S(
+            "tiers.cold.options",
+            str,
+            "",
+            "JSON object of fsspec storage options for "
+            'tiers.cold.url, e.g. {"key": ..., "secret": ..., "client_kwargs": '
+            '{"endpoint_url": ...}}.',
+        ),
+        _S(
             "tiers.migrate.threshold",
             float,
             0.5,
@@ -259,6 +267,16 @@ class BrokerConfig:
         ):
             if self[name] < 1:
                 raise ConfigError(f"setting {name!r} must be positive, not {self[name]}")
+        if self["tiers.cold.options"]:
+            import json
+
+            try:
+                if not isinstance(json.loads(self["tiers.cold.options"]), dict):
+                    raise ValueError("not an object")
+            except ValueError as e:
+                raise ConfigError(f"tiers.cold.options must be a JSON object: {e}") from None
+        if self["tiers.cold.path"] and self["tiers.cold.url"]:
+            raise ConfigError("set tiers.cold.path or tiers.cold.url, not both")
         if self["group_commit_ms"] < 0 or self["group_commit_bytes"] < 0:
             raise ConfigError("group_commit_ms and group_commit_bytes must not be negative")
 
@@ -267,6 +285,13 @@ class BrokerConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
+
+    @property
+    def cold_options(self) -> dict:
+        import json
+
+        text = self["tiers.cold.options"]
+        return json.loads(text) if text else {}
 
     @property
     def fsync_policy(self) -> FsyncPolicy:

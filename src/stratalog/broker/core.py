@@ -59,6 +59,7 @@ class BrokerCore:
                 io_threads=config["storage.io_threads"],
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
+                cold_options=config.cold_options,
             )
         )
         self.migrator = Migrator(

@@ -115,12 +115,15 @@ class ColdSegment:
 class ColdStore:
     """Cold segments under a local directory or an fsspec URL (s3://bucket/prefix, ...)."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, options: dict | None = None) -> None:
         self.location = location
         if "://" in location and not location.startswith("file://"):
             import fsspec
 
-            self.fs, self.root = fsspec.core.url_to_fs(location)
+            try:
+                self.fs, self.root = fsspec.core.url_to_fs(location, **(options or {}))
+            except (ImportError, ValueError) as e:
+                raise ColdTierError(f"cannot use the cold tier {location}: {e}") from e
             self.local = False
         else:
             self.fs = None

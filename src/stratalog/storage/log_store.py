@@ -45,6 +45,7 @@ class StorageConfig:
     io_threads: int = 8
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
+    cold_options: dict | None = None  # fsspec storage options for a URL
 
     def __post_init__(self) -> None:
         if self.layout not in ("virtual", "per-partition"):
@@ -65,7 +66,9 @@ class LogStore:
     def __init__(self, config: StorageConfig) -> None:
         self.config = config
         self.root = Path(config.hot_path) if config.hot_path else Path(config.data_dir) / "logs"
-        self.cold = ColdStore(config.cold_location) if config.cold_location else None
+        self.cold = (
+            ColdStore(config.cold_location, config.cold_options) if config.cold_location else None
+        )
         self.cold_error: str | None = None  # why the cold tier is unusable right now
         self.executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="stratalog-io")
         self.logs: dict[str, VirtualLog] = {}
