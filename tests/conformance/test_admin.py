@@ -169,6 +169,8 @@ OVERRIDES = {
     "flush.ms": "2000",
     "message.timestamp.before.max.ms": "86400000",
     "message.timestamp.after.max.ms": "60000",
+    "local.retention.ms": "600000",
+    "local.retention.bytes": "1048576",
 }
 assert set(OVERRIDES) == set(SUPPORTED_CONFIGS)
 

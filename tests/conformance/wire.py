@@ -231,7 +231,9 @@ FEATURE_FIELDS = {
 }
 # The topic configs Stratalog implements (docs/configuration.md) are compared; Kafka's others
 # are not. segment.bytes is left out: its default differs on purpose (deliberate.py).
-COMPARED_CONFIGS = frozenset(TOPIC_SETTINGS) - {"segment.bytes"}
+# late.event.policy is Stratalog's own (Kafka rejects it), tested in tests/test_tiers.py.
+STRATALOG_ONLY_CONFIGS = frozenset({"late.event.policy"})
+COMPARED_CONFIGS = frozenset(TOPIC_SETTINGS) - {"segment.bytes"} - STRATALOG_ONLY_CONFIGS
 TOPIC_CONFIG_SOURCE = 1
 # Member ids a coordinator generates: "<client id>-<uuid>".
 GENERATED_MEMBER = re.compile(r"^.+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
