@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup system-deps kafka-deps lint kafka clean
+.PHONY: run test setup system-deps kafka-deps bench-deps bench bench-quick lint kafka clean
 
 run: setup
 	$(PY) -m stratalog.pipeline.flights
@@ -29,6 +29,16 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The benchmark's peers (NATS, Redis, fio) are system packages that setup installs too.
+bench-deps: setup kafka-deps
+
+# Every workload in bench/workloads/ on Stratalog and its peers; results in bench-results/.
+bench: bench-deps
+	$(VENV)/bin/stratalog bench
+
+bench-quick: bench-deps
+	$(VENV)/bin/stratalog bench --quick
 
 lint: setup
 	$(VENV)/bin/ruff check src tests

@@ -9,6 +9,11 @@ declare -A wanted=(
   [etcd]=etcd-server
   [java]=openjdk-17-jre-headless
   [mvn]=maven
+  # The benchmark's peers and disk probe (stratalog bench; tests/test_bench_peers.py).
+  [nats-server]=nats-server
+  [redis-server]=redis-server
+  [redis-benchmark]=redis-tools
+  [fio]=fio
 )
 for extra in "$@"; do wanted[${extra%%:*}]=${extra#*:}; done
 

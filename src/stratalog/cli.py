@@ -479,6 +479,51 @@ def status(
         console.print(gt)
 
 
+# -- bench ---------------------------------------------------------------------------------------
+@app.command()
+def bench(
+    workloads: Annotated[
+        list[str] | None,
+        typer.Argument(help="Workload names in bench/workloads/ or TOML files (default: all)."),
+    ] = None,
+    target: Annotated[
+        list[str],
+        typer.Option("--target", "-t", help="Run only these targets (name or kind); repeatable."),
+    ] = [],  # noqa: B006
+    quick: Annotated[
+        bool, typer.Option("--quick", help="The workloads' small [profile.quick] sizes.")
+    ] = False,
+    results: Annotated[
+        Path | None, typer.Option("--results", "-o", help="Results directory.")
+    ] = None,
+    limits: Annotated[
+        bool, typer.Option("--limits/--no-limits", help="Measure the disk and loopback first.")
+    ] = True,
+    list_: Annotated[bool, typer.Option("--list", help="List the workloads and exit.")] = False,
+) -> None:
+    """Run benchmark workloads on Stratalog and its peers; write JSON, Markdown and PNG charts."""
+    import time as _time
+
+    from stratalog.bench.suite import run_suite
+    from stratalog.bench.workload import WorkloadError, find_workloads
+
+    try:
+        found = find_workloads(workloads or None, "quick" if quick else "full")
+    except WorkloadError as e:
+        fail(str(e))
+    if list_:
+        for w in found:
+            names = ", ".join(t.name for t in w.targets)
+            console.print(f"[bold]{w.name}[/]: {w.title}  [dim]({names})[/]")
+        return
+    known = {t.name for w in found for t in w.targets} | {t.kind for w in found for t in w.targets}
+    unknown = set(target) - known
+    if unknown:
+        fail(f"no target {sorted(unknown)} in these workloads (known: {sorted(known)})")
+    out = results or Path("bench-results") / _time.strftime("%Y%m%d-%H%M%S")
+    run_suite(found, out, only_targets=set(target) or None, limits=limits, quick=quick)
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

@@ -1,0 +1,359 @@
+"""Load processes: producers and consumers in child processes, one client each.
+
+Every target hands the harness a picklable :class:`ClientFactory`; a child process (started with
+``spawn``, so no broker state or thread is inherited) calls ``factory.producer(job)`` or
+``factory.consumer(job)`` and runs the loops below. The loops are the same for every target: only
+the client differs.
+
+Records carry their send time: the first 8 bytes of every value are the wall-clock time in
+microseconds (``time.time_ns() // 1000``) at ``send``; the rest is random bytes made once. So
+
+* publish latency = ack callback time - send time (every ``latency_sample_every``-th record;
+  unsampled records get no callback at all, which keeps the client's per-record cost down);
+* end-to-end latency = time the consumer's ``consume`` call returned the record - send time
+  (every record, on consumers that track it).
+
+All processes run on one machine, so the wall clocks are the same clock.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import struct
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratalog.bench.hist import LatencyRecorder
+
+_PACK = struct.Struct("<q").pack
+_UNPACK_FROM = struct.Struct("<q").unpack_from
+CHUNK = 512  # records between checks of the stop event and progress updates
+
+
+@dataclass
+class ProducerJob:
+    index: int
+    topics: list[str]
+    partitions: int
+    record_size: int
+    records: int  # this producer's share
+    rate: float | None  # this producer's records/s; None = as fast as it can
+    acks: str = "all"
+    compression: str = "none"
+    linger_ms: float = 5.0
+    batch_bytes: int = 1_000_000
+    sample_every: int = 1
+    max_duration_s: float = 120.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ConsumerJob:
+    index: int
+    count: int  # consumers sharing the topics' partitions
+    topics: list[str]
+    partitions: int
+    track_latency: bool = True
+    max_duration_s: float = 300.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ProducerClient(ABC):
+    """One producer connection. ``send`` may buffer; acks are counted and timed by the client."""
+
+    def __init__(self) -> None:
+        self.latency = LatencyRecorder()
+        self.sent = 0
+        self.errors = 0
+        self.unacked = 0  # still unacknowledged after the final flush
+        self.first_error = ""
+
+    @abstractmethod
+    def send(self, topic: str, value: bytes, track: bool) -> None: ...
+
+    @abstractmethod
+    def idle(self, seconds: float) -> None:
+        """Nothing to send for ``seconds``: serve acks (and flush buffers whose time has come)."""
+
+    @abstractmethod
+    def flush(self, timeout: float) -> None:
+        """Wait until every record sent is acked or failed; set ``unacked`` to what is left."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class ConsumerClient(ABC):
+    def __init__(self, track_latency: bool) -> None:
+        self.latency = LatencyRecorder()
+        self.track = track_latency
+
+    @abstractmethod
+    def consume(self, timeout: float) -> tuple[int, int]:
+        """Wait up to ``timeout`` for records; return (records, bytes) received."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def record_latencies(self, values: list[bytes]) -> None:
+        """End-to-end latency of each value (its first 8 bytes are the send time in us)."""
+        now = time.time_ns() // 1000
+        add = self.latency.pending.append
+        for v in values:
+            add(now - _UNPACK_FROM(v)[0])
+        if len(self.latency.pending) >= 65_536:
+            self.latency.fold()
+
+
+class ClientFactory(ABC):
+    """Picklable: made by a target in the harness, used in child processes."""
+
+    @abstractmethod
+    def producer(self, job: ProducerJob) -> ProducerClient: ...
+
+    @abstractmethod
+    def consumer(self, job: ConsumerJob) -> ConsumerClient: ...
+
+
+# ------------------------------------------------------------------------------------------------
+# Kafka protocol (Stratalog, Apache Kafka, Tansu): confluent-kafka
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KafkaClientFactory(ClientFactory):
+    bootstrap: str
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+
+    def producer(self, job: ProducerJob) -> ProducerClient:
+        return KafkaProducerClient(self, job)
+
+    def consumer(self, job: ConsumerJob) -> ConsumerClient:
+        return KafkaConsumerClient(self, job)
+
+
+class KafkaProducerClient(ProducerClient):
+    def __init__(self, factory: KafkaClientFactory, job: ProducerJob) -> None:
+        super().__init__()
+        from confluent_kafka import Producer
+
+        conf = {
+            "bootstrap.servers": factory.bootstrap,
+            "acks": {"all": "-1"}.get(job.acks, job.acks),
+            "linger.ms": job.linger_ms,
+            "batch.size": job.batch_bytes,
+            "compression.type": job.compression,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "enable.idempotence": False,
+            "message.timeout.ms": 120_000,
+            "log_level": 3,
+            **factory.producer_config,
+            **job.extra,
+        }
+        self.p = Producer(conf)
+        self._n = 0
+        # Connect and fetch metadata before the clock starts.
+        self.p.list_topics(timeout=30)
+
+    def _cb(self, err, msg) -> None:
+        if err is not None:
+            self.errors += 1
+            if not self.first_error:
+                self.first_error = str(err)
+            return
+        self.latency.pending.append(time.time_ns() // 1000 - _UNPACK_FROM(msg.value())[0])
+
+    def send(self, topic: str, value: bytes, track: bool) -> None:
+        p = self.p
+        while True:
+            try:
+                if track:
+                    p.produce(topic, value, callback=self._cb)
+                else:
+                    p.produce(topic, value)
+                break
+            except BufferError:
+                p.poll(0.002)
+        self.sent += 1
+        self._n += 1
+        if self._n >= 64:
+            self._n = 0
+            p.poll(0)
+
+    def idle(self, seconds: float) -> None:
+        self.p.poll(max(0.0, min(seconds, 0.05)))
+
+    def flush(self, timeout: float) -> None:
+        self.unacked = self.p.flush(timeout)
+        self.latency.fold()
+
+    def purge(self) -> None:
+        self.p.purge(in_queue=True, in_flight=False)
+        self.p.poll(0)
+
+
+class KafkaConsumerClient(ConsumerClient):
+    def __init__(self, factory: KafkaClientFactory, job: ConsumerJob) -> None:
+        super().__init__(job.track_latency)
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        conf = {
+            "bootstrap.servers": factory.bootstrap,
+            "group.id": f"stratalog-bench-{os.getpid()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 100,
+            "log_level": 3,
+            **factory.consumer_config,
+            **job.extra,
+        }
+        self.c = Consumer(conf)
+        tps = [(t, p) for t in job.topics for p in range(job.partitions)]
+        mine = tps[job.index :: job.count]
+        self.c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in mine])
+        self.c.consume(1, 0.05)  # connect before the clock starts (topics are empty)
+
+    def consume(self, timeout: float) -> tuple[int, int]:
+        msgs = self.c.consume(2000, timeout)
+        if not msgs:
+            return 0, 0
+        values = [v for m in msgs if (v := m.value()) is not None and m.error() is None]
+        if self.track:
+            self.record_latencies(values)
+        return len(values), sum(map(len, values))
+
+    def close(self) -> None:
+        self.c.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Child process entry points
+# ------------------------------------------------------------------------------------------------
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def producer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q) -> None:
+    result: dict[str, Any] = {"role": "producer", "index": job.index, "error": ""}
+    try:
+        client = factory.producer(job)
+        ready_q.put(("producer", job.index, ""))
+        start_evt.wait()
+        result.update(_produce(client, job, stop_evt, progress))
+        client.close()
+    except Exception as e:  # reported to the harness, which fails the case
+        result["error"] = f"{type(e).__name__}: {e}"
+        ready_q.put(("producer", job.index, result["error"]))
+    result_q.put(result)
+
+
+def _produce(client: ProducerClient, job: ProducerJob, stop_evt, progress) -> dict[str, Any]:
+    tail = os.urandom(job.record_size - 8)
+    topics = job.topics
+    nt = len(topics)
+    n = job.records
+    sample = max(1, job.sample_every)
+    rate = job.rate
+    send = client.send
+    now_us = time.time_ns
+    perf = time.perf_counter
+    cpu0 = _cpu()
+    t_first = time.time()
+    t0 = perf()
+    deadline = t0 + job.max_duration_s
+    capped = False
+    i = 0
+    while i < n:
+        if rate:
+            now = perf()
+            due = min(n, int((now - t0) * rate) + 1)
+            if due <= i:
+                client.idle(t0 + i / rate - now)
+                continue
+            end = min(due, i + CHUNK)
+        else:
+            end = min(n, i + CHUNK)
+        for j in range(i, end):
+            send(topics[j % nt], _PACK(now_us() // 1000) + tail, j % sample == 0)
+        i = end
+        progress.value = i
+        if stop_evt.is_set():
+            break
+        if perf() > deadline:
+            capped = True
+            break
+    t_sent = time.time()
+    if capped and hasattr(client, "purge"):
+        client.purge()  # what is still queued would only measure the drain
+    client.flush(120)
+    t_last = time.time()
+    return {
+        "records": client.sent - client.unacked - client.errors,
+        "sent": client.sent,
+        "errors": client.errors,
+        "unacked": client.unacked,
+        "first_error": client.first_error,
+        "bytes": (client.sent - client.unacked - client.errors) * job.record_size,
+        "t_first": t_first,
+        "t_sent": t_sent,
+        "t_last": t_last,
+        "capped": capped,
+        "cpu_s": _cpu() - cpu0,
+        "hist": client.latency.encode(),
+    }
+
+
+def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q) -> None:
+    result: dict[str, Any] = {"role": "consumer", "index": job.index, "error": ""}
+    try:
+        client = factory.consumer(job)
+        ready_q.put(("consumer", job.index, ""))
+        start_evt.wait()
+        cpu0 = _cpu()
+        t_start = time.time()
+        deadline = time.perf_counter() + job.max_duration_s
+        records = nbytes = 0
+        t_first = t_last = 0.0
+        while not stop_evt.is_set() and time.perf_counter() < deadline:
+            n, b = client.consume(0.1)
+            if n:
+                if not t_first:
+                    t_first = time.time()
+                t_last = time.time()
+                records += n
+                nbytes += b
+                progress.value = records
+        result.update(
+            records=records,
+            bytes=nbytes,
+            t_start=t_start,
+            t_first=t_first,
+            t_last=t_last,
+            cpu_s=_cpu() - cpu0,
+            hist=client.latency.encode(),
+        )
+        client.close()
+    except Exception as e:
+        result["error"] = f"{type(e).__name__}: {e}"
+        ready_q.put(("consumer", job.index, result["error"]))
+    result_q.put(result)
+
+
+def drain(q, n: int, timeout: float) -> list[Any]:
+    """Take ``n`` items from a multiprocessing queue, waiting at most ``timeout`` overall."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        try:
+            out.append(q.get(timeout=max(0.01, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return out

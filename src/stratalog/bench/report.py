@@ -1,0 +1,372 @@
+"""Results of a ``stratalog bench`` run: JSON (everything), a Markdown table, PNG charts, and the
+goals of the benchmark issue checked as ratios measured in the same run."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def _lat(s: dict[str, float] | None, key: str) -> str:
+    return _f(s.get(key), 2) if s else "-"
+
+
+def _params(r: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
+
+
+@dataclass
+class Goal:
+    name: str
+    want: str
+    measured: str
+    met: bool | None  # None: not measured in this run
+
+    @property
+    def verdict(self) -> str:
+        return {True: "met", False: "missed", None: "not measured"}[self.met]
+
+
+def _ok(results: list[dict], workload: str, kind: str | None = None, **params) -> list[dict]:
+    out = []
+    for r in results:
+        if r["workload"] != workload or not r["ok"]:
+            continue
+        if kind is not None and r["kind"] != kind:
+            continue
+        if any(str(r.get("params", {}).get(k)) != str(v) for k, v in params.items()):
+            continue
+        out.append(r)
+    return out
+
+
+def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
+    """The benchmark issue's goals, each a ratio of numbers from this run."""
+    out: list[Goal] = []
+    disk = (limits or {}).get("fdatasync_1m", {}).get("mb_per_s")
+    strat_b = _ok(results, "b", "stratalog")
+    b_mb = strat_b[0]["mb_per_s"] if strat_b else None
+    if b_mb and disk:
+        out.append(
+            Goal(
+                "b vs disk",
+                "≥ 70% of fdatasync-every-1 MiB",
+                f"{b_mb / disk:.0%}",
+                b_mb >= 0.7 * disk,
+            )
+        )
+    else:
+        out.append(Goal("b vs disk", "≥ 70% of fdatasync-every-1 MiB", "-", None))
+    redis_always = [
+        r
+        for r in _ok(results, "b")
+        if r["kind"] in ("redis", "redis-benchmark") and "always" in r["describe"]
+    ]
+    if b_mb and redis_always:
+        best = max(redis_always, key=lambda r: r["mb_per_s"])
+        ratio = b_mb / best["mb_per_s"] if best["mb_per_s"] else math.inf
+        out.append(
+            Goal(
+                "b vs Redis (appendfsync always, best client)",
+                "≥ 3x",
+                f"{ratio:.2f}x ({best['target']})",
+                ratio >= 3,
+            )
+        )
+    else:
+        out.append(Goal("b vs Redis (appendfsync always, best client)", "≥ 3x", "-", None))
+    a = _ok(results, "a", "stratalog")
+    if a:
+        rps, cores = a[0]["records_per_s"], a[0]["server_cores"]
+        out.append(
+            Goal(
+                "a: one producer, 100 B",
+                "≥ 500,000 rec/s, broker < 0.5 core",
+                f"{rps:,.0f} rec/s, {cores:.2f} core",
+                rps >= 500_000 and cores < 0.5,
+            )
+        )
+    else:
+        out.append(Goal("a: one producer, 100 B", "≥ 500,000 rec/s, broker < 0.5 core", "-", None))
+    c = _ok(results, "c", "stratalog")
+    if c and c[0].get("publish"):
+        p = c[0]["publish"]
+        out.append(
+            Goal(
+                "c: publish latency at 50% of max",
+                "p99 ≤ 5 ms, p99.9 ≤ 20 ms",
+                f"p99 {p['p99']:.2f} ms, p99.9 {p['p99.9']:.2f} ms",
+                p["p99"] <= 5 and p["p99.9"] <= 20,
+            )
+        )
+    else:
+        out.append(Goal("c: publish latency at 50% of max", "p99 ≤ 5 ms, p99.9 ≤ 20 ms", "-", None))
+    d = [r for r in _ok(results, "d", "stratalog") if "topics" in r.get("params", {})]
+    if d:
+        most = max(int(r["params"]["topics"]) for r in d)
+        by_layout = {
+            r["params"].get("layout"): r["mb_per_s"]
+            for r in d
+            if int(r["params"]["topics"]) == most
+        }
+        v, pp = by_layout.get("virtual"), by_layout.get("per-partition")
+        if v and pp:
+            out.append(
+                Goal(
+                    f"d: virtual vs per-partition at {most:,} topics",
+                    "≥ 4x",
+                    f"{v / pp:.2f}x",
+                    v >= 4 * pp,
+                )
+            )
+    if not any(g.name.startswith("d:") for g in out):
+        out.append(Goal("d: virtual vs per-partition at 1,000 topics", "≥ 4x", "-", None))
+    e = _ok(results, "e", "stratalog")
+    inc = e[0]["extra"].get("p99_increase") if e else None
+    out.append(
+        Goal(
+            "e: produce p99 with backlog readers",
+            "< +25%",
+            f"{inc:+.0%}" if inc is not None else "-",
+            None if inc is None else inc < 0.25,
+        )
+    )
+    kc = [
+        r["extra"]["kcat"]
+        for r in results
+        if r["kind"] == "stratalog" and r["ok"] and isinstance(r.get("extra", {}).get("kcat"), dict)
+        and "mb_per_s" in r["extra"]["kcat"]
+    ]  # fmt: skip
+    if kc:
+        mb = max(k["mb_per_s"] for k in kc)
+        out.append(Goal("kcat consume from page cache", "≥ 500 MB/s", f"{mb:,.0f} MB/s", mb >= 500))
+    else:
+        out.append(Goal("kcat consume from page cache", "≥ 500 MB/s", "-", None))
+    return out
+
+
+def markdown(run: dict[str, Any]) -> str:
+    results = run["results"]
+    lines = [f"# stratalog bench: {run['started']}", ""]
+    lines += [f"Command: `{run['command']}`", ""]
+    m = run.get("machine") or {}
+    if m:
+        lines += ["## The machine's limits", ""]
+        lines += ["| measure | value |", "|---|---|"]
+        for key, label, unit in (
+            ("fdatasync_1m", "sequential write, fdatasync every 1 MiB", "mb_per_s"),
+            ("direct_write", "sequential write, O_DIRECT", "mb_per_s"),
+            ("loopback", "loopback TCP", "gb_per_s"),
+        ):
+            v = m.get(key) or {}
+            if "error" in v:
+                val = v["error"]
+            elif unit == "gb_per_s":
+                val = f"{_f(v.get(unit), 2)} GB/s"
+            else:
+                val = f"{_f(v.get(unit))} MB/s"
+            lines.append(f"| {label} | {val} |")
+        w4 = m.get("write_4k_fdatasync") or {}
+        if "error" in w4:
+            lines.append(f"| 4 KiB write + fdatasync | {w4['error']} |")
+        elif w4:
+            lines.append(
+                f"| 4 KiB write + fdatasync | p50 {_f(w4.get('p50_ms'), 3)} ms, "
+                f"p99 {_f(w4.get('p99_ms'), 3)} ms, {_f(w4.get('iops'), 0)} IOPS |"
+            )
+        facts = m.get("facts") or {}
+        if facts:
+            lines.append("| machine | " + ", ".join(f"{k}: {v}" for k, v in facts.items()) + " |")
+        lines.append("")
+    lines += ["## Goals (ratios from this run)", ""]
+    lines += ["| goal | wanted | measured | verdict |", "|---|---|---|---|"]
+    for g in goals(results, m):
+        lines.append(f"| {g.name} | {g.want} | {g.measured} | {g.verdict} |")
+    lines.append("")
+    by_w: dict[str, list[dict]] = defaultdict(list)
+    for r in results:
+        by_w[r["workload"]].append(r)
+    titles = run.get("workloads", {})
+    for name, rs in by_w.items():
+        lines += [f"## Workload {name}: {titles.get(name, '')}", ""]
+        lines += [
+            "| target | durability / settings | params | records/s | MB/s | publish p50 / p99 / "
+            "p99.9 / max (ms) | end-to-end p99 (ms) | server cores | server CPU s/MB |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rs:
+            if not r["ok"]:
+                lines.append(
+                    f"| {r['target']} | {r['describe']} | {_params(r)} | failed: "
+                    f"{r['error'][:160]} | | | | | |"
+                )
+                continue
+            p = r.get("publish")
+            pub = " / ".join(_lat(p, k) for k in ("p50", "p99", "p99.9", "max"))
+            lines.append(
+                f"| {r['target']} | {r['describe']} | {_params(r)} | {_f(r['records_per_s'], 0)} "
+                f"| {_f(r['mb_per_s'])} | {pub} | {_lat(r.get('end_to_end'), 'p99')} "
+                f"| {_f(r['server_cores'], 2)} | {_f(r.get('cpu_s_per_mb'), 4)} |"
+            )
+        extras = [r for r in rs if r["ok"] and r.get("extra")]
+        for r in extras:
+            x = r["extra"]
+            if "p99_increase" in x and x["p99_increase"] is not None:
+                pa, pb = x["publish_alone"], x["publish_with_backlog"]
+                lines.append("")
+                lines.append(
+                    f"- {r['target']}: produce p99 {pa['p99']:.2f} ms alone, {pb['p99']:.2f} ms "
+                    f"while {x['backlog_read_bytes'] / 1e9:.2f} GB of backlog was read at "
+                    f"{x['backlog_read_mb_per_s']:,.0f} MB/s ({x['p99_increase']:+.0%}); backlog "
+                    f"{x['backlog_bytes_written'] / 1e9:.2f} GB, "
+                    f"{x['evicted_bytes'] / 1e9:.2f} GB dropped from the page cache first"
+                )
+            if isinstance(x.get("kcat"), dict) and "mb_per_s" in x["kcat"]:
+                k = x["kcat"]
+                lines.append("")
+                lines.append(
+                    f"- {r['target']}: kcat read {k['records']:,} records back in "
+                    f"{k['seconds']:.2f} s: {k['mb_per_s']:,.0f} MB/s"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
+    """PNG charts: throughput per workload and target (with the disk's limit), publish latency
+    percentiles, the topic-count sweep, and the catch-up comparison."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [r for r in run["results"] if r["ok"]]
+    made: list[Path] = []
+    if not results:
+        return made
+    disk = ((run.get("machine") or {}).get("fdatasync_1m") or {}).get("mb_per_s")
+
+    plain = [r for r in results if not r.get("params") and r["workload"] not in ("e",)]
+    if plain:
+        workloads = sorted({r["workload"] for r in plain})
+        targets = sorted({r["target"] for r in plain})
+        fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(workloads) + 2), 4))
+        width = 0.8 / max(1, len(targets))
+        for i, t in enumerate(targets):
+            xs, ys = [], []
+            for j, w in enumerate(workloads):
+                hit = [r for r in plain if r["workload"] == w and r["target"] == t]
+                if hit:
+                    xs.append(j + i * width)
+                    ys.append(hit[0]["mb_per_s"])
+            ax.bar(xs, ys, width, label=t)
+        if disk:
+            ax.axhline(
+                disk, color="black", linestyle="--", linewidth=1, label="disk: fdatasync/1 MiB"
+            )
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(workloads))], workloads)
+        ax.set_ylabel("MB/s produced")
+        ax.set_title("Throughput by workload")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(_save(fig, out_dir / "throughput.png"))
+        plt.close(fig)
+
+    lat = [r for r in plain if r.get("publish")]
+    if lat:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [f"{r['workload']}·{r['target']}" for r in lat]
+        width = 0.27
+        for i, key in enumerate(("p50", "p99", "p99.9")):
+            ax.bar(
+                [j + i * width for j in range(len(lat))],
+                [r["publish"][key] for r in lat],
+                width,
+                label=key,
+            )
+        ax.set_xticks(
+            [j + width for j in range(len(lat))], labels, rotation=45, ha="right", fontsize=7
+        )
+        ax.set_yscale("log")
+        ax.set_ylabel("publish latency (ms, log)")
+        ax.set_title("Publish latency percentiles")
+        ax.legend()
+        fig.tight_layout()
+        made.append(_save(fig, out_dir / "latency.png"))
+        plt.close(fig)
+
+    sweep = [r for r in results if "topics" in r.get("params", {})]
+    for w in sorted({r["workload"] for r in sweep}):
+        rs = [r for r in sweep if r["workload"] == w]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in rs:
+            layout = r["params"].get("layout", "n/a")
+            name = r["target"] if layout == "n/a" else f"{r['target']} ({layout})"
+            series[name].append((int(r["params"]["topics"]), r["mb_per_s"]))
+        for name, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("topics (1 partition each)")
+        ax.set_ylabel("MB/s produced")
+        ax.set_title(f"Workload {w}: throughput by topic count")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(_save(fig, out_dir / f"sweep-{w}.png"))
+        plt.close(fig)
+
+    cu = [r for r in results if r.get("extra", {}).get("p99_increase") is not None]
+    if cu:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = range(len(cu))
+        ax.bar(
+            [x - 0.2 for x in xs],
+            [r["extra"]["publish_alone"]["p99"] for r in cu],
+            0.4,
+            label="alone",
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [r["extra"]["publish_with_backlog"]["p99"] for r in cu],
+            0.4,
+            label="with backlog readers",
+        )
+        ax.set_xticks(list(xs), [r["target"] for r in cu])
+        ax.set_ylabel("produce p99 (ms)")
+        ax.set_title("Catch-up: produce p99 while consumers drain a cold backlog")
+        ax.legend()
+        fig.tight_layout()
+        made.append(_save(fig, out_dir / "catchup.png"))
+        plt.close(fig)
+    return made
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write(run: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
+    paths["json"].write_text(json.dumps(run, indent=2, default=str))
+    pngs = charts(run, out_dir)
+    md = markdown(run)
+    if pngs:
+        md += "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    paths["markdown"].write_text(md)
+    for p in pngs:
+        paths[p.stem] = p
+    return paths

@@ -1,0 +1,624 @@
+"""Runs one workload against one target: the case.
+
+A plain case starts the target, creates the topics, starts the producer and consumer processes,
+releases them together, waits for the producers to finish and the consumers to catch up, then
+merges what the processes measured and adds the server's CPU time (from ``/proc/<pid>/stat``).
+
+Two kinds of workload build on it: a *sweep* runs the plain case once per combination of the
+swept keys (KerA's 1..1,000 topics x layout), and a *catch-up* case measures produce latency at a
+fixed rate twice, without and then with consumers draining a backlog that is not in the page
+cache (BookKeeper's tail/backlog isolation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratalog.bench import hist
+from stratalog.bench.clients import (
+    ConsumerJob,
+    ProducerJob,
+    consumer_main,
+    drain,
+    producer_main,
+)
+from stratalog.bench.targets import Target, TargetUnavailable, make_target
+from stratalog.bench.workload import TargetSpec, Workload
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process and its reaped children (0 when gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # utime, stime, cutime, cstime are fields 14..17 of stat(5); fields[] starts at field 3.
+    return sum(int(x) for x in fields[11:15]) / _CLK_TCK
+
+
+def evict_page_cache(dirs: list[Path]) -> int:
+    """Drop the files under ``dirs`` from the page cache (posix_fadvise DONTNEED after fsync), so
+    a backlog is read from the device as it would be days after it was written. Returns bytes."""
+    total = 0
+    for d in dirs:
+        for root, _dirs, files in os.walk(d):
+            for name in files:
+                path = os.path.join(root, name)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.fsync(fd)  # dirty pages cannot be dropped
+                    size = os.fstat(fd).st_size
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    total += size
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+    return total
+
+
+@dataclass
+class CaseResult:
+    """What one workload measured on one target (one sweep point)."""
+
+    workload: str
+    target: str
+    kind: str
+    describe: str
+    params: dict[str, Any] = field(default_factory=dict)
+    ok: bool = True
+    error: str = ""
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    records_per_s: float = 0.0
+    mb_per_s: float = 0.0
+    consumed: int = 0
+    consume_mb_per_s: float = 0.0
+    publish: dict[str, float] | None = None
+    end_to_end: dict[str, float] | None = None
+    server_cpu_s: float = 0.0
+    server_cores: float = 0.0
+    cpu_s_per_mb: float | None = None
+    client_cpu_s: float = 0.0
+    stored: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+Progress = Callable[[str, int, int, int], None]  # (label, produced, consumed, total)
+
+
+def _no_progress(label: str, produced: int, consumed: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class LoadResult:
+    """What the load processes of one phase measured."""
+
+    producers: list[dict[str, Any]]
+    consumers: list[dict[str, Any]]
+    t_start: float
+    t_end: float
+    server_cpu_s: float
+
+    @property
+    def errors(self) -> list[str]:
+        return [r["error"] for r in self.producers + self.consumers if r.get("error")]
+
+    @property
+    def acked(self) -> int:
+        return sum(r.get("records", 0) for r in self.producers)
+
+    @property
+    def acked_bytes(self) -> int:
+        return sum(r.get("bytes", 0) for r in self.producers)
+
+    @property
+    def produce_seconds(self) -> float:
+        firsts = [r["t_first"] for r in self.producers if "t_first" in r]
+        lasts = [r["t_last"] for r in self.producers if "t_last" in r]
+        return max(lasts) - min(firsts) if firsts and lasts else 0.0
+
+    @property
+    def consumed(self) -> int:
+        return sum(r.get("records", 0) for r in self.consumers)
+
+    @property
+    def consumed_bytes(self) -> int:
+        return sum(r.get("bytes", 0) for r in self.consumers)
+
+    @property
+    def consume_seconds(self) -> float:
+        firsts = [r["t_start"] for r in self.consumers if r.get("t_first")]
+        lasts = [r["t_last"] for r in self.consumers if r.get("t_last")]
+        return max(lasts) - min(firsts) if firsts and lasts else 0.0
+
+    def publish_hist(self) -> dict[str, float] | None:
+        return hist.summary(hist.merge([r.get("hist") for r in self.producers]))
+
+    def e2e_hist(self) -> dict[str, float] | None:
+        return hist.summary(hist.merge([r.get("hist") for r in self.consumers]))
+
+    @property
+    def client_cpu_s(self) -> float:
+        return sum(r.get("cpu_s", 0.0) for r in self.producers + self.consumers)
+
+
+def run_load(
+    target: Target,
+    producer_jobs: list[ProducerJob],
+    consumer_jobs: list[ConsumerJob],
+    *,
+    label: str,
+    progress: Progress = _no_progress,
+    drain_timeout_s: float = 60.0,
+    counted_consumers: int | None = None,
+) -> LoadResult:
+    """Start the load processes, release them together, wait for the producers, then for the
+    first ``counted_consumers`` consumers (default: all) to have read what was acknowledged;
+    the others (backlog readers) run until then."""
+    ctx = mp.get_context("spawn")
+    factory = target.client_factory()
+    ready_q, result_q = ctx.Queue(), ctx.Queue()
+    start_evt, stop_evt = ctx.Event(), ctx.Event()
+    prod_progress = [ctx.Value("q", 0, lock=False) for _ in producer_jobs]
+    cons_progress = [ctx.Value("q", 0, lock=False) for _ in consumer_jobs]
+    procs = []
+    for job, val in zip(producer_jobs, prod_progress, strict=True):
+        procs.append(
+            ctx.Process(
+                target=producer_main,
+                args=(factory, job, ready_q, start_evt, stop_evt, val, result_q),
+                daemon=True,
+            )
+        )
+    for job, val in zip(consumer_jobs, cons_progress, strict=True):
+        procs.append(
+            ctx.Process(
+                target=consumer_main,
+                args=(factory, job, ready_q, start_evt, stop_evt, val, result_q),
+                daemon=True,
+            )
+        )
+    total = sum(j.records for j in producer_jobs)
+    counted = cons_progress[: counted_consumers if counted_consumers is not None else None]
+    try:
+        for p in procs:
+            p.start()
+        ready = drain(ready_q, len(procs), timeout=180)
+        failed = [msg for _role, _i, msg in ready if msg]
+        if len(ready) < len(procs) or failed:
+            stop_evt.set()
+            raise RuntimeError(
+                f"{label}: load processes did not start: "
+                + ("; ".join(failed) or f"{len(ready)}/{len(procs)} ready after 180 s")
+            )
+        cpu0 = process_cpu_s(target.pid)
+        t_start = time.time()
+        start_evt.set()
+        results: list[dict[str, Any]] = []
+        # Producers finish by themselves (record count or max_duration_s).
+        deadline = (
+            time.monotonic() + max((j.max_duration_s for j in producer_jobs), default=0) + 180
+        )
+        while sum(1 for r in results if r["role"] == "producer") < len(producer_jobs):
+            results += drain(result_q, 1, timeout=0.25)
+            produced = sum(v.value for v in prod_progress)
+            progress(label, produced, sum(v.value for v in counted), total)
+            if time.monotonic() > deadline:
+                stop_evt.set()
+                raise RuntimeError(f"{label}: producers did not finish in time")
+        acked = sum(r.get("records", 0) for r in results if r["role"] == "producer")
+        if counted:
+            drain_deadline = time.monotonic() + drain_timeout_s
+            while time.monotonic() < drain_deadline:
+                consumed = sum(v.value for v in counted)
+                progress(label, total, consumed, total)
+                if consumed >= acked:
+                    break
+                time.sleep(0.1)
+        stop_evt.set()
+        results += drain(result_q, len(procs) - len(results), timeout=120)
+        t_end = time.time()
+        cpu1 = process_cpu_s(target.pid)
+        progress(label, total, sum(v.value for v in counted), total)
+    finally:
+        stop_evt.set()
+        start_evt.set()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+    return LoadResult(
+        producers=[r for r in results if r["role"] == "producer"],
+        consumers=[r for r in results if r["role"] == "consumer"],
+        t_start=t_start,
+        t_end=t_end,
+        server_cpu_s=cpu1 - cpu0,
+    )
+
+
+def _split(total: int, n: int, i: int) -> int:
+    return total // n + (1 if i < total % n else 0)
+
+
+def producer_jobs(
+    w: Workload, topics: list[str], rate: float | None, records: int
+) -> list[ProducerJob]:
+    jobs = []
+    for i in range(w.producers):
+        # Each producer writes every topic in turn: 1,000 topics means 1,000 streams per client.
+        jobs.append(
+            ProducerJob(
+                index=i,
+                topics=topics,
+                partitions=w.partitions,
+                record_size=w.record_size,
+                records=_split(records, w.producers, i),
+                rate=rate / w.producers if rate else None,
+                acks=w.acks,
+                compression=w.compression,
+                linger_ms=w.linger_ms,
+                batch_bytes=w.batch_bytes,
+                sample_every=w.latency_sample_every,
+                max_duration_s=w.max_duration_s,
+            )
+        )
+    return jobs
+
+
+def consumer_jobs(
+    n: int, topics: list[str], partitions: int, track: bool = True, max_s: float = 600.0
+) -> list[ConsumerJob]:
+    return [
+        ConsumerJob(
+            index=i,
+            count=n,
+            topics=topics,
+            partitions=partitions,
+            track_latency=track,
+            max_duration_s=max_s,
+        )
+        for i in range(n)
+    ]
+
+
+def topic_names(w: Workload, prefix: str = "") -> list[str]:
+    return [f"bench-{w.name}{prefix}-{i}" for i in range(w.topics)]
+
+
+def _result_from_load(
+    w: Workload, target: Target, load: LoadResult, params: dict[str, Any]
+) -> CaseResult:
+    secs = load.produce_seconds
+    res = CaseResult(
+        workload=w.name,
+        target=target.name,
+        kind=target.kind,
+        describe=target.describe(),
+        params=params,
+        records=load.acked,
+        bytes=load.acked_bytes,
+        seconds=secs,
+        records_per_s=load.acked / secs if secs else 0.0,
+        mb_per_s=load.acked_bytes / 1e6 / secs if secs else 0.0,
+        consumed=load.consumed,
+        publish=load.publish_hist(),
+        end_to_end=load.e2e_hist(),
+        server_cpu_s=load.server_cpu_s,
+        client_cpu_s=load.client_cpu_s,
+    )
+    wall = load.t_end - load.t_start
+    res.server_cores = load.server_cpu_s / wall if wall > 0 else 0.0
+    moved_mb = (load.acked_bytes + load.consumed_bytes) / 1e6
+    res.cpu_s_per_mb = load.server_cpu_s / moved_mb if moved_mb else None
+    csecs = load.consume_seconds
+    res.consume_mb_per_s = load.consumed_bytes / 1e6 / csecs if csecs else 0.0
+    lost = [r for r in load.producers if r.get("errors") or r.get("unacked")]
+    if load.errors:
+        res.ok, res.error = False, "; ".join(load.errors)[:500]
+    elif lost:
+        first = next((r["first_error"] for r in lost if r.get("first_error")), "unacknowledged")
+        res.extra["failed_sends"] = sum(r.get("errors", 0) + r.get("unacked", 0) for r in lost)
+        res.ok, res.error = False, f"{res.extra['failed_sends']} records not acknowledged: {first}"
+    if any(r.get("capped") for r in load.producers):
+        res.extra["capped"] = True  # stopped at max_duration_s before the record count
+    if w.consumers and load.consumed < load.acked:
+        res.ok = False
+        res.error = res.error or f"consumers read {load.consumed} of {load.acked} acked records"
+    return res
+
+
+class Runner:
+    """Runs workloads on targets and keeps every case's result (later workloads may refer to
+    earlier ones: workload c runs at a fraction of b's max rate)."""
+
+    def __init__(self, progress: Progress = _no_progress, log: Callable[[str], None] = print):
+        self.progress = progress
+        self.log = log
+        self.results: list[CaseResult] = []
+
+    # -- entry ---------------------------------------------------------------------------------
+    def run(
+        self, w: Workload, names: set[str] | None = None, kinds: set[str] | None = None
+    ) -> list[CaseResult]:
+        """Run the workload on its targets, or only on those with one of ``names`` or
+        ``kinds`` when either is given."""
+        out = []
+        for spec in w.targets:
+            if (
+                (names or kinds)
+                and spec.name not in (names or ())
+                and spec.kind not in (kinds or ())
+            ):
+                continue
+            out += self.run_target(w, spec)
+        return out
+
+    def run_target(self, w: Workload, spec: TargetSpec) -> list[CaseResult]:
+        if w.kind == "sweep":
+            keys = list(w.sweep)
+            out = []
+            seen: set[tuple] = set()
+            for combo in itertools.product(*(w.sweep[k] for k in keys)):
+                over = dict(zip(keys, combo, strict=True))
+                # storage.layout means nothing to a peer: run it once per other key.
+                if spec.kind != "stratalog" and "layout" in over:
+                    over["layout"] = "n/a"
+                key = tuple(sorted(over.items()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                case_w = w.with_overrides(**{k: v for k, v in over.items() if v != "n/a"})
+                out.append(self._guarded(case_w, spec, over))
+            return out
+        return [self._guarded(w, spec, {})]
+
+    def _guarded(self, w: Workload, spec: TargetSpec, params: dict[str, Any]) -> CaseResult:
+        try:
+            target = make_target(spec, w)
+        except TargetUnavailable as e:
+            return self._record(self._failed(w, spec, params, f"not available: {e}"))
+        try:
+            target.start()
+        except TargetUnavailable as e:
+            target.stop()
+            return self._record(self._failed(w, spec, params, f"not available: {e}"))
+        except Exception as e:
+            target.stop()
+            return self._record(self._failed(w, spec, params, f"did not start: {e}"))
+        try:
+            if getattr(target, "role", spec.role) == "tool":
+                res = self._tool_case(w, target, params)
+            elif w.kind == "catchup":
+                res = self._catchup_case(w, target, params)
+            else:
+                res = self._plain_case(w, target, params)
+        except Exception as e:
+            res = self._failed(w, spec, params, f"{type(e).__name__}: {e}")
+            res.describe = target.describe()
+        finally:
+            target.stop()
+        return self._record(res)
+
+    def _record(self, res: CaseResult) -> CaseResult:
+        self.results.append(res)
+        what = f"{res.workload} {res.target}" + (f" {res.params}" if res.params else "")
+        if res.ok:
+            p99 = res.publish["p99"] if res.publish else float("nan")
+            self.log(
+                f"{what}: {res.records_per_s:,.0f} rec/s, {res.mb_per_s:,.1f} MB/s, "
+                f"publish p99 {p99:.2f} ms, server {res.server_cores:.2f} cores"
+            )
+        else:
+            self.log(f"{what}: FAILED: {res.error}")
+        return res
+
+    @staticmethod
+    def _failed(w: Workload, spec: TargetSpec, params: dict[str, Any], error: str) -> CaseResult:
+        return CaseResult(w.name, spec.name, spec.kind, spec.name, params, ok=False, error=error)
+
+    # -- rates ---------------------------------------------------------------------------------
+    def resolve_rate(self, w: Workload, spec: TargetSpec) -> float | None:
+        """A fixed rate, or a fraction of the max rate another workload reached."""
+        if not w.rate_from:
+            return w.rate
+        ref_target = w.rate_reference or spec.name
+        for r in reversed(self.results):
+            if r.workload == w.rate_from and r.target == ref_target and r.ok and r.records_per_s:
+                return r.records_per_s * w.rate_fraction
+        raise RuntimeError(
+            f"workload {w.name} runs at {w.rate_fraction:g} x the max rate of workload "
+            f"{w.rate_from} on {ref_target}: run {w.rate_from} first (e.g. "
+            f"'stratalog bench {w.rate_from} {w.name}')"
+        )
+
+    # -- cases ---------------------------------------------------------------------------------
+    def _plain_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
+        rate = self.resolve_rate(w, target.spec)
+        records = w.records or int((rate or 0) * w.duration_s)
+        if not records:
+            raise RuntimeError(f"workload {w.name}: set records, or a rate and duration_s")
+        topics = topic_names(w)
+        target.create_topics(topics, w.partitions)
+        label = f"{w.name} · {target.name}" + "".join(f" {k}={v}" for k, v in params.items())
+        load = run_load(
+            target,
+            producer_jobs(w, topics, rate, records),
+            consumer_jobs(w.consumers, topics, w.partitions),
+            label=label,
+            progress=self.progress,
+            drain_timeout_s=w.drain_timeout_s,
+        )
+        res = _result_from_load(w, target, load, params)
+        if rate:
+            res.extra["target_rate"] = rate
+        res.stored = target.count_records(topics, w.partitions)
+        if res.ok and res.stored is not None and res.stored < res.records:
+            res.ok = False
+            res.error = f"the server holds {res.stored} records, {res.records} were acknowledged"
+        if w.kcat_consume and res.ok and target.kafka_protocol:
+            res.extra["kcat"] = kcat_consume(target.bootstrap, topics, res.records, w.record_size)
+        return res
+
+    def _tool_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
+        records = w.records or int((w.rate or 0) * w.duration_s)
+
+        def cb(done: int) -> None:
+            self.progress(f"{w.name} · {target.name}", done, 0, records)
+
+        out = target.run_tool(w, cb)  # type: ignore[attr-defined]
+        res = CaseResult(w.name, target.name, target.kind, target.describe(), params)
+        res.records = int(out.get("records", 0))
+        res.bytes = int(out.get("bytes", 0))
+        res.seconds = float(out.get("seconds", 0.0))
+        res.records_per_s = float(out.get("records_per_s", 0.0))
+        res.mb_per_s = float(out.get("mb_per_s", 0.0))
+        res.publish = out.get("publish")
+        res.server_cpu_s = float(out.get("server_cpu_s", 0.0))
+        if res.seconds:
+            res.server_cores = res.server_cpu_s / res.seconds
+        if res.bytes:
+            res.cpu_s_per_mb = res.server_cpu_s / (res.bytes / 1e6)
+        res.extra = {k: v for k, v in out.items() if k not in res.to_dict()}
+        if not res.records:
+            res.ok, res.error = False, str(out.get("error", "the tool reported nothing"))
+        return res
+
+    def _catchup_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
+        """Produce p99 at a fixed rate, alone and then with consumers draining a cold backlog."""
+        rate = self.resolve_rate(w, target.spec)
+        if not rate:
+            raise RuntimeError(f"workload {w.name}: a catch-up case needs a fixed rate")
+        backlog_topic = [f"bench-{w.name}-backlog"]
+        target.create_topics(backlog_topic, w.backlog_partitions)
+        # 1. The backlog, written as fast as the target takes it.
+        n_backlog = max(1, w.backlog_bytes // w.record_size)
+        fill_w = w.with_overrides(
+            acks="1", latency_sample_every=1000, max_duration_s=max(w.max_duration_s, 1800)
+        )
+        fill = run_load(
+            target,
+            producer_jobs(
+                fill_w.with_overrides(partitions=w.backlog_partitions),
+                backlog_topic,
+                None,
+                n_backlog,
+            ),
+            [],
+            label=f"{w.name} · {target.name} · backlog",
+            progress=self.progress,
+        )
+        if fill.errors:
+            raise RuntimeError("filling the backlog failed: " + "; ".join(fill.errors))
+        evicted = evict_page_cache(target.data_dirs())
+        phase_records = int(rate * w.phase_duration_s)
+        phases: dict[str, LoadResult] = {}
+        for phase in ("alone", "with-backlog-readers"):
+            # Fresh tail topics per phase, so each phase's tail consumers read only its records.
+            tail_topics = topic_names(w, f"-tail-{phase}")
+            target.create_topics(tail_topics, w.partitions)
+            consumers = consumer_jobs(w.consumers, tail_topics, w.partitions)
+            if phase != "alone":
+                consumers += [
+                    ConsumerJob(
+                        index=i,
+                        count=w.backlog_consumers,
+                        topics=backlog_topic,
+                        partitions=w.backlog_partitions,
+                        track_latency=False,
+                        max_duration_s=w.phase_duration_s * 2 + w.drain_timeout_s,
+                    )
+                    for i in range(w.backlog_consumers)
+                ]
+            tail_w = w.with_overrides(max_duration_s=w.phase_duration_s * 2 + 30)
+            phases[phase] = run_load(
+                target,
+                producer_jobs(tail_w, tail_topics, rate, phase_records),
+                consumers,
+                label=f"{w.name} · {target.name} · {phase}",
+                progress=self.progress,
+                drain_timeout_s=w.drain_timeout_s,
+                counted_consumers=w.consumers,
+            )
+        alone, busy = phases["alone"], phases["with-backlog-readers"]
+        res = _result_from_load(w, target, busy, params)
+        tail_read = sum(r.get("records", 0) for r in busy.consumers[: w.consumers])
+        backlog = busy.consumers[w.consumers :]
+        backlog_bytes = sum(r.get("bytes", 0) for r in backlog)
+        backlog_secs = max(
+            (r["t_last"] - r["t_start"] for r in backlog if r.get("t_last")), default=0
+        )
+        p_alone, p_busy = alone.publish_hist(), busy.publish_hist()
+        res.consumed = tail_read
+        res.ok = not alone.errors and not busy.errors and tail_read >= busy.acked
+        if not res.ok:
+            res.error = "; ".join(alone.errors + busy.errors) or (
+                f"tail consumers read {tail_read} of {busy.acked}"
+            )
+        res.extra.update(
+            backlog_records=n_backlog,
+            backlog_bytes_written=fill.acked_bytes,
+            evicted_bytes=evicted,
+            backlog_read_bytes=backlog_bytes,
+            backlog_read_mb_per_s=backlog_bytes / 1e6 / backlog_secs if backlog_secs else 0.0,
+            target_rate=rate,
+            publish_alone=p_alone,
+            publish_with_backlog=p_busy,
+            p99_increase=(p_busy["p99"] / p_alone["p99"] - 1.0) if p_alone and p_busy else None,
+        )
+        return res
+
+
+def kcat_consume(bootstrap: str, topics: list[str], records: int, record_size: int) -> dict:
+    """Read the topics back with kcat from the page cache (the best case of a consumer)."""
+    import shutil
+    import subprocess
+
+    kcat = shutil.which("kcat") or shutil.which("kafkacat")
+    if kcat is None:
+        return {"error": "kcat is not installed"}
+    out: dict[str, Any] = {}
+    total_records = 0
+    t0 = time.perf_counter()
+    for t in topics:
+        proc = subprocess.run(
+            [kcat, "-C", "-b", bootstrap, "-t", t, "-o", "beginning", "-e", "-q",
+             "-f", "%o\n", "-X", "fetch.max.bytes=52428800"],
+            capture_output=True, timeout=600, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return {"error": proc.stderr.decode(errors="replace")[-300:]}
+        total_records += proc.stdout.count(b"\n")
+    secs = time.perf_counter() - t0
+    out.update(
+        records=total_records,
+        seconds=secs,
+        mb_per_s=total_records * record_size / 1e6 / secs if secs else 0.0,
+        complete=total_records >= records,
+    )
+    with contextlib.suppress(Exception):
+        out["records_per_s"] = total_records / secs
+    return out

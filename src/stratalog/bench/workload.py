@@ -1,0 +1,238 @@
+"""Workload files (TOML) for ``stratalog bench``, in the spirit of the OpenMessaging Benchmark.
+
+A workload names what is measured (topics, partitions, record size, producers, consumers, rate,
+records or duration, acks, compression, fsync policy, storage layout) and which targets it is
+measured against. ``[profile.quick]`` (and ``[profile.full]``) override any top-level key, so
+``--quick`` runs the same workloads with smaller sizes.
+
+Example::
+
+    name = "b"
+    title = "16 partitions, 1 KiB records, 4 producers, 4 consumers, acks=all, fsync=always"
+    topics = 1
+    partitions = 16
+    record_size = 1024
+    producers = 4
+    consumers = 4
+    rate = "max"               # records/s over all producers, or "max"
+    records = 2_000_000        # over all producers (or duration_s = 60 with a rate)
+    acks = "all"
+    fsync = "always"           # Stratalog's policy; Kafka's "fsync" target uses flush.messages=1
+
+    [[target]]
+    name = "stratalog"
+    kind = "stratalog"
+
+    [[target]]
+    name = "kafka-fsync"
+    kind = "kafka"
+    topic_config = { "flush.messages" = "1" }
+
+    [profile.quick]
+    records = 100_000
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "bench" / "workloads"
+
+_TOP_LEVEL = {
+    "name",
+    "title",
+    "description",
+    "order",
+    "topics",
+    "partitions",
+    "record_size",
+    "producers",
+    "consumers",
+    "rate",
+    "rate_from",
+    "rate_fraction",
+    "rate_reference",
+    "records",
+    "duration_s",
+    "max_duration_s",
+    "drain_timeout_s",
+    "acks",
+    "fsync",
+    "layout",
+    "compression",
+    "linger_ms",
+    "batch_bytes",
+    "latency_sample_every",
+    "sweep",
+    "backlog_bytes",
+    "backlog_partitions",
+    "backlog_consumers",
+    "phase_duration_s",
+    "kcat_consume",
+    "perf_test",
+    "target",
+    "profile",
+}
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be used, with the reason."""
+
+
+@dataclass
+class TargetSpec:
+    """One target of a workload: a kind (stratalog, kafka, tansu, redis, nats, ...) + settings."""
+
+    name: str
+    kind: str
+    settings: dict[str, Any] = field(default_factory=dict)  # broker/server settings
+    topic_config: dict[str, str] = field(default_factory=dict)  # per-topic configs at creation
+    role: str = "broker"  # "broker": driven by the harness's clients; "tool": its own generator
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TargetSpec:
+        if "name" not in d or "kind" not in d:
+            raise WorkloadError(f"a [[target]] needs name and kind: {d!r}")
+        return cls(
+            name=str(d["name"]),
+            kind=str(d["kind"]),
+            settings={str(k): v for k, v in dict(d.get("settings", {})).items()},
+            topic_config={str(k): str(v) for k, v in dict(d.get("topic_config", {})).items()},
+            role=str(d.get("role", "broker")),
+        )
+
+
+@dataclass
+class Workload:
+    name: str
+    title: str = ""
+    description: str = ""
+    order: int = 100
+    topics: int = 1
+    partitions: int = 1
+    record_size: int = 1024
+    producers: int = 1
+    consumers: int = 0
+    rate: float | None = None  # records/s over all producers; None = max
+    rate_from: str = ""  # take the rate from this workload's max ...
+    rate_fraction: float = 1.0  # ... times this fraction ...
+    rate_reference: str = ""  # ... measured on this target
+    records: int = 0  # over all producers; 0: rate x duration_s
+    duration_s: float = 0.0
+    max_duration_s: float = 120.0  # a case never produces for longer than this
+    drain_timeout_s: float = 60.0  # consumers may lag the producers by this much at the end
+    acks: str = "all"
+    fsync: str = "always"
+    layout: str = "virtual"
+    compression: str = "none"
+    linger_ms: float = 5.0
+    batch_bytes: int = 1_000_000
+    latency_sample_every: int = 1
+    sweep: dict[str, list[Any]] = field(default_factory=dict)
+    backlog_bytes: int = 0
+    backlog_partitions: int = 16
+    backlog_consumers: int = 2
+    phase_duration_s: float = 30.0
+    kcat_consume: bool = False
+    perf_test: bool = False
+    targets: list[TargetSpec] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def total_records(self) -> int:
+        if self.records:
+            return int(self.records)
+        if self.rate and self.duration_s:
+            return int(self.rate * self.duration_s)
+        raise WorkloadError(f"workload {self.name}: set records, or rate and duration_s")
+
+    @property
+    def kind(self) -> str:
+        if self.backlog_bytes:
+            return "catchup"
+        if self.sweep:
+            return "sweep"
+        return "plain"
+
+    def with_overrides(self, **kw: Any) -> Workload:
+        w = copy.deepcopy(self)
+        for k, v in kw.items():
+            setattr(w, k, v)
+        return w
+
+
+def _coerce(name: str, d: dict[str, Any]) -> dict[str, Any]:
+    out = dict(d)
+    rate = out.get("rate")
+    if rate is None or (isinstance(rate, str) and rate.lower() == "max"):
+        out["rate"] = None
+    elif isinstance(rate, int | float) and rate > 0:
+        out["rate"] = float(rate)
+    else:
+        raise WorkloadError(f"workload {name}: rate must be a positive number or 'max'")
+    if str(out.get("acks", "all")) not in {"0", "1", "all", "-1"}:
+        raise WorkloadError(f"workload {name}: acks must be 0, 1 or all")
+    out["acks"] = str(out.get("acks", "all"))
+    for key in ("topics", "partitions", "record_size", "producers"):
+        if int(out.get(key, 1)) < 1:
+            raise WorkloadError(f"workload {name}: {key} must be >= 1")
+    if int(out.get("record_size", 1024)) < 16:
+        raise WorkloadError(f"workload {name}: record_size must be >= 16 (8-byte timestamp)")
+    return out
+
+
+def parse_workload(data: dict[str, Any], profile: str = "full", source: str = "") -> Workload:
+    unknown = set(data) - _TOP_LEVEL
+    name = str(data.get("name") or Path(source).stem or "workload")
+    if unknown:
+        raise WorkloadError(f"workload {name}: unknown keys {sorted(unknown)}")
+    merged = {k: v for k, v in data.items() if k not in ("profile", "target")}
+    over = dict(data.get("profile", {}).get(profile, {}))
+    bad = set(over) - _TOP_LEVEL
+    if bad:
+        raise WorkloadError(f"workload {name}: unknown keys in [profile.{profile}]: {sorted(bad)}")
+    merged.update(over)
+    merged = _coerce(name, merged)
+    targets = [TargetSpec.from_dict(t) for t in data.get("target", [])]
+    if not targets:
+        targets = [TargetSpec("stratalog", "stratalog")]
+    merged["name"] = name
+    return Workload(**merged, targets=targets, source=source)
+
+
+def load_workload(path: str | Path, profile: str = "full") -> Workload:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise WorkloadError(f"cannot read workload {p}: {e}") from e
+    return parse_workload(data, profile, str(p))
+
+
+def find_workloads(names: list[str] | None, profile: str = "full") -> list[Workload]:
+    """Workloads by file path or by name in bench/workloads/ (all of them when ``names`` is empty),
+    ordered by their ``order`` key."""
+    found: list[Workload] = []
+    if not names:
+        files = sorted(WORKLOAD_DIR.glob("*.toml"))
+        if not files:
+            raise WorkloadError(f"no workload files in {WORKLOAD_DIR}")
+        found = [load_workload(f, profile) for f in files]
+    else:
+        available = {}
+        for f in sorted(WORKLOAD_DIR.glob("*.toml")):
+            w = load_workload(f, profile)
+            available[w.name] = w
+            available[f.stem] = w
+        for n in names:
+            if Path(n).is_file():
+                found.append(load_workload(n, profile))
+            elif n in available:
+                found.append(available[n])
+            else:
+                raise WorkloadError(f"no workload {n!r} (known: {sorted(set(available))})")
+    return sorted(found, key=lambda w: (w.order, w.name))

@@ -1,0 +1,194 @@
+"""``stratalog bench``: workload files, and a real quick run of every workload kind on real
+brokers (Stratalog and Apache Kafka) with real confluent-kafka clients in separate processes.
+
+These tests check that the harness measures and reports correctly (counts, stored records, the
+derived rate of workload c, the sweep of d, both phases of the catch-up e); they never assert a
+speed: speeds are for docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratalog.bench import report
+from stratalog.bench.runner import evict_page_cache, process_cpu_s
+from stratalog.bench.workload import WorkloadError, find_workloads, parse_workload
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def stratalog(*args: str, timeout: float = 540) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stratalog.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_every_workload_file_loads_in_both_profiles():
+    full = {w.name: w for w in find_workloads(None, "full")}
+    quick = {w.name: w for w in find_workloads(None, "quick")}
+    assert set(full) == set(quick) >= {"a", "b", "c", "d", "e"}
+    assert full["b"].partitions == 16 and full["b"].record_size == 1024
+    assert full["b"].producers == 4 and full["b"].consumers == 4 and full["b"].acks == "all"
+    assert full["a"].acks == "1" and full["a"].rate is None
+    assert full["c"].rate_from == "b" and full["c"].rate_fraction == 0.5
+    assert full["d"].sweep["topics"] == [1, 10, 100, 1000]
+    assert full["e"].backlog_bytes >= 2**31
+    assert quick["a"].records < full["a"].records
+    kinds = {t.kind for w in full.values() for t in w.targets}
+    assert {"stratalog", "kafka", "nats", "redis", "redis-benchmark"} <= kinds
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"name": "x", "recordz": 1}, "unknown keys"),
+        ({"name": "x", "rate": -3, "records": 1}, "rate must be"),
+        ({"name": "x", "acks": "2", "records": 1}, "acks must be"),
+        ({"name": "x", "record_size": 4, "records": 1}, "record_size"),
+        ({"name": "x", "target": [{"kind": "kafka"}]}, "needs name and kind"),
+        ({"name": "x", "profile": {"quick": {"bogus": 1}}}, "profile.quick"),
+    ],
+)
+def test_bad_workload_is_named(data, message):
+    with pytest.raises(WorkloadError, match=message):
+        parse_workload(data, "quick")
+
+
+def test_cli_names_unknown_workload_and_target():
+    r = stratalog("bench", "no-such-workload")
+    assert r.returncode == 1 and "no workload 'no-such-workload'" in r.stderr
+    r = stratalog("bench", "a", "--target", "no-such-target")
+    assert r.returncode == 1 and "no target ['no-such-target']" in r.stderr
+
+
+def test_list():
+    r = stratalog("bench", "--list")
+    assert r.returncode == 0, r.stderr
+    for name in "abcde":
+        assert f"{name}:" in r.stdout
+
+
+def test_process_cpu_and_page_cache_eviction(tmp_path):
+    # The child spins until it has used 0.5 s of CPU, says so, then waits.
+    spin = "import time\nwhile time.process_time() < 0.5: pass\nprint('spun', flush=True)\ninput()"
+    burn = subprocess.Popen(
+        [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert burn.stdout is not None and burn.stdout.readline() == "spun\n"
+        assert 0.45 <= process_cpu_s(burn.pid) < 30  # clock ticks: 10 ms steps
+    finally:
+        burn.kill()
+        burn.wait()
+    assert process_cpu_s(None) == 0.0
+    (tmp_path / "seg").write_bytes(b"x" * 1_000_000)
+    assert evict_page_cache([tmp_path]) == 1_000_000
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> dict:
+    """One quick run of every workload kind: plain (a, b with kcat read-back), derived rate (c),
+    sweep (d) and catch-up (e) on Stratalog, and a on Apache Kafka as a peer."""
+    out = tmp_path_factory.mktemp("bench")
+    r = stratalog(
+        "bench", "a", "b", "c", "d", "e", "--quick", "--no-limits",
+        "-t", "stratalog", "-t", "kafka", "-o", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = json.loads((out / "results.json").read_text())
+    run["_dir"] = str(out)
+    return run
+
+
+def _one(run: dict, workload: str, target: str, **params) -> dict:
+    hits = [
+        r
+        for r in run["results"]
+        if r["workload"] == workload
+        and r["target"] == target
+        and all(str(r["params"].get(k)) == str(v) for k, v in params.items())
+    ]
+    assert len(hits) == 1, [(r["workload"], r["target"], r["params"]) for r in run["results"]]
+    return hits[0]
+
+
+def test_plain_cases_count_every_record(quick_run):
+    quick = {w.name: w for w in find_workloads(None, "quick")}
+    for workload, target in (
+        ("a", "stratalog"),
+        ("a", "kafka"),
+        ("b", "stratalog"),
+        ("b", "kafka"),
+    ):
+        r = _one(quick_run, workload, target)
+        assert r["ok"], r["error"]
+        assert r["records"] == quick[workload].records
+        assert r["stored"] >= r["records"]
+        assert r["bytes"] == r["records"] * quick[workload].record_size
+        assert r["records_per_s"] > 0 and r["mb_per_s"] > 0
+        assert r["publish"]["count"] > 0
+        assert r["publish"]["p50"] <= r["publish"]["p99"] <= r["publish"]["max"]
+        assert r["server_cpu_s"] > 0
+    b = _one(quick_run, "b", "stratalog")
+    assert b["consumed"] >= b["records"]
+    assert b["end_to_end"]["count"] >= b["records"]
+    assert b["extra"]["kcat"]["records"] == b["records"]
+
+
+def test_c_runs_at_half_of_b(quick_run):
+    b = _one(quick_run, "b", "stratalog")
+    c = _one(quick_run, "c", "stratalog")
+    assert c["ok"], c["error"]
+    assert c["extra"]["target_rate"] == pytest.approx(b["records_per_s"] / 2)
+    # A fixed rate for 3 s: the record count follows from the rate.
+    assert c["records"] == int(c["extra"]["target_rate"] * 3)
+    # Kafka's own c ran at half of Kafka's b, not Stratalog's.
+    kb, kc = _one(quick_run, "b", "kafka"), _one(quick_run, "c", "kafka")
+    assert kc["extra"]["target_rate"] == pytest.approx(kb["records_per_s"] / 2)
+
+
+def test_d_sweeps_topics_and_layouts(quick_run):
+    for topics in (1, 10):
+        for layout in ("virtual", "per-partition"):
+            r = _one(quick_run, "d", "stratalog", topics=topics, layout=layout)
+            assert r["ok"], r["error"]
+            assert r["stored"] == r["records"] == 4_000
+    # "-t kafka" selects the target named kafka, not every target of kind kafka (kafka-fsync).
+    assert not [r for r in quick_run["results"] if r["target"] == "kafka-fsync"]
+
+
+def test_e_measures_both_phases(quick_run):
+    e = _one(quick_run, "e", "stratalog")
+    assert e["ok"], e["error"]
+    x = e["extra"]
+    assert x["backlog_bytes_written"] >= 16_777_216 - 1024
+    assert x["evicted_bytes"] >= x["backlog_bytes_written"]
+    assert x["backlog_read_bytes"] > 0
+    assert x["publish_alone"]["count"] > 0 and x["publish_with_backlog"]["count"] > 0
+    assert x["p99_increase"] == pytest.approx(
+        x["publish_with_backlog"]["p99"] / x["publish_alone"]["p99"] - 1
+    )
+
+
+def test_report_files(quick_run):
+    out = Path(quick_run["_dir"])
+    md = (out / "results.md").read_text()
+    assert "## Goals (ratios from this run)" in md
+    for w in "abcde":
+        assert f"## Workload {w}:" in md
+    for png in ("throughput.png", "latency.png", "sweep-d.png", "catchup.png"):
+        assert (out / png).stat().st_size > 1000, png
+        assert f"({png})" in md
+    verdicts = {g.name: g.verdict for g in report.goals(quick_run["results"], None)}
+    # Measured in this run (whatever the verdict), or plainly not measured.
+    assert verdicts["b vs disk"] == "not measured"  # --no-limits
+    assert verdicts["a: one producer, 100 B"] in ("met", "missed")
+    assert verdicts["e: produce p99 with backlog readers"] in ("met", "missed")
