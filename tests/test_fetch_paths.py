@@ -80,3 +80,35 @@ def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
         assert _consume(b.bootstrap, "warm") == values
         memory, sendfile, copied = _delta(before, _counters())
         assert copied >= N * 500 * 0.5, (memory, sendfile, copied)
+
+
+def test_large_fetches_stay_zero_copy_when_the_socket_fills(tmp_path):
+    # A Fetch over several partitions is many MB: the socket fills in the middle of a slice.
+    # The rest must still go out with sendfile once the socket drains, never be read into memory.
+    parts, n = 4, 20000
+    with Broker(tmp_path / "d", config={"cache.tail_bytes_per_partition": 0}) as b:
+        create_topic(b.bootstrap, "big", partitions=parts)
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5, "batch.size": 1000000})
+        values = [b"%06d" % i + os.urandom(1000) for i in range(n)]
+        for i, v in enumerate(values):
+            p.produce("big", value=v, partition=i % parts)
+        assert p.flush(30) == 0
+        before = _counters()
+        c = Consumer(
+            {
+                "bootstrap.servers": b.bootstrap,
+                "group.id": "big",
+                "max.partition.fetch.bytes": 8_000_000,
+                "fetch.max.bytes": 50_000_000,
+                "socket.receive.buffer.bytes": 65536,
+            }
+        )
+        c.assign([TopicPartition("big", i, 0) for i in range(parts)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            got += [m.value() for m in c.consume(1000, 0.5) if m.error() is None]
+        c.close()
+        assert sorted(got) == sorted(values)
+        memory, sendfile, copied = _delta(before, _counters())
+        assert copied == 0 and sendfile >= n * 1000, (memory, sendfile, copied)

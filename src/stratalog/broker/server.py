@@ -40,15 +40,30 @@ class ClientConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._closed = False
+        # The rest of a response whose file slice did not fit the socket: it goes on with
+        # sendfile when the socket is writable again (polled through a dup of its fd, since
+        # the loop refuses a writer on a transport's own fd), never by copying it to memory.
+        self._unsent: list[Any] | None = None
+        self._wfd = -1
+        self._fd = -1  # the socket's fd, for sendfile; -1 when the transport has none (TLS)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._stop_polling()
+        if self._unsent is not None:
+            _release(self._unsent)
+            self._unsent = None
+        if self._wfd >= 0:
+            os.close(self._wfd)
+            self._wfd = -1
         for item in self._queue:
             if isinstance(item, asyncio.Future):
                 item.cancel()
@@ -107,7 +122,7 @@ class ClientConnection(asyncio.Protocol):
     def _flush(self) -> None:
         queue = self._queue
         transport = self.transport
-        while queue and not self._closed:
+        while queue and not self._closed and self._unsent is None:
             head = queue[0]
             if isinstance(head, asyncio.Future):
                 if not head.done():
@@ -135,37 +150,78 @@ class ClientConnection(asyncio.Protocol):
     def _send_parts(self, parts: list[Any]) -> None:
         """Write a response made of memory parts and file slices, in order.
 
-        A slice goes out with ``sendfile`` straight from the page cache when nothing is queued
-        before it (zero copy); whatever the socket does not take at once is read and queued.
+        Slices go out with ``sendfile`` straight from the page cache (zero copy). When the
+        socket is full in the middle of one, the rest of the response waits in ``_unsent`` for
+        the socket to drain (see ``_writable``); later responses queue behind it. A slice is
+        copied to memory only where sendfile cannot be used at all (not a plain socket).
+        Every slice is released exactly once: when sent, copied, or the connection is lost.
         """
         transport = self.transport
         assert transport is not None
         pending: list[Any] = []
-        try:
-            for p in parts:
-                if not isinstance(p, FileSlice):
-                    pending.append(p)
-                    continue
-                if pending:
-                    transport.writelines(pending)
-                    pending = []
-                sent = 0
-                if transport.get_write_buffer_size() == 0:
-                    sent = _sendfile(transport, p)
-                    metrics.FETCH_SENDFILE_BYTES.inc(sent)
-                if sent < p.size:
-                    try:
-                        pending.append(p.read(sent))
-                    except OSError as e:
-                        # Part of the answer may be out already: no valid frame can follow.
-                        log.error("read for a fetch failed, closing the connection: %s", e)
-                        self.abort()
-                        return
-                    metrics.FETCH_COPIED_BYTES.inc(p.size - sent)
+        n = len(parts)
+        i = 0
+        while i < n:
+            p = parts[i]
+            if not isinstance(p, FileSlice):
+                pending.append(p)
+                i += 1
+                continue
             if pending:
                 transport.writelines(pending)
-        finally:
-            _release(parts)
+                pending = []
+            if self._fd >= 0 and transport.get_write_buffer_size() > 0:
+                # Bytes before this slice are still queued in the transport: sendfile must wait.
+                self._wait_writable(parts[i:])
+                return
+            sent, full = _sendfile(self._fd, p)
+            if sent:
+                metrics.FETCH_SENDFILE_BYTES.inc(sent)
+            if sent < p.size and full:
+                # The rest of this slice keeps the reference the whole slice held.
+                rest = FileSlice(p.segment, p.position + sent, p.size - sent)
+                self._wait_writable([rest, *parts[i + 1 :]])
+                return
+            if sent < p.size:
+                try:
+                    pending.append(p.read(sent))
+                except OSError as e:
+                    # Part of the answer may be out already: no valid frame can follow.
+                    log.error("read for a fetch failed, closing the connection: %s", e)
+                    _release(parts[i:])
+                    self.abort()
+                    return
+                metrics.FETCH_COPIED_BYTES.inc(p.size - sent)
+            p.release()
+            i += 1
+        if pending:
+            transport.writelines(pending)
+
+    def _wait_writable(self, rest: list[Any]) -> None:
+        self._unsent = rest
+        if self._wfd < 0:
+            self._wfd = os.dup(self._fd)
+        asyncio.get_running_loop().add_writer(self._wfd, self._writable)
+
+    def _stop_polling(self) -> None:
+        if self._wfd >= 0:
+            try:
+                asyncio.get_running_loop().remove_writer(self._wfd)
+            except RuntimeError:  # the loop is already closed
+                pass
+
+    def _writable(self) -> None:
+        rest = self._unsent
+        if rest is None or self._closed:
+            self._stop_polling()
+            return
+        if self.transport is not None and self.transport.get_write_buffer_size() > 0:
+            return  # the transport is still draining what came before; it writes first
+        self._stop_polling()
+        self._unsent = None
+        self._send_parts(rest)
+        if self._unsent is None:
+            self._flush()
 
     def _update_reading(self) -> None:
         if self.transport is None or self._closed:
@@ -184,12 +240,14 @@ class ClientConnection(asyncio.Protocol):
             self.transport.abort()
 
 
-def _sendfile(transport: Any, s: FileSlice) -> int:
-    """Send as much of ``s`` as the socket takes now, without blocking; return the count."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return 0
-    out = sock.fileno()
+def _sendfile(out: int, s: FileSlice) -> tuple[int, bool]:
+    """Send as much of ``s`` as the socket takes now, without blocking.
+
+    Returns (bytes sent, whether the socket is full); a count short of the slice with a socket
+    that is not full means sendfile cannot be used here (the caller copies the rest).
+    """
+    if out < 0:
+        return 0, False
     sent = 0
     try:
         while sent < s.size:
@@ -198,11 +256,11 @@ def _sendfile(transport: Any, s: FileSlice) -> int:
                 break
             sent += n
     except (BlockingIOError, InterruptedError):
-        pass
+        return sent, True
     except OSError:
         # e.g. the transport is TLS or not a plain socket: fall back to copying.
         pass
-    return sent
+    return sent, False
 
 
 def _release(item: Any) -> None:
