@@ -276,7 +276,9 @@ def _produce(client: ProducerClient, job: ProducerJob, stop_evt, progress) -> di
             now = perf()
             due = min(n, int((now - t0) * rate) + 1)
             if due <= i:
-                client.idle(t0 + i / rate - now)
+                # At least 1 ms: librdkafka's poll() counts whole milliseconds, so a shorter
+                # wait would spin and starve the server on a small machine.
+                client.idle(max(0.001, t0 + i / rate - now))
                 continue
             end = min(due, i + CHUNK)
         else:
