@@ -1,0 +1,171 @@
+"""The bench peers (NATS JetStream, Redis Streams, redis-benchmark) and the machine's limits,
+against real servers and tools started by the targets: no mocks."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hdrh.histogram import HdrHistogram
+
+from stratalog.bench.clients import ConsumerJob, ProducerJob, _produce
+from stratalog.bench.limits import FIO, measure_limits
+from stratalog.bench.peers_nats import NATS_SERVER
+from stratalog.bench.peers_redis import REDIS_BENCHMARK, REDIS_SERVER
+from stratalog.bench.targets import Target, TargetUnavailable, make_target
+from stratalog.bench.workload import TargetSpec, Workload
+
+N = 2000
+SIZE = 128
+PARTITIONS = 2
+TOPIC = "bench-peers-0"
+
+
+def _need(binary: Path) -> None:
+    if not binary.exists():
+        pytest.skip(f"{binary} is not installed (make bench-deps)")
+
+
+def _workload() -> Workload:
+    return Workload(name="peers", partitions=PARTITIONS, record_size=SIZE, records=N)
+
+
+def _roundtrip(target: Target) -> None:
+    """Two consumers (one partition each) and one producer, all in this process."""
+    target.create_topics([TOPIC], PARTITIONS)
+    factory = target.client_factory()
+    factory = pickle.loads(pickle.dumps(factory))  # the harness ships it to child processes
+    consumers = [factory.consumer(ConsumerJob(i, 2, [TOPIC], PARTITIONS)) for i in range(2)]
+    job = ProducerJob(0, [TOPIC], PARTITIONS, SIZE, N, rate=None, sample_every=1)
+    producer = factory.producer(job)
+    try:
+        # The harness's own producer loop, with a stop event and progress counter of its own.
+        res = _produce(producer, job, threading.Event(), SimpleNamespace(value=0))
+        assert res["first_error"] == ""
+        assert (res["sent"], res["errors"], res["unacked"], res["records"]) == (N, 0, 0, N)
+        assert res["bytes"] == N * SIZE
+        publish = HdrHistogram.decode(res["hist"])
+        assert publish.get_total_count() == N  # every record sampled (sample_every=1)
+        assert publish.get_value_at_percentile(99) > 0
+
+        got = [0, 0]
+        nbytes = 0
+        deadline = time.monotonic() + 30
+        while sum(got) < N and time.monotonic() < deadline:
+            for i, c in enumerate(consumers):
+                n, b = c.consume(0.05)
+                got[i] += n
+                nbytes += b
+        assert sum(got) == N
+        assert got[0] > 0 and got[1] > 0  # each consumer read its own partition
+        assert nbytes == N * SIZE
+        for c in consumers:
+            c.latency.fold()
+        assert sum(c.latency.hist.get_total_count() for c in consumers) == N
+        assert target.count_records([TOPIC], PARTITIONS) == N
+    finally:
+        producer.close()
+        for c in consumers:
+            c.close()
+
+
+def test_nats_jetstream_roundtrip() -> None:
+    _need(NATS_SERVER)
+    target = make_target(TargetSpec("nats", "nats"), _workload())
+    assert "NATS JetStream" in target.describe()
+    try:
+        target.start()
+        assert target.pid is not None
+        assert target.data_dirs() and target.data_dirs()[0].is_dir()
+        _roundtrip(target)
+    finally:
+        workdir = target.workdir
+        target.stop()
+    assert workdir is not None and not workdir.exists()
+
+
+def test_nats_sync_always_runs_or_says_why() -> None:
+    _need(NATS_SERVER)
+    target = make_target(TargetSpec("nats", "nats", {"sync": "always"}), _workload())
+    assert "sync_interval: always" in target.describe()
+    try:
+        target.start()
+    except TargetUnavailable as e:
+        # nats-server before 2.10 has no sync_interval; it must say so, not run weaker.
+        assert "2.10" in str(e)
+        major, minor = (int(x) for x in target.version().split(".")[:2])
+        assert (major, minor) < (2, 10)
+    else:
+        try:
+            _roundtrip(target)
+        finally:
+            target.stop()
+    assert target.pid is None
+
+
+def test_redis_streams_roundtrip_appendfsync_always() -> None:
+    _need(REDIS_SERVER)
+    spec = TargetSpec("redis", "redis", {"appendfsync": "always", "pipeline": 32})
+    target = make_target(spec, _workload())
+    assert "appendfsync always" in target.describe()
+    try:
+        target.start()
+        assert target.pid is not None
+        _roundtrip(target)
+        aof = target.workdir / "appendonlydir" if target.workdir else None
+        assert aof is not None and any(f.stat().st_size > N * SIZE for f in aof.iterdir())
+    finally:
+        target.stop()
+
+
+def test_redis_benchmark_tool() -> None:
+    _need(REDIS_SERVER)
+    _need(REDIS_BENCHMARK)
+    w = Workload(name="peers", partitions=2, record_size=SIZE, records=5000)
+    spec = TargetSpec("redis-benchmark", "redis-benchmark", {"clients": 4, "pipeline": 16})
+    target = make_target(spec, w)
+    assert getattr(target, "role", "broker") == "tool"
+    assert "always" in target.describe()
+    seen: list[int] = []
+    try:
+        target.start()
+        out = target.run_tool(w, seen.append)  # type: ignore[attr-defined]
+    finally:
+        target.stop()
+    assert "error" not in out, out.get("error")
+    assert out["records"] >= 5000  # redis-benchmark rounds up to whole pipelines
+    assert out["bytes"] == out["records"] * SIZE
+    assert out["records_per_s"] > 0 and out["mb_per_s"] > 0 and out["seconds"] > 0
+    assert out["streams"] == 2
+    p = out["publish"]
+    assert p is not None and 0 < p["p50"] <= p["p99"] <= p["p99.9"] <= p["max"]
+    assert out["server_cpu_s"] >= 0
+    assert seen and seen[-1] == out["records"]
+
+
+def test_measure_limits_quick(tmp_path: Path) -> None:
+    _need(FIO)
+    before = set(tmp_path.iterdir())
+    m = measure_limits(tmp_path, quick=True)
+    assert set(tmp_path.iterdir()) == before  # its scratch directory is gone
+    facts = m["facts"]
+    assert facts["filesystem"] and facts["cpus"] >= 1 and facts["memory_gib"] > 0
+    assert facts["kernel"] and facts["cpu"]
+    for key in ("fdatasync_1m", "write_4k_fdatasync", "loopback"):
+        assert "error" not in m[key], (key, m[key])
+    assert m["fdatasync_1m"]["mb_per_s"] > 0
+    assert m["loopback"]["gb_per_s"] > 0
+    w4 = m["write_4k_fdatasync"]
+    assert w4["iops"] > 0 and w4["ops"] > 0
+    assert 0 < w4["p50_ms"] <= w4["p99_ms"] <= w4["p99.9_ms"]
+    assert w4["fdatasync"]["p50_ms"] > 0
+    d = m["direct_write"]
+    if d.get("supported") is False:
+        assert "O_DIRECT" in d["error"]
+    else:
+        assert "error" not in d, d
+        assert d["mb_per_s"] > 0
