@@ -503,8 +503,8 @@ class Runner:
         if res.bytes:
             res.cpu_s_per_mb = res.server_cpu_s / (res.bytes / 1e6)
         res.extra = {k: v for k, v in out.items() if k not in res.to_dict()}
-        if not res.records:
-            res.ok, res.error = False, str(out.get("error", "the tool reported nothing"))
+        if not res.records or out.get("error"):
+            res.ok, res.error = False, str(out.get("error") or "the tool reported nothing")
         return res
 
     def _catchup_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
