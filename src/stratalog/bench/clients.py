@@ -31,6 +31,7 @@ from stratalog.bench.hist import LatencyRecorder
 _PACK = struct.Struct("<q").pack
 _UNPACK_FROM = struct.Struct("<q").unpack_from
 CHUNK = 512  # records between checks of the stop event and progress updates
+_PURGE_QUEUE = -152  # librdkafka's RD_KAFKA_RESP_ERR__PURGE_QUEUE
 
 
 @dataclass
@@ -69,6 +70,7 @@ class ProducerClient(ABC):
         self.sent = 0
         self.errors = 0
         self.unacked = 0  # still unacknowledged after the final flush
+        self.purged = 0  # dropped unsent from the client's queue when a case hit its time cap
         self.first_error = ""
 
     @abstractmethod
@@ -162,6 +164,9 @@ class KafkaProducerClient(ProducerClient):
 
     def _cb(self, err, msg) -> None:
         if err is not None:
+            if err.code() == _PURGE_QUEUE:
+                self.purged += 1  # never sent: not a failure of the server
+                return
             self.errors += 1
             if not self.first_error:
                 self.first_error = str(err)
@@ -298,12 +303,13 @@ def _produce(client: ProducerClient, job: ProducerJob, stop_evt, progress) -> di
     client.flush(120)
     t_last = time.time()
     return {
-        "records": client.sent - client.unacked - client.errors,
+        "records": client.sent - client.unacked - client.errors - client.purged,
         "sent": client.sent,
         "errors": client.errors,
         "unacked": client.unacked,
         "first_error": client.first_error,
-        "bytes": (client.sent - client.unacked - client.errors) * job.record_size,
+        "purged": client.purged,
+        "bytes": (client.sent - client.unacked - client.errors - client.purged) * job.record_size,
         "t_first": t_first,
         "t_sent": t_sent,
         "t_last": t_last,
