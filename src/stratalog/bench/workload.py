@@ -85,7 +85,7 @@ class WorkloadError(ValueError):
 
 @dataclass
 class TargetSpec:
-    """One target of a workload: a kind (stratalog, kafka, tansu, redis, nats, ...) + settings."""
+    """One target of a workload: a kind (stratalog, kafka, nats, redis...) and its settings."""
 
     name: str
     kind: str
