@@ -141,6 +141,7 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
             None if inc is None else inc < 0.25,
         )
     )
+    out += kafka_goals(results)
     kc = [
         r["extra"]["kcat"]
         for r in results
@@ -152,6 +153,74 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
         out.append(Goal("kcat consume from page cache", "≥ 500 MB/s", f"{mb:,.0f} MB/s", mb >= 500))
     else:
         out.append(Goal("kcat consume from page cache", "≥ 500 MB/s", "-", None))
+    return out
+
+
+def _by_name(results: list[dict], workload: str, target: str, **params) -> dict | None:
+    for r in _ok(results, workload, **params):
+        if r["target"] == target:
+            return r
+    return None
+
+
+def _ratio_goal(
+    name: str, want: str, mine: dict | None, ref: dict | None, key: str, at_least: float
+) -> Goal:
+    if not mine or not ref or not ref.get(key):
+        return Goal(name, want, "-", None)
+    ratio = mine[key] / ref[key]
+    return Goal(name, want, f"{ratio:.2f}x", ratio >= at_least)
+
+
+def kafka_goals(results: list[dict]) -> list[Goal]:
+    """Issue 7's goals against Apache Kafka, measured in the same run."""
+    out = []
+    for w, key in (("a", "records_per_s"), ("b", "mb_per_s")):
+        out.append(
+            _ratio_goal(
+                f"{w}: vs Kafka at equal durability (flush.messages=1)",
+                "≥ 1x",
+                _by_name(results, w, "stratalog"),
+                _by_name(results, w, "kafka-fsync"),
+                key,
+                1.0,
+            )
+        )
+    mine, ref = _by_name(results, "c", "stratalog"), _by_name(results, "c", "kafka-fsync")
+    if mine and ref and mine.get("publish") and ref.get("publish"):
+        a, b = mine["publish"]["p99"], ref["publish"]["p99"]
+        out.append(
+            Goal(
+                "c: publish p99 vs Kafka (flush.messages=1)",
+                "≤ Kafka's",
+                f"{a:.2f} vs {b:.2f} ms",
+                a <= b,
+            )
+        )
+    else:
+        out.append(Goal("c: publish p99 vs Kafka (flush.messages=1)", "≤ Kafka's", "-", None))
+    d = [r for r in _ok(results, "d") if "topics" in r.get("params", {})]
+    most = max((int(r["params"]["topics"]) for r in d), default=0)
+    out.append(
+        _ratio_goal(
+            f"d: at {most or 1000:,} topics vs Kafka (flush.messages=1)",
+            "≥ 4x",
+            _by_name(results, "d", "stratalog", topics=most, layout="virtual"),
+            _by_name(results, "d", "kafka-fsync", topics=most),
+            "records_per_s",
+            4.0,
+        )
+    )
+    out.append(
+        _ratio_goal(
+            "a: fsync=never vs Kafka's default durability",
+            "≥ 1x",
+            _by_name(results, "a", "stratalog-nosync"),
+            _by_name(results, "a", "kafka"),
+            "records_per_s",
+            1.0,
+        )
+    )
     return out
 
 
@@ -231,6 +300,17 @@ def markdown(run: dict[str, Any]) -> str:
                     f"{x['backlog_bytes_written'] / 1e9:.2f} GB, "
                     f"{x['evicted_bytes'] / 1e9:.2f} GB dropped from the page cache first"
                 )
+            pt = x.get("perf_test")
+            if isinstance(pt, dict) and "records_per_s" in pt:
+                lines.append("")
+                lines.append(
+                    f"- {r['target']}: kafka-producer-perf-test (Java client) sent "
+                    f"{pt['records']:,} records at {pt['records_per_s']:,.0f} rec/s "
+                    f"({pt['mb_per_s']:,.1f} MB/s), latency p50 {pt['publish']['p50']:.0f} / "
+                    f"p99 {pt['publish']['p99']:.0f} / p99.9 {pt['publish']['p99.9']:.0f} ms"
+                )
+            elif isinstance(pt, dict):
+                lines += ["", f"- {r['target']}: kafka-producer-perf-test failed: {pt['error']}"]
             if isinstance(x.get("kcat"), dict) and "mb_per_s" in x["kcat"]:
                 k = x["kcat"]
                 lines.append("")

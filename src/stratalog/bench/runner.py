@@ -16,6 +16,8 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import os
+import re
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -479,6 +481,8 @@ class Runner:
         if res.ok and res.stored is not None and res.stored < res.records:
             res.ok = False
             res.error = f"the server holds {res.stored} records, {res.records} were acknowledged"
+        if w.perf_test and res.ok and target.kafka_protocol:
+            res.extra["perf_test"] = producer_perf_test(w, target, res.records)
         if w.kcat_consume and res.ok and target.kafka_protocol:
             res.extra["kcat"] = kcat_consume(target.bootstrap, topics, res.records, w.record_size)
         return res
@@ -622,3 +626,61 @@ def kcat_consume(bootstrap: str, topics: list[str], records: int, record_size: i
     with contextlib.suppress(Exception):
         out["records_per_s"] = total_records / secs
     return out
+
+
+_PERF_SUMMARY = re.compile(
+    r"^(?P<records>\d+) records sent, (?P<rps>[\d.]+) records/sec \((?P<mbps>[\d.]+) MB/sec\), "
+    r"(?P<avg>[\d.]+) ms avg latency, (?P<max>[\d.]+) ms max latency, (?P<p50>\d+) ms 50th, "
+    r"(?P<p95>\d+) ms 95th, (?P<p99>\d+) ms 99th, (?P<p999>\d+) ms 99\.9th\.$"
+)
+
+
+def producer_perf_test(w: Workload, target: Target, records: int) -> dict[str, Any]:
+    """Kafka's own kafka-producer-perf-test (the Java client) as an independent load generator
+    on a fresh topic of the same shape: the same records, acks, linger and batch size."""
+    from stratalog.peers.kafka import KafkaSetupError, run_tool
+
+    topic = f"bench-{w.name}-perf-test"
+    target.create_topics([topic], w.partitions)
+    acks = {"all": "-1"}.get(w.acks, w.acks)
+    cpu0 = process_cpu_s(target.pid)
+    t0 = time.perf_counter()
+    try:
+        proc = run_tool(
+            "kafka-producer-perf-test",
+            "--topic", topic,
+            "--num-records", str(records),
+            "--record-size", str(w.record_size),
+            "--throughput", "-1",
+            # One flag, many values: the tool keeps only the last --command-property flag.
+            "--command-property",
+            f"bootstrap.servers={target.bootstrap}",
+            f"acks={acks}",
+            f"linger.ms={int(w.linger_ms)}",
+            f"batch.size={w.batch_bytes}",
+            "buffer.memory=268435456",
+            timeout=max(120.0, w.max_duration_s * 4),
+            heap="1g",
+        )  # fmt: skip
+    except (KafkaSetupError, OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"kafka-producer-perf-test: {e}"}
+    secs = time.perf_counter() - t0
+    found = [m for line in proc.stdout.splitlines() if (m := _PERF_SUMMARY.match(line.strip()))]
+    if proc.returncode != 0 or not found:
+        return {"error": (proc.stderr or proc.stdout)[-300:]}
+    m = found[-1]
+    return {
+        "records": int(m["records"]),
+        "records_per_s": float(m["rps"]),
+        "mb_per_s": float(m["mbps"]) * 1.048576,  # the tool's MB is MiB
+        "publish": {
+            "mean": float(m["avg"]),
+            "p50": float(m["p50"]),
+            "p95": float(m["p95"]),
+            "p99": float(m["p99"]),
+            "p99.9": float(m["p999"]),
+            "max": float(m["max"]),
+        },
+        "server_cpu_s": process_cpu_s(target.pid) - cpu0,
+        "wall_s": secs,
+    }
