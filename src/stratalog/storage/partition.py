@@ -15,9 +15,12 @@ import os
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from stratalog.storage.batch import (
+    CONTROL_MASK,
+    LOG_OVERHEAD,
+    TRANSACTIONAL_MASK,
     BatchHeader,
     CorruptBatchError,
     split_batches,
@@ -145,69 +148,74 @@ class PartitionLog:
             raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
         mv = memoryview(records)
         found = split_batches(mv)
-        headers = [h for _, h in found]
-        restamp: set[int] = set()
-        for n, h in enumerate(headers):
-            if h.size > max_batch_bytes:
+        restamp: set[int] | None = None
+        for n, (_pos, h) in enumerate(found):
+            if h.batch_length + LOG_OVERHEAD > max_batch_bytes:
                 raise AppendError(
                     "MESSAGE_TOO_LARGE",
                     f"batch of {h.size} bytes exceeds max.message.bytes {max_batch_bytes}",
                 )
-            if h.is_transactional or h.is_control:
+            if h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK):
                 raise AppendError(
                     "UNSUPPORTED_FOR_MESSAGE_FORMAT", "transactional batches are not supported"
                 )
             if timestamp_check is not None and timestamp_check(h):
+                if restamp is None:
+                    restamp = set()
                 restamp.add(n)
-        duplicate = self._check_sequences(headers)
+        duplicate = self._check_sequences(found)
         if duplicate is not None:
             return AppendResult(duplicate.base_offset, duplicate.last_offset, -1, 0, duplicate)
 
-        items: list[tuple[bytes, memoryview, BatchHeader]] = []
+        items: list[tuple[bytes, memoryview, BatchHeader, int]] = []
         offset = self.next_offset
         for n, (pos, h) in enumerate(found):
-            batch = mv[pos : pos + h.size]
-            stamp = (
-                log_append_time_ms if log_append_time_ms >= 0 else (now_ms if n in restamp else -1)
-            )
+            batch = mv[pos : pos + h.batch_length + LOG_OVERHEAD]
+            stamp = log_append_time_ms
+            if stamp < 0 and restamp is not None and n in restamp:
+                stamp = now_ms
             if stamp >= 0:
                 copy = bytearray(batch)
                 stamp_log_append_time(copy, 0, stamp)
                 batch = memoryview(bytes(copy))
-                h = replace(
-                    h,
+                h = h._replace(
                     attributes=h.attributes | 0x08,
                     max_timestamp=stamp,
                     crc=int.from_bytes(batch[17:21], "big"),
                 )
-            items.append((_OFF.pack(offset), batch, h))
+            items.append((_OFF.pack(offset), batch, h, offset))
             offset += h.last_offset_delta + 1
 
         seg, positions, lsn = self.vlog.append(self.uid, items)
         base = self.next_offset
-        for (off8, batch, h), p in zip(items, positions, strict=True):
-            b = int.from_bytes(off8, "big", signed=True)
-            self.chunks.append(b, b + h.last_offset_delta, seg.seq, p, h.size, h.max_timestamp)
-            self.producers.record(
-                h.producer_id,
-                h.producer_epoch,
-                h.base_sequence,
-                h.record_count,
-                b,
-                h.max_timestamp,
-            )
-            self._cache(b, off8, batch[8 : h.size])
-            self.size_bytes += h.size
+        seq = seg.seq
+        chunks_append = self.chunks.append
+        record = self.producers.record
+        for (off8, batch, h, b), p in zip(items, positions, strict=True):
+            size = h.batch_length + LOG_OVERHEAD
+            chunks_append(b, b + h.last_offset_delta, seq, p, size, h.max_timestamp)
+            if h.producer_id >= 0:
+                record(
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                    h.record_count,
+                    b,
+                    h.max_timestamp,
+                )
+            self._cache(b, off8, batch[8:])
+            self.size_bytes += size
         if self.on_append is not None:
-            self.on_append(self, seg.seq, len(items))
+            self.on_append(self, seq, len(items))
         self.next_offset = offset
         self.vlog.when_durable(lsn, lambda ok: ok and self.advance_high_watermark(offset))
         return AppendResult(base, offset - 1, log_append_time_ms, lsn)
 
-    def _check_sequences(self, headers: list[BatchHeader]) -> BatchMeta | None:
+    def _check_sequences(self, found: list[tuple[int, BatchHeader]]) -> BatchMeta | None:
         try:
-            if len(headers) == 1:
-                return self.producers.check(headers[0])
+            if len(found) == 1:
+                return self.producers.check(found[0][1])
+            headers = [h for _, h in found]
             # Several batches in one request: each must continue the previous one.
             first = self.producers.check(headers[0])
             if first is not None:

@@ -34,8 +34,13 @@ _UID = struct.Struct("<I")
 _SYNC_LOG = os.environ.get("STRATALOG_SYNC_LOG")
 
 
+def uid_crc(uid: int) -> int:
+    """CRC-32C of the uid's 4 bytes: where every frame CRC of that partition starts from."""
+    return crc32c(_UID.pack(uid))
+
+
 def frame_crc(uid: int, batch_head: bytes | memoryview) -> int:
-    return crc32c(batch_head[:21], crc32c(_UID.pack(uid)))
+    return crc32c(batch_head[:21], uid_crc(uid))
 
 
 def frame_header(uid: int, batch: bytes | memoryview) -> bytes:
@@ -112,10 +117,12 @@ class Segment:
         self._deleted = False
 
     # -- writing -------------------------------------------------------------------------------
-    def write(self, parts: list[bytes | memoryview]) -> int:
-        """Append ``parts`` contiguously; return the position they start at."""
+    def write(self, parts: list[bytes | memoryview], total: int = -1) -> int:
+        """Append ``parts`` (``total`` bytes, if the caller knows) contiguously; return the
+        position they start at."""
         start = self.size
-        total = sum(len(p) for p in parts)
+        if total < 0:
+            total = sum(len(p) for p in parts)
         written = os.writev(self.fd, parts)
         while written < total:  # rare for regular files, but legal
             rest = b"".join(bytes(p) for p in parts)[written:]
@@ -125,6 +132,31 @@ class Segment:
 
     def add_index(self, entry: IndexEntry) -> None:
         self._index_buf += entry.pack()
+
+    def add_index_fields(
+        self,
+        uid: int,
+        base_offset: int,
+        last_offset_delta: int,
+        position: int,
+        size: int,
+        max_timestamp: int,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+    ) -> None:
+        """``add_index`` without building an IndexEntry (the append path, once per batch)."""
+        self._index_buf += ENTRY.pack(
+            uid,
+            base_offset,
+            last_offset_delta,
+            position,
+            size,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+        )
 
     def flush_index(self, sync: bool = False) -> None:
         if self._index_buf:

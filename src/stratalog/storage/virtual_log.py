@@ -16,7 +16,9 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
-from stratalog.storage.batch import BatchHeader
+from crc32c import crc32c
+
+from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
 from stratalog.storage.journal import FsyncPolicy, GroupCommit
 from stratalog.storage.recovery import (
     CLEAN_SHUTDOWN,
@@ -25,12 +27,13 @@ from stratalog.storage.recovery import (
     write_checkpoint,
 )
 from stratalog.storage.segment import (
+    FRAME,
     FRAME_SIZE,
     IndexEntry,
     Segment,
-    frame_header,
     fsync_dir,
     list_segments,
+    uid_crc,
 )
 
 log = logging.getLogger(__name__)
@@ -125,11 +128,12 @@ class VirtualLog:
 
     # -- appending -----------------------------------------------------------------------------
     def append(
-        self, uid: int, batches: list[tuple[bytes, memoryview, BatchHeader]]
+        self, uid: int, batches: list[tuple[bytes, memoryview, BatchHeader, int]]
     ) -> tuple[Segment, list[int], int]:
         """Append the frames of one partition's batches in one write.
 
-        Each item is (new 8-byte baseOffset, the batch as received, its header); the batch's own
+        Each item is (new 8-byte baseOffset, the batch as received, its header, the new base
+        offset as an int); the batch's own
         first 8 bytes are replaced by the new offset without copying the rest (zero copy).
         Returns the segment, the position of each batch and the LSN to wait on for durability.
         """
@@ -139,31 +143,32 @@ class VirtualLog:
         seg = self.active
         parts: list[bytes | memoryview] = []
         positions = []
-        pos = seg.size
-        for off8, batch, h in batches:
-            fh = frame_header(uid, off8 + bytes(batch[8:21]))
-            parts += (fh, off8, batch[8 : h.size])
+        start = pos = seg.size
+        start_crc = uid_crc(uid)
+        pack_frame = FRAME.pack
+        for off8, batch, _h, _base in batches:
+            # Frame CRC over uid + the rewritten first 21 bytes, chained without concatenating.
+            fh = pack_frame(uid, crc32c(batch[8:21], crc32c(off8, start_crc)))
+            parts += (fh, off8, batch[8:])
             positions.append(pos + FRAME_SIZE)
-            pos += FRAME_SIZE + h.size
-        nbytes = pos - seg.size
+            pos += FRAME_SIZE + len(batch)
+        nbytes = pos - start
         if len(parts) <= _IOV_MAX:
-            seg.write(parts)
+            seg.write(parts, nbytes)
         else:
-            seg.write([b"".join(parts)])
-        for (off8, _batch, h), p in zip(batches, positions, strict=True):
-            base = int.from_bytes(off8, "big", signed=True)
-            seg.add_index(
-                IndexEntry(
-                    uid,
-                    base,
-                    h.last_offset_delta,
-                    p,
-                    h.size,
-                    h.max_timestamp,
-                    h.producer_id,
-                    h.producer_epoch,
-                    h.base_sequence,
-                )
+            seg.write([b"".join(parts)], nbytes)
+        add_index = seg.add_index_fields
+        for (_off8, _batch, h, base), p in zip(batches, positions, strict=True):
+            add_index(
+                uid,
+                base,
+                h.last_offset_delta,
+                p,
+                h.batch_length + LOG_OVERHEAD,
+                h.max_timestamp,
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
             )
         self.lsn += nbytes
         self.journal.note_append(seg, self.lsn, nbytes)

@@ -53,7 +53,6 @@ def handle_produce(core, req: Request, conn):
     acks = body.acks
     now = int(time.time() * 1000)
     results: list[tuple[str, list[PartitionProduceResult]]] = []
-    waits: list[asyncio.Future] = []
     any_error = False
     if acks not in (-1, 0, 1):
         for td in body.topic_data:
@@ -67,11 +66,24 @@ def handle_produce(core, req: Request, conn):
                 )
             )
         return encode_produce_response(req.api_version, req.correlation_id, results)
+    pending = _Pending(req, results) if acks == -1 else None
+    produced = 0
     for td in body.topic_data:
         name = td.name
         topic = core.metadata.topics.get(name)
         parts: list[PartitionProduceResult] = []
         results.append((name, parts))
+        if topic is not None:
+            # Topic settings once per topic, not once per partition.
+            view = core.topic_config(topic)
+            log_append_time = now if view.get("message.timestamp.type") == "LogAppendTime" else -1
+            max_batch_bytes = view.get_int("max.message.bytes")
+            check = _timestamp_checker(
+                view.get_int("message.timestamp.before.max.ms"),
+                view.get_int("message.timestamp.after.max.ms"),
+                now,
+                view.get("late.event.policy") == "stamp",
+            )
         for pd in td.partition_data:
             r = PartitionProduceResult(pd.index)
             parts.append(r)
@@ -85,22 +97,14 @@ def handle_produce(core, req: Request, conn):
                 r.error_message = "transactions are not supported by Stratalog"
                 any_error = True
                 continue
-            view = core.topic_config(topic)
             try:
                 if pd.records is None:
                     raise CorruptBatchError("null records", "INVALID_RECORD")
                 res = p.append(
                     pd.records,
-                    log_append_time_ms=(
-                        now if view.get("message.timestamp.type") == "LogAppendTime" else -1
-                    ),
-                    max_batch_bytes=view.get_int("max.message.bytes"),
-                    timestamp_check=_timestamp_checker(
-                        view.get_int("message.timestamp.before.max.ms"),
-                        view.get_int("message.timestamp.after.max.ms"),
-                        now,
-                        view.get("late.event.policy") == "stamp",
-                    ),
+                    log_append_time_ms=log_append_time,
+                    max_batch_bytes=max_batch_bytes,
+                    timestamp_check=check,
                     now_ms=now,
                 )
             except (AppendError, CorruptBatchError) as e:
@@ -114,49 +118,76 @@ def handle_produce(core, req: Request, conn):
                 any_error = True
                 continue
             if res.duplicate_of is None:
-                metrics.PRODUCED_BYTES.inc(len(pd.records))
+                produced += len(pd.records)
             r.base_offset = res.base_offset
             r.log_append_time = res.log_append_time
             r.log_start_offset = p.log_start_offset
-            if acks == -1:
+            if pending is not None:
                 if res.duplicate_of is not None:
                     if p.high_watermark <= res.last_offset:
-                        waits.append(asyncio.ensure_future(_visible(p, res.last_offset)))
+                        pending.wait_visible(p, res.last_offset)
                 else:
-                    waits.append(_durable(p, res.lsn, r))
+                    pending.wait_durable(p, res.lsn, r)
+    if produced:
+        metrics.PRODUCED_BYTES.inc(produced)
     if acks == 0:
         if any_error:
             # Kafka's answer to a failed acks=0 produce: drop the connection so the client sees.
             conn.abort()
         return None
-    if not waits:
+    if pending is None or pending.all_registered():
         return encode_produce_response(req.api_version, req.correlation_id, results)
-    return _respond_when_durable(req, results, waits)
+    return pending.future
 
 
-def _durable(p: PartitionLog, lsn: int, r: PartitionProduceResult) -> asyncio.Future:
-    fut = asyncio.get_running_loop().create_future()
+class _Pending:
+    """An acks=all Produce waiting for its partitions: one future for the whole request,
+    completed (with the response) by the last partition to become durable or visible."""
 
-    def done(ok: bool) -> None:
-        if not ok:
-            r.error_code = code("KAFKA_STORAGE_ERROR")
-            r.error_message = "fsync failed; the write may not be durable"
-            r.base_offset = -1
-        if not fut.done():
-            fut.set_result(None)
+    __slots__ = ("future", "left", "req", "results")
 
-    p.vlog.when_durable(lsn, done)
-    return fut
+    def __init__(self, req: Request, results: list) -> None:
+        self.req = req
+        self.results = results
+        self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        # One extra count until every partition is registered: a callback that runs at once
+        # (already durable) must not answer before later partitions are appended.
+        self.left = 1
+
+    def wait_durable(self, p: PartitionLog, lsn: int, r: PartitionProduceResult) -> None:
+        self.left += 1
+
+        def done(ok: bool) -> None:
+            if not ok:
+                r.error_code = code("KAFKA_STORAGE_ERROR")
+                r.error_message = "fsync failed; the write may not be durable"
+                r.base_offset = -1
+            self._one_done()
+
+        p.vlog.when_durable(lsn, done)
+
+    def wait_visible(self, p: PartitionLog, last_offset: int) -> None:
+        self.left += 1
+        asyncio.ensure_future(_visible(p, last_offset)).add_done_callback(
+            lambda _t: self._one_done()
+        )
+
+    def all_registered(self) -> bool:
+        """Drop the registration count; True if nothing is left to wait for."""
+        self.left -= 1
+        return self.left == 0
+
+    def _one_done(self) -> None:
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(
+                encode_produce_response(self.req.api_version, self.req.correlation_id, self.results)
+            )
 
 
 async def _visible(p: PartitionLog, last_offset: int) -> None:
     while p.high_watermark <= last_offset and not p.deleted:
         await p.waiter()
-
-
-async def _respond_when_durable(req: Request, results, waits) -> bytes:
-    await asyncio.gather(*waits)
-    return encode_produce_response(req.api_version, req.correlation_id, results)
 
 
 def handle_init_producer_id(core, req: Request, conn) -> bytes:
