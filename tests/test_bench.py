@@ -34,7 +34,7 @@ def stratalog(*args: str, timeout: float = 540) -> subprocess.CompletedProcess:
 def test_every_workload_file_loads_in_both_profiles():
     full = {w.name: w for w in find_workloads(None, "full")}
     quick = {w.name: w for w in find_workloads(None, "quick")}
-    assert set(full) == set(quick) >= {"a", "b", "c", "d", "e"}
+    assert set(full) == set(quick) >= {"a", "b", "c", "d", "e", "f"}
     assert full["b"].partitions == 16 and full["b"].record_size == 1024
     assert full["b"].producers == 4 and full["b"].consumers == 4 and full["b"].acks == "all"
     assert full["a"].acks == "1" and full["a"].rate is None
@@ -72,7 +72,7 @@ def test_cli_names_unknown_workload_and_target():
 def test_list():
     r = stratalog("bench", "--list")
     assert r.returncode == 0, r.stderr
-    for name in "abcde":
+    for name in "abcdef":
         assert f"{name}:" in r.stdout
 
 
@@ -96,10 +96,10 @@ def test_process_cpu_and_page_cache_eviction(tmp_path):
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> dict:
     """One quick run of every workload kind: plain (a, b with kcat read-back), derived rate (c),
-    sweep (d) and catch-up (e) on Stratalog, and a on Apache Kafka as a peer."""
+    sweep (d), catch-up (e) and Spark reads (f) on Stratalog, and Apache Kafka as a peer."""
     out = tmp_path_factory.mktemp("bench")
     r = stratalog(
-        "bench", "a", "b", "c", "d", "e", "--quick", "--no-limits",
+        "bench", "a", "b", "c", "d", "e", "f", "--quick", "--no-limits",
         "-t", "stratalog", "-t", "kafka", "-o", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -187,7 +187,7 @@ def test_report_files(quick_run):
     out = Path(quick_run["_dir"])
     md = (out / "results.md").read_text()
     assert "## Goals (ratios from this run)" in md
-    for w in "abcde":
+    for w in "abcdef":
         assert f"## Workload {w}:" in md
     for png in ("throughput.png", "latency.png", "sweep-d.png", "catchup.png"):
         assert (out / png).stat().st_size > 1000, png
@@ -197,3 +197,12 @@ def test_report_files(quick_run):
     assert verdicts["b vs disk"] == "not measured"  # --no-limits
     assert verdicts["a: one producer, 100 B"] in ("met", "missed")
     assert verdicts["e: produce p99 with backlog readers"] in ("met", "missed")
+
+
+def test_f_reads_the_topic_into_spark_with_both_formats(quick_run):
+    f = _one(quick_run, "f", "stratalog")
+    assert f["ok"], f["error"]
+    for fmt in ("stratalog", "kafka"):
+        runs = f["extra"]["spark"][fmt]["runs"]
+        assert runs and all(r["rows"] == f["records"] == 20_000 for r in runs)
+        assert all(r["bytes"] == 20_000 * 1024 for r in runs)

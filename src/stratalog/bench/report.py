@@ -211,6 +211,20 @@ def kafka_goals(results: list[dict]) -> list[Goal]:
             4.0,
         )
     )
+    sp = next((r for r in _ok(results, "f", "stratalog") if "spark" in r.get("extra", {})), None)
+    if sp:
+        mine, ref = sp["extra"]["spark"]["stratalog"], sp["extra"]["spark"]["kafka"]
+        ratio = mine["rows_per_s"] / ref["rows_per_s"]
+        out.append(
+            Goal(
+                'f: Spark, format("stratalog") vs format("kafka")',
+                "≥ 2x",
+                f"{ratio:.2f}x",
+                ratio >= 2,
+            )
+        )
+    else:
+        out.append(Goal('f: Spark, format("stratalog") vs format("kafka")', "≥ 2x", "-", None))
     out.append(
         _ratio_goal(
             "a: fsync=never vs Kafka's default durability",
@@ -299,6 +313,12 @@ def markdown(run: dict[str, Any]) -> str:
                     f"{x['backlog_read_mb_per_s']:,.0f} MB/s ({x['p99_increase']:+.0%}); backlog "
                     f"{x['backlog_bytes_written'] / 1e9:.2f} GB, "
                     f"{x['evicted_bytes'] / 1e9:.2f} GB dropped from the page cache first"
+                )
+            for fmt, v in (x.get("spark") or {}).items():
+                lines.append("")
+                lines.append(
+                    f'- Spark `format("{fmt}")` read the topic at {v["rows_per_s"]:,.0f} rows/s '
+                    f"({v['mb_per_s']:,.1f} MB/s of values; median of {len(v['runs'])} runs)"
                 )
             pt = x.get("perf_test")
             if isinstance(pt, dict) and "records_per_s" in pt:

@@ -414,6 +414,8 @@ class Runner:
         try:
             if getattr(target, "role", spec.role) == "tool":
                 res = self._tool_case(w, target, params)
+            elif w.kind == "spark":
+                res = self._spark_case(w, target, params)
             elif w.kind == "catchup":
                 res = self._catchup_case(w, target, params)
             else:
@@ -509,6 +511,51 @@ class Runner:
         res.extra = {k: v for k, v in out.items() if k not in res.to_dict()}
         if not res.records or out.get("error"):
             res.ok, res.error = False, str(out.get("error") or "the tool reported nothing")
+        return res
+
+    def _spark_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
+        """Fill a topic, then read it into Spark with format("stratalog") and format("kafka")."""
+        import json
+        import statistics
+        import sys
+
+        topics = topic_names(w)
+        target.create_topics(topics, w.partitions)
+        fill = run_load(
+            target,
+            producer_jobs(w, topics, None, w.records),
+            [],
+            label=f"{w.name} · {target.name} · fill",
+            progress=self.progress,
+        )
+        res = _result_from_load(w, target, fill, params)
+        if not res.ok:
+            return res
+        self.progress(f"{w.name} · {target.name} · Spark reads", 0, 0, 0)
+        cpu0 = process_cpu_s(target.pid)
+        proc = subprocess.run(
+            [sys.executable, "-m", "stratalog.bench.spark_read", "--bootstrap", target.bootstrap,
+             "--topic", topics[0], "--runs", str(w.spark_runs)],
+            capture_output=True, text=True, timeout=w.max_duration_s * 20 + 600, check=False,
+        )  # fmt: skip
+        res.server_cpu_s = process_cpu_s(target.pid) - cpu0
+        if proc.returncode != 0:
+            res.ok, res.error = False, "Spark reads failed: " + proc.stderr[-400:]
+            return res
+        runs = json.loads(proc.stdout.strip().splitlines()[-1])
+        spark: dict[str, Any] = {}
+        for fmt, rs in runs.items():
+            complete = all(r["rows"] == res.records for r in rs)
+            spark[fmt] = {
+                "rows_per_s": statistics.median(r["rows_per_s"] for r in rs),
+                "mb_per_s": statistics.median(r["bytes"] / 1e6 / r["seconds"] for r in rs),
+                "runs": rs,
+                "complete": complete,
+            }
+            if not complete:
+                res.ok = False
+                res.error = f"format({fmt}) read {[r['rows'] for r in rs]} of {res.records} rows"
+        res.extra["spark"] = spark
         return res
 
     def _catchup_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:

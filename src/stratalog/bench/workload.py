@@ -74,6 +74,8 @@ _TOP_LEVEL = {
     "phase_duration_s",
     "kcat_consume",
     "perf_test",
+    "spark_read",
+    "spark_runs",
     "target",
     "profile",
 }
@@ -139,6 +141,8 @@ class Workload:
     phase_duration_s: float = 30.0
     kcat_consume: bool = False
     perf_test: bool = False
+    spark_read: bool = False  # fill the topic, then read it into Spark with both formats
+    spark_runs: int = 3
     targets: list[TargetSpec] = field(default_factory=list)
     source: str = ""
 
@@ -152,6 +156,8 @@ class Workload:
 
     @property
     def kind(self) -> str:
+        if self.spark_read:
+            return "spark"
         if self.backlog_bytes:
             return "catchup"
         if self.sweep:
