@@ -49,14 +49,21 @@ def _delta(before, after) -> tuple[float, ...]:
     return tuple(a - b for a, b in zip(after, before, strict=True))
 
 
-def test_tail_reads_come_from_memory(tmp_path):
-    with Broker(tmp_path / "d") as b:
+def _tail_round_trip(config: dict) -> None:
+    """Records read back while still in the in-memory tail: served from memory, no file read."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d, Broker(d, config=config) as b:
         create_topic(b.bootstrap, "tail")
         values = _produce(b.bootstrap, "tail")
         before = _counters()
         assert _consume(b.bootstrap, "tail") == values
         memory, sendfile, copied = _delta(before, _counters())
         assert memory >= N * 500 and sendfile == 0 and copied == 0
+
+
+def test_tail_reads_come_from_memory():
+    _tail_round_trip({})
 
 
 def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
@@ -112,3 +119,23 @@ def test_large_fetches_stay_zero_copy_when_the_socket_fills(tmp_path):
         assert sorted(got) == sorted(values)
         memory, sendfile, copied = _delta(before, _counters())
         assert copied == 0 and sendfile >= n * 1000, (memory, sendfile, copied)
+
+
+def test_backlog_reads_are_held_to_their_budget_and_tail_reads_are_not(tmp_path):
+    # 1.5 MB of backlog at 0.5 MB/s: reading it back from the segment files takes >= 2 s
+    # (the first 0.5 MB may pass at once), and every record still arrives.
+    rate = 500_000
+    config = {"cache.tail_bytes_per_partition": 0, "fetch.backlog.max_bytes_per_sec": rate}
+    with Broker(tmp_path / "d", config=config) as b:
+        create_topic(b.bootstrap, "slow")
+        values = _produce(b.bootstrap, "slow")
+        before = _counters()
+        t0 = time.monotonic()
+        assert _consume(b.bootstrap, "slow") == values
+        took = time.monotonic() - t0
+        _memory, sendfile, copied = _delta(before, _counters())
+        from_files = sendfile + copied
+        assert from_files >= N * 500
+        assert took >= (from_files - rate) / rate, (took, from_files)
+    # The same budget with the in-memory tail: nothing is counted against it.
+    _tail_round_trip({"fetch.backlog.max_bytes_per_sec": rate})

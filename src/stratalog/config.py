@@ -83,6 +83,13 @@ SETTINGS: dict[str, Setting] = {
             "the write path.",
         ),
         _S(
+            "fetch.backlog.max_bytes_per_sec",
+            int,
+            0,
+            "Bytes per second Fetch serves from segment files, i.e. older than the in-memory "
+            "tail, over all consumers; 0: unlimited. Tail reads are never limited.",
+        ),
+        _S(
             "fsync",
             str,
             "always",

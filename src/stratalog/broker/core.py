@@ -21,6 +21,7 @@ from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
+from stratalog.storage.throttle import ByteRate
 from stratalog.storage.tiering import Migrator, TierSettings
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ class BrokerCore:
             ),
             self.local_retention,
         )
+        # Backlog reads (from segment files) share one budget, so catch-up consumers cannot
+        # take the CPU and the disk the tail's producers need (BookKeeper's isolation).
+        self.backlog_rate = ByteRate(config["fetch.backlog.max_bytes_per_sec"])
         self.read_executor = ThreadPoolExecutor(
             config["storage.read_threads"], thread_name_prefix="stratalog-read"
         )

@@ -23,6 +23,7 @@ from stratalog.storage.cold_tier import ColdSegment, ColdTierError
 from stratalog.storage.log_store import LogStore
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.segment import Segment
+from stratalog.storage.throttle import ByteRate
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Migrator:
         self.local = local
         self.stats = TierStats()
         self._backoff = 0.0
-        self._throttle_until = 0.0
+        self._rate = ByteRate(settings.max_bytes_per_sec)
         self._probed = 0.0
 
     # -- accounting ----------------------------------------------------------------------------
@@ -280,7 +281,7 @@ class Migrator:
                     meta, entries = await loop.run_in_executor(
                         store.executor, cold.write_segment, p.uid, batches
                     )
-                    await self._throttle(meta.size)
+                    await self._rate.admit(meta.size)
                     return p, meta, entries
 
             copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))
@@ -317,17 +318,6 @@ class Migrator:
             log.info("migrated %s of %s (%d bytes) to the cold tier", seg, vlog.name, moved)
         finally:
             seg.release()
-
-    async def _throttle(self, nbytes: int) -> None:
-        rate = self.settings.max_bytes_per_sec
-        if rate <= 0:
-            return
-        now = time.monotonic()
-        start = max(now, self._throttle_until)
-        self._throttle_until = start + nbytes / rate
-        if self._throttle_until > now:
-            await asyncio.sleep(self._throttle_until - now)
-
 
 def _leading(p: PartitionLog, seq: int) -> int:
     """How many of the partition's first hot chunks lie in segment ``seq``."""
