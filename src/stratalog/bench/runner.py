@@ -292,7 +292,12 @@ def producer_jobs(
 
 
 def consumer_jobs(
-    n: int, topics: list[str], partitions: int, track: bool = True, max_s: float = 600.0
+    n: int,
+    topics: list[str],
+    partitions: int,
+    track: bool = True,
+    max_s: float = 600.0,
+    sample_every: int = 1,
 ) -> list[ConsumerJob]:
     return [
         ConsumerJob(
@@ -302,6 +307,7 @@ def consumer_jobs(
             partitions=partitions,
             track_latency=track,
             max_duration_s=max_s,
+            sample_every=sample_every,
         )
         for i in range(n)
     ]
@@ -471,7 +477,7 @@ class Runner:
         load = run_load(
             target,
             producer_jobs(w, topics, rate, records),
-            consumer_jobs(w.consumers, topics, w.partitions),
+            consumer_jobs(w.consumers, topics, w.partitions, sample_every=w.latency_sample_every),
             label=label,
             progress=self.progress,
             drain_timeout_s=w.drain_timeout_s,
@@ -591,7 +597,9 @@ class Runner:
             # Fresh tail topics per phase, so each phase's tail consumers read only its records.
             tail_topics = topic_names(w, f"-tail-{phase}")
             target.create_topics(tail_topics, w.partitions)
-            consumers = consumer_jobs(w.consumers, tail_topics, w.partitions)
+            consumers = consumer_jobs(
+                w.consumers, tail_topics, w.partitions, sample_every=w.latency_sample_every
+            )
             if phase != "alone":
                 consumers += [
                     ConsumerJob(
