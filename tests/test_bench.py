@@ -208,3 +208,26 @@ def test_f_reads_the_topic_into_spark_with_both_formats(quick_run):
         runs = f["extra"]["spark"][fmt]["runs"]
         assert runs and all(r["rows"] == f["records"] == 20_000 for r in runs)
         assert all(r["bytes"] == 20_000 * 1024 for r in runs)
+
+
+def test_several_runs_are_reported_as_medians():
+    def case(run: int, rps: float, p99: float, ok: bool = True) -> dict:
+        return {
+            "workload": "a", "target": "t", "kind": "stratalog", "describe": "t", "params": {},
+            "ok": ok, "error": "" if ok else "boom", "run": run, "records_per_s": rps,
+            "mb_per_s": rps / 1e4, "consume_mb_per_s": 0.0, "server_cores": 0.1,
+            "cpu_s_per_mb": 0.01, "publish": {"p50": p99 / 2, "p99": p99}, "end_to_end": None,
+            "extra": {},
+        }  # fmt: skip
+
+    rows = report.aggregate(
+        [case(1, 300, 9), case(2, 100, 1), case(3, 200, 5), case(4, 0, 0, False)]
+    )
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["records_per_s"] == 200 and row["mb_per_s"] == 0.02
+    assert row["publish"] == {"p50": 2.5, "p99": 5}
+    assert row["runs"] == 3 and row["failed_runs"] == 1
+    assert row["runs_records_per_s"] == [300, 100, 200]
+    md = report.markdown({"started": "-", "command": "x", "runs": 4, "results": [case(1, 300, 9)]})
+    assert "median" in md and "| 1: 300 |" in md

@@ -500,6 +500,9 @@ def bench(
         bool, typer.Option("--limits/--no-limits", help="Measure the disk and loopback first.")
     ] = True,
     list_: Annotated[bool, typer.Option("--list", help="List the workloads and exit.")] = False,
+    runs: Annotated[
+        int, typer.Option("--runs", "-n", min=1, help="Run every case this often; report medians.")
+    ] = 1,
 ) -> None:
     """Run benchmark workloads on Stratalog and its peers; write JSON, Markdown and PNG charts."""
     import time as _time
@@ -521,7 +524,7 @@ def bench(
     if unknown:
         fail(f"no target {sorted(unknown)} in these workloads (known: {sorted(known)})")
     out = results or Path("bench-results") / _time.strftime("%Y%m%d-%H%M%S")
-    run_suite(found, out, only_targets=set(target) or None, limits=limits, quick=quick)
+    run_suite(found, out, only_targets=set(target) or None, limits=limits, quick=quick, runs=runs)
 
 
 def main() -> None:

@@ -21,8 +21,54 @@ def _lat(s: dict[str, float] | None, key: str) -> str:
     return _f(s.get(key), 2) if s else "-"
 
 
+def _runs(r: dict[str, Any]) -> str:
+    each = r.get("runs_records_per_s") or [r["records_per_s"]]
+    failed = r.get("failed_runs", 0)
+    text = " / ".join(f"{x:,.0f}" for x in each)
+    return f"{len(each)}: {text}" + (f" ({failed} failed)" if failed else "")
+
+
 def _params(r: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
+
+
+_MEDIAN_KEYS = ("records_per_s", "mb_per_s", "consume_mb_per_s", "server_cores", "cpu_s_per_mb")
+
+
+def aggregate(results: list[dict]) -> list[dict]:
+    """One row per workload, target and sweep point: the median of its successful runs for
+    every rate, CPU and latency figure (extras from the run of median throughput), with each
+    run's records/s kept in ``runs_records_per_s``. A case with no successful run shows its
+    first failure."""
+    import json
+    import statistics
+
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        groups[
+            (r["workload"], r["target"], json.dumps(r.get("params", {}), sort_keys=True))
+        ].append(r)
+    out = []
+    for rs in groups.values():
+        ok = [r for r in rs if r["ok"]]
+        if not ok:
+            out.append(rs[0])
+            continue
+        by_rate = sorted(ok, key=lambda r: r["records_per_s"])
+        row = dict(by_rate[(len(by_rate) - 1) // 2])
+        row["runs"] = len(ok)
+        row["failed_runs"] = len(rs) - len(ok)
+        row["runs_records_per_s"] = [r["records_per_s"] for r in ok]
+        for k in _MEDIAN_KEYS:
+            vals = [r[k] for r in ok if r.get(k) is not None]
+            if vals:
+                row[k] = statistics.median(vals)
+        for h in ("publish", "end_to_end"):
+            hs = [r[h] for r in ok if r.get(h)]
+            if hs:
+                row[h] = {k: statistics.median(x[k] for x in hs) for k in hs[0]}
+        out.append(row)
+    return out
 
 
 @dataclass
@@ -240,9 +286,16 @@ def kafka_goals(results: list[dict]) -> list[Goal]:
 
 
 def markdown(run: dict[str, Any]) -> str:
-    results = run["results"]
+    results = aggregate(run["results"])
     lines = [f"# stratalog bench: {run['started']}", ""]
     lines += [f"Command: `{run['command']}`", ""]
+    n = run.get("runs", 1)
+    if n > 1:
+        lines += [
+            f"Every case ran {n} times, in rounds over all targets; each figure is the median "
+            "of the successful runs, and the last column gives every run's records/s.",
+            "",
+        ]
     m = run.get("machine") or {}
     if m:
         lines += ["## The machine's limits", ""]
@@ -285,14 +338,15 @@ def markdown(run: dict[str, Any]) -> str:
         lines += [f"## Workload {name}: {titles.get(name, '')}", ""]
         lines += [
             "| target | durability / settings | params | records/s | MB/s | publish p50 / p99 / "
-            "p99.9 / max (ms) | end-to-end p99 (ms) | server cores | server CPU s/MB |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "p99.9 / max (ms) | end-to-end p99 (ms) | server cores | server CPU s/MB | "
+            "runs (records/s) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rs:
             if not r["ok"]:
                 lines.append(
                     f"| {r['target']} | {r['describe']} | {_params(r)} | failed: "
-                    f"{r['error'][:160]} | | | | | |"
+                    f"{r['error'][:160]} | | | | | | |"
                 )
                 continue
             p = r.get("publish")
@@ -300,7 +354,8 @@ def markdown(run: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['target']} | {r['describe']} | {_params(r)} | {_f(r['records_per_s'], 0)} "
                 f"| {_f(r['mb_per_s'])} | {pub} | {_lat(r.get('end_to_end'), 'p99')} "
-                f"| {_f(r['server_cores'], 2)} | {_f(r.get('cpu_s_per_mb'), 4)} |"
+                f"| {_f(r['server_cores'], 2)} | {_f(r.get('cpu_s_per_mb'), 4)} "
+                f"| {_runs(r)} |"
             )
         extras = [r for r in rs if r["ok"] and r.get("extra")]
         for r in extras:
@@ -351,7 +406,7 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = [r for r in run["results"] if r["ok"]]
+    results = [r for r in aggregate(run["results"]) if r["ok"]]
     made: list[Path] = []
     if not results:
         return made

@@ -86,6 +86,7 @@ class CaseResult:
     describe: str
     params: dict[str, Any] = field(default_factory=dict)
     ok: bool = True
+    run: int = 1  # which of the ``--runs`` rounds
     error: str = ""
     records: int = 0
     bytes: int = 0
@@ -370,19 +371,28 @@ class Runner:
 
     # -- entry ---------------------------------------------------------------------------------
     def run(
-        self, w: Workload, names: set[str] | None = None, kinds: set[str] | None = None
+        self,
+        w: Workload,
+        names: set[str] | None = None,
+        kinds: set[str] | None = None,
+        runs: int = 1,
     ) -> list[CaseResult]:
-        """Run the workload on its targets, or only on those with one of ``names`` or
-        ``kinds`` when either is given."""
+        """Run the workload on its targets (or only on those with one of ``names`` or
+        ``kinds``), ``runs`` times; each round runs every target once, so a drift of the
+        machine's speed touches all of them alike."""
         out = []
-        for spec in w.targets:
-            if (
-                (names or kinds)
-                and spec.name not in (names or ())
-                and spec.kind not in (kinds or ())
-            ):
-                continue
-            out += self.run_target(w, spec)
+        for i in range(runs):
+            for spec in w.targets:
+                if (
+                    (names or kinds)
+                    and spec.name not in (names or ())
+                    and spec.kind not in (kinds or ())
+                ):
+                    continue
+                cases = self.run_target(w, spec)
+                for c in cases:
+                    c.run = i + 1
+                out += cases
         return out
 
     def run_target(self, w: Workload, spec: TargetSpec) -> list[CaseResult]:

@@ -26,6 +26,7 @@ def run_suite(
     only_targets: set[str] | None = None,
     limits: bool = True,
     quick: bool = False,
+    runs: int = 1,
     console: Console | None = None,
 ) -> dict[str, Any]:
     console = console or Console(stderr=True)
@@ -40,6 +41,7 @@ def run_suite(
         if Path(sys.argv[0]).name in ("stratalog", "cli.py")
         else "stratalog bench",
         "profile": "quick" if quick else "full",
+        "runs": runs,
         "python": platform.python_version(),
         "workloads": {w.name: w.title for w in workloads},
         "machine": None,
@@ -74,7 +76,7 @@ def run_suite(
 
         runner = Runner(progress=progress, log=lambda s: bars.console.print(s))
         for w in workloads:
-            runner.run(w, names, kinds)
+            runner.run(w, names, kinds, runs)
             run["results"] = [r.to_dict() for r in runner.results]
             # Written after every workload, so a long run that is stopped keeps what it measured.
             report.write(run, results_dir)
