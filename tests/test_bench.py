@@ -99,8 +99,8 @@ def quick_run(tmp_path_factory) -> dict:
     sweep (d), catch-up (e) and Spark reads (f) on Stratalog, and Apache Kafka as a peer."""
     out = tmp_path_factory.mktemp("bench")
     r = stratalog(
-        "bench", "a", "b", "c", "d", "e", "f", "--quick", "--no-limits",
-        "-t", "stratalog", "-t", "kafka", "-o", str(out),
+        "bench", "a", "b", "c", "d", "e", "f", "g", "--quick", "--no-limits",
+        "-t", "stratalog", "-t", "kafka", "-t", "stratalog-cold-only", "-o", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = json.loads((out / "results.json").read_text())
@@ -231,3 +231,11 @@ def test_several_runs_are_reported_as_medians():
     assert row["runs_records_per_s"] == [300, 100, 200]
     md = report.markdown({"started": "-", "command": "x", "runs": 4, "results": [case(1, 300, 9)]})
     assert "median" in md and "| 1: 300 |" in md
+
+
+def test_g_reads_a_log_back_across_tiers(quick_run):
+    g = _one(quick_run, "g", "stratalog-cold-only")
+    assert g["ok"], g["error"]
+    assert g["stored"] == g["records"] == 20_000
+    assert g["extra"]["kcat"]["records"] == g["records"]
+    assert "tiers.hot.capacity" in g["describe"]

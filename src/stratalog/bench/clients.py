@@ -216,6 +216,9 @@ class KafkaConsumerClient(ConsumerClient):
             "enable.auto.commit": False,
             "enable.partition.eof": False,
             "fetch.wait.max.ms": 100,
+            # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s) whenever its local
+            # queue is full: a catch-up reader would then drain at a rate set by that pause.
+            "fetch.queue.backoff.ms": 10,
             "log_level": 3,
             **factory.consumer_config,
             **job.extra,

@@ -376,6 +376,13 @@ def markdown(run: dict[str, Any]) -> str:
                     f'- Spark `format("{fmt}")` read the topic at {v["rows_per_s"]:,.0f} rows/s '
                     f"({v['mb_per_s']:,.1f} MB/s of values; median of {len(v['runs'])} runs)"
                 )
+            if isinstance(x.get("tiers"), dict):
+                t = x["tiers"]
+                lines.append("")
+                lines.append(
+                    f"- {r['target']}: after the producers, {t['hot'] / 1e6:,.0f} MB in the hot "
+                    f"tier and {t['cold'] / 1e6:,.0f} MB in the cold tier"
+                )
             pt = x.get("perf_test")
             if isinstance(pt, dict) and "records_per_s" in pt:
                 lines.append("")

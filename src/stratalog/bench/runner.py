@@ -499,6 +499,8 @@ class Runner:
         if res.ok and res.stored is not None and res.stored < res.records:
             res.ok = False
             res.error = f"the server holds {res.stored} records, {res.records} were acknowledged"
+        if hasattr(target, "tier_bytes") and target.tier_bytes().get("cold"):
+            res.extra["tiers"] = target.tier_bytes()
         if w.perf_test and res.ok and target.kafka_protocol:
             res.extra["perf_test"] = producer_perf_test(w, target, res.records)
         if w.kcat_consume and res.ok and target.kafka_protocol:
@@ -600,6 +602,8 @@ class Runner:
         )
         if fill.errors:
             raise RuntimeError("filling the backlog failed: " + "; ".join(fill.errors))
+        # A tiered target first moves the backlog down to its cold tier (Pafka's migration).
+        settled = target.settle() if hasattr(target, "settle") else 0.0
         evicted = evict_page_cache(target.data_dirs())
         phase_records = int(rate * w.phase_duration_s)
         phases: dict[str, LoadResult] = {}
@@ -651,6 +655,7 @@ class Runner:
             backlog_records=n_backlog,
             backlog_bytes_written=fill.acked_bytes,
             evicted_bytes=evicted,
+            migration_wait_s=settled,
             backlog_read_bytes=backlog_bytes,
             backlog_read_mb_per_s=backlog_bytes / 1e6 / backlog_secs if backlog_secs else 0.0,
             target_rate=rate,

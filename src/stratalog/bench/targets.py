@@ -226,7 +226,8 @@ class StratalogTarget(KafkaProtocolTarget):
     """``stratalog serve`` as a child process on a free port with a temporary data directory.
 
     Settings: the workload's ``fsync`` and ``layout`` (as ``fsync`` and ``storage.layout``),
-    then the target's ``settings`` table (any broker setting of docs/configuration.md).
+    then the target's ``settings`` table (any broker setting of docs/configuration.md;
+    ``{workdir}`` in a value stands for the target's temporary directory).
     """
 
     kind = "stratalog"
@@ -242,7 +243,13 @@ class StratalogTarget(KafkaProtocolTarget):
         self.settings.update({k: str(v) for k, v in spec.settings.items()})
 
     def describe(self) -> str:
-        keys = ("fsync", "storage.layout", "group_commit_ms")
+        keys = (
+            "fsync",
+            "storage.layout",
+            "group_commit_ms",
+            "tiers.hot.capacity",
+            "fetch.backlog.max_bytes_per_sec",
+        )
         shown = ", ".join(f"{k}={self.settings[k]}" for k in keys if k in self.settings)
         return f"Stratalog ({shown})"
 
@@ -266,7 +273,8 @@ class StratalogTarget(KafkaProtocolTarget):
             "WARNING",
         ]
         for k, v in self.settings.items():
-            cmd += ["--set", f"{k}={v}"]
+            # "{workdir}" in a value is this target's temporary directory (a cold tier's path).
+            cmd += ["--set", f"{k}={v.replace('{workdir}', str(wd))}"]
         self.log_path = wd / "broker.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -294,8 +302,36 @@ class StratalogTarget(KafkaProtocolTarget):
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def settle(self, timeout: float = 600) -> float:
+        """With a capped hot tier, wait until migration has brought the hot tier's files under
+        the threshold (plus two segments in flight); returns the seconds waited."""
+        capacity = int(self.settings.get("tiers.hot.capacity", 0))
+        if not capacity or self.workdir is None:
+            return 0.0
+        threshold = float(self.settings.get("tiers.migrate.threshold", 0.5))
+        slack = 2 * int(self.settings.get("segment.bytes", 128 << 20))
+        hot = self.workdir / "data" / "logs"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            used = sum(f.stat().st_size for f in hot.rglob("*.log") if f.is_file())
+            if used <= capacity * threshold + slack:
+                break
+            time.sleep(0.5)
+        return time.monotonic() - t0
+
+    def tier_bytes(self) -> dict[str, int]:
+        """Bytes of segment files in the hot tier and in a cold tier kept in the work dir."""
+        if self.workdir is None:
+            return {}
+
+        def du(d: Path) -> int:
+            return sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) if d.exists() else 0
+
+        return {"hot": du(self.workdir / "data" / "logs"), "cold": du(self.workdir / "cold")}
+
     def data_dirs(self) -> list[Path]:
-        return [self.workdir / "data"] if self.workdir else []
+        # The whole work directory: the data directory and a cold tier kept beside it.
+        return [self.workdir] if self.workdir else []
 
 
 @register
