@@ -24,7 +24,7 @@ import struct
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from stratalog.bench.hist import LatencyRecorder
 
@@ -111,14 +111,18 @@ class ConsumerClient(ABC):
             self.latency.fold()
 
 
-class ClientFactory(ABC):
-    """Picklable: made by a target in the harness, used in child processes."""
+class ClientFactory:
+    """Picklable: made by a target in the harness, used in child processes. A subclass names
+    its client classes; each is built as ``cls(factory, job)``."""
 
-    @abstractmethod
-    def producer(self, job: ProducerJob) -> ProducerClient: ...
+    producer_class: ClassVar[type]
+    consumer_class: ClassVar[type]
 
-    @abstractmethod
-    def consumer(self, job: ConsumerJob) -> ConsumerClient: ...
+    def producer(self, job: ProducerJob) -> ProducerClient:
+        return self.producer_class(self, job)
+
+    def consumer(self, job: ConsumerJob) -> ConsumerClient:
+        return self.consumer_class(self, job)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -131,12 +135,6 @@ class KafkaClientFactory(ClientFactory):
     bootstrap: str
     producer_config: dict[str, Any] = field(default_factory=dict)
     consumer_config: dict[str, Any] = field(default_factory=dict)
-
-    def producer(self, job: ProducerJob) -> ProducerClient:
-        return KafkaProducerClient(self, job)
-
-    def consumer(self, job: ConsumerJob) -> ConsumerClient:
-        return KafkaConsumerClient(self, job)
 
 
 class KafkaProducerClient(ProducerClient):
@@ -246,6 +244,10 @@ class KafkaConsumerClient(ConsumerClient):
 
     def close(self) -> None:
         self.c.close()
+
+
+KafkaClientFactory.producer_class = KafkaProducerClient
+KafkaClientFactory.consumer_class = KafkaConsumerClient
 
 
 # ------------------------------------------------------------------------------------------------

@@ -257,12 +257,6 @@ class NatsClientFactory(ClientFactory):
     url: str
     max_pending: int = 4000
 
-    def producer(self, job: ProducerJob) -> ProducerClient:
-        return NatsProducerClient(self, job)
-
-    def consumer(self, job: ConsumerJob) -> ConsumerClient:
-        return NatsConsumerClient(self, job)
-
 
 class NatsProducerClient(ProducerClient):
     """``js.publish_async`` with up to ``max_pending`` acks in flight, driven synchronously."""
@@ -402,3 +396,7 @@ class NatsConsumerClient(ConsumerClient):
 
     def close(self) -> None:
         _shutdown(self.loop, self.nc)
+
+
+NatsClientFactory.producer_class = NatsProducerClient
+NatsClientFactory.consumer_class = NatsConsumerClient

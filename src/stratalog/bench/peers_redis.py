@@ -217,12 +217,6 @@ class RedisClientFactory(ClientFactory):
     port: int
     pipeline: int = 64
 
-    def producer(self, job: ProducerJob) -> ProducerClient:
-        return RedisProducerClient(self, job)
-
-    def consumer(self, job: ConsumerJob) -> ConsumerClient:
-        return RedisConsumerClient(self, job)
-
 
 class RedisProducerClient(ProducerClient):
     """XADD through a pipeline: one round trip per ``pipeline`` records."""
@@ -505,3 +499,7 @@ class RedisBenchmarkTarget(RedisTarget):
         if error:
             res["error"] = error
         return res
+
+
+RedisClientFactory.producer_class = RedisProducerClient
+RedisClientFactory.consumer_class = RedisConsumerClient
