@@ -304,7 +304,7 @@ class StratalogTarget(KafkaProtocolTarget):
 
     def settle(self, timeout: float = 600) -> float:
         """With a capped hot tier, wait until migration has brought the hot tier's files under
-        the threshold (plus two segments in flight); returns the seconds waited."""
+        the threshold (plus two segments) and stopped; returns the seconds waited."""
         capacity = int(self.settings.get("tiers.hot.capacity", 0))
         if not capacity or self.workdir is None:
             return 0.0
@@ -312,10 +312,14 @@ class StratalogTarget(KafkaProtocolTarget):
         slack = 2 * int(self.settings.get("segment.bytes", 128 << 20))
         hot = self.workdir / "data" / "logs"
         t0 = time.monotonic()
+        last, still = -1, 0
         while time.monotonic() - t0 < timeout:
             used = sum(f.stat().st_size for f in hot.rglob("*.log") if f.is_file())
-            if used <= capacity * threshold + slack:
+            # Under the threshold and no longer shrinking for 3 s: the migrator is done.
+            still = still + 1 if used == last else 0
+            if used <= capacity * threshold + slack and still >= 6:
                 break
+            last = used
             time.sleep(0.5)
         return time.monotonic() - t0
 
