@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from stratalog.bench import report
-from stratalog.bench.runner import evict_page_cache, process_cpu_s
+from stratalog.bench.runner import evict_page_cache
+from stratalog.bench.targets import process_cpu_s
 from stratalog.bench.workload import WorkloadError, find_workloads, parse_workload
 
 pytestmark = pytest.mark.timeout(600)

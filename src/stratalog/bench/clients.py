@@ -31,7 +31,6 @@ from stratalog.bench.hist import LatencyRecorder
 _PACK = struct.Struct("<q").pack
 _UNPACK_FROM = struct.Struct("<q").unpack_from
 CHUNK = 512  # records between checks of the stop event and progress updates
-_PURGE_QUEUE = -152  # librdkafka's RD_KAFKA_RESP_ERR__PURGE_QUEUE
 
 
 @dataclass
@@ -140,7 +139,9 @@ class KafkaClientFactory(ClientFactory):
 class KafkaProducerClient(ProducerClient):
     def __init__(self, factory: KafkaClientFactory, job: ProducerJob) -> None:
         super().__init__()
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaError, Producer
+
+        self._purge_code = KafkaError._PURGE_QUEUE
 
         conf = {
             "bootstrap.servers": factory.bootstrap,
@@ -163,7 +164,7 @@ class KafkaProducerClient(ProducerClient):
 
     def _cb(self, err, msg) -> None:
         if err is not None:
-            if err.code() == _PURGE_QUEUE:
+            if err.code() == self._purge_code:
                 self.purged += 1  # never sent: not a failure of the server
                 return
             self.errors += 1

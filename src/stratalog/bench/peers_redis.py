@@ -22,7 +22,6 @@ the dict described at :meth:`RedisBenchmarkTarget.run_tool`. Settings: ``appendf
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
@@ -42,6 +41,7 @@ from stratalog.bench.targets import (
     Target,
     TargetUnavailable,
     free_port,
+    process_cpu_s,
     register,
     stop_process,
     wait_port,
@@ -72,16 +72,6 @@ def _redis(port: int, timeout: float = 120):
         socket_connect_timeout=10,
         retry=Retry(NoBackoff(), 0),
     )
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (the fields after the command name)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _version(binary: Path) -> str:
@@ -424,7 +414,7 @@ class RedisBenchmarkTarget(RedisTarget):
         out_path = self.workdir / "redis-benchmark.out"
         limit = w.max_duration_s + 60
         error = ""
-        cpu0 = _cpu_seconds(self.proc.pid)
+        cpu0 = process_cpu_s(self.proc.pid)
         t0 = time.perf_counter()
         with open(out_path, "wb") as out:
             tool = subprocess.Popen(
@@ -448,7 +438,7 @@ class RedisBenchmarkTarget(RedisTarget):
             finally:
                 stop_process(tool, timeout=5)
         wall = time.perf_counter() - t0
-        cpu = _cpu_seconds(self.proc.pid) - cpu0
+        cpu = process_cpu_s(self.proc.pid) - cpu0
         stored = self._xlen_total(keys)
         if progress_cb is not None:
             progress_cb(stored)

@@ -32,24 +32,8 @@ from stratalog.bench.clients import (
     drain,
     producer_main,
 )
-from stratalog.bench.targets import Target, TargetUnavailable, make_target
+from stratalog.bench.targets import Target, TargetUnavailable, make_target, process_cpu_s
 from stratalog.bench.workload import TargetSpec, Workload
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of a process and its reaped children (0 when gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()
-    # utime, stime, cutime, cstime are fields 14..17 of stat(5); fields[] starts at field 3.
-    return sum(int(x) for x in fields[11:15]) / _CLK_TCK
 
 
 def evict_page_cache(dirs: list[Path]) -> int:
