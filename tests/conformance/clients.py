@@ -517,7 +517,14 @@ class KpMember:
             session_timeout_ms=GROUP_TIMING["session"],
             heartbeat_interval_ms=GROUP_TIMING["heartbeat"],
             partition_assignment_strategy=[KpRange],
+            # A stale cache is refreshed within a second, and a changed one triggers a rejoin.
+            metadata_max_age_ms=1000,
         )
+        # The leader assigns from its own metadata cache: one that does not know the new topic
+        # yet assigns nothing ("No partition metadata") until its next refresh, minutes later.
+        deadline = time.monotonic() + 30
+        while not self.c.partitions_for_topic(topic) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.c.subscribe([topic])
 
     def poll(self) -> list[tuple[int, int]]:
