@@ -146,6 +146,38 @@ def test_hot_tier_full_spills_new_segments_to_the_cold_tier(tmp_path):
         assert len(consume(b.bootstrap, "spill", 1)[0]) == 1500
 
 
+def test_spilled_writes_are_paced_by_the_cold_tier_bandwidth(tmp_path):
+    """With tiers.cold.max_bytes_per_sec, a full hot tier slows producers to the cold device's
+    pace (the answer waits, as under a quota) and nothing is lost."""
+    from stratalog.broker import metrics
+
+    rate = 100_000
+    cfg = tier_config(
+        tmp_path,
+        **{
+            "tiers.hot.capacity": 60_000,
+            "tiers.migrate.threshold": -1,
+            "tiers.cold.max_bytes_per_sec": rate,
+        },
+    )
+    with Broker(tmp_path / "data", config=cfg) as b:
+        create_topic(b.bootstrap, "paced", 1)
+        produce(b.bootstrap, "paced", [(0, b"s" * 300, 0) for _ in range(300)])
+        wait_for(lambda: b.core.migrator.stats.spilling, what="spilling")
+        before = metrics.SPILLED_BYTES._value.get()
+        t0 = time.monotonic()
+        produce(b.bootstrap, "paced", [(0, b"t" * 300, 0) for _ in range(600)])
+        elapsed = time.monotonic() - t0
+        spilled = metrics.SPILLED_BYTES._value.get() - before
+        assert spilled > 150_000, f"only {spilled} bytes went to the cold tier"
+        # A lower bound only: the budget must hold the producer back, a slow machine cannot
+        # make this fail.
+        assert elapsed >= 0.9 * spilled / rate, (elapsed, spilled)
+        rows = consume(b.bootstrap, "paced", 1)[0]
+        assert [o for o, _ in rows] == list(range(900))
+        assert [v[:1] for _, v in rows] == [b"s"] * 300 + [b"t"] * 600
+
+
 @pytest.mark.parametrize("policy", ["reject", "stamp"])
 def test_late_event_policy(tmp_path, policy):
     with Broker(tmp_path / "data") as b:

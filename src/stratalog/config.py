@@ -168,6 +168,15 @@ SETTINGS: dict[str, Setting] = {
             "tiers.hot.capacity (Pafka); -1 turns migration by usage off.",
         ),
         _S("tiers.migrate.max_bytes_per_sec", int, 0, "Migration rate limit; 0: unlimited."),
+        _S(
+            "tiers.cold.max_bytes_per_sec",
+            int,
+            0,
+            "Write bandwidth of the cold tier (its device's, or this broker's share of it): "
+            "migration and the writes that spill to the cold tier while the hot tier is full "
+            "both draw from it, and a Produce that spilled is answered at its pace; "
+            "0: unlimited.",
+        ),
         _S("tiers.migrate.threads", int, 2, "Partitions copied to the cold tier at once."),
         _S("tiers.migrate.interval.ms", int, 1000, "How often the migrator looks for work."),
         _S(

@@ -69,6 +69,7 @@ class BrokerCore:
                 hot_capacity=config["tiers.hot.capacity"],
                 threshold=config["tiers.migrate.threshold"],
                 max_bytes_per_sec=config["tiers.migrate.max_bytes_per_sec"],
+                cold_bytes_per_sec=config["tiers.cold.max_bytes_per_sec"],
                 threads=config["tiers.migrate.threads"],
                 interval_ms=config["tiers.migrate.interval.ms"],
                 promote=config["tiers.promote"],

@@ -15,3 +15,7 @@ FETCH_COPIED_BYTES = Counter(
 FETCH_MEMORY_BYTES = Counter(
     "stratalog_fetch_memory_bytes", "Fetch bytes served from the in-memory tail cache"
 )
+SPILLED_BYTES = Counter(
+    "stratalog_spilled_bytes",
+    "Record-batch bytes appended to segments in the cold tier's directory (hot tier full)",
+)

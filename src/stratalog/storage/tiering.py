@@ -35,6 +35,7 @@ class TierSettings:
     hot_capacity: int = 0  # bytes; 0: unbounded
     threshold: float = 0.5  # fraction of capacity; < 0: no migration by usage
     max_bytes_per_sec: int = 0  # 0: unlimited
+    cold_bytes_per_sec: int = 0  # the cold tier's write bandwidth, shared with spilled writes
     threads: int = 2
     interval_ms: int = 1000
     promote: bool = False  # below the threshold, cache the newest cold segments in the hot tier
@@ -69,6 +70,9 @@ class Migrator:
         self.stats = TierStats()
         self._backoff = 0.0
         self._rate = ByteRate(settings.max_bytes_per_sec)
+        # The cold device's write budget: migration and produce requests that spilled to the
+        # cold tier draw from the same one, as they share the device (Pafka's slow tier).
+        self.cold_rate = ByteRate(settings.cold_bytes_per_sec)
         self._probed = 0.0
 
     # -- accounting ----------------------------------------------------------------------------
@@ -281,7 +285,9 @@ class Migrator:
                     meta, entries = await loop.run_in_executor(
                         store.executor, cold.write_segment, p.uid, batches
                     )
-                    await self._rate.admit(meta.size)
+                    await asyncio.gather(
+                        self._rate.admit(meta.size), self.cold_rate.admit(meta.size)
+                    )
                     return p, meta, entries
 
             copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))

@@ -68,6 +68,7 @@ def handle_produce(core, req: Request, conn):
         return encode_produce_response(req.api_version, req.correlation_id, results)
     pending = _Pending(req, results) if acks == -1 else None
     produced = 0
+    spilled = 0
     for td in body.topic_data:
         name = td.name
         topic = core.metadata.topics.get(name)
@@ -119,6 +120,8 @@ def handle_produce(core, req: Request, conn):
                 continue
             if res.duplicate_of is None:
                 produced += len(pd.records)
+                if p.vlog.active.directory != p.vlog.directory:
+                    spilled += len(pd.records)
             r.base_offset = res.base_offset
             r.log_append_time = res.log_append_time
             r.log_start_offset = p.log_start_offset
@@ -130,14 +133,28 @@ def handle_produce(core, req: Request, conn):
                     pending.wait_durable(p, res.lsn, r)
     if produced:
         metrics.PRODUCED_BYTES.inc(produced)
+    if spilled:
+        metrics.SPILLED_BYTES.inc(spilled)
     if acks == 0:
         if any_error:
             # Kafka's answer to a failed acks=0 produce: drop the connection so the client sees.
             conn.abort()
         return None
     if pending is None or pending.all_registered():
-        return encode_produce_response(req.api_version, req.correlation_id, results)
-    return pending.future
+        answer = encode_produce_response(req.api_version, req.correlation_id, results)
+    else:
+        answer = pending.future
+    cold_rate = core.migrator.cold_rate
+    if spilled and cold_rate.rate > 0:
+        # Written to the slow tier: answer at its pace, like a quota delays a response, so
+        # producers slow to what the cold device takes (Pafka once the hot tier is full).
+        return _after(cold_rate.admit(spilled), answer)
+    return answer
+
+
+async def _after(delay, answer):
+    await delay
+    return await answer if isinstance(answer, asyncio.Future) else answer
 
 
 class _Pending:
