@@ -100,7 +100,7 @@ def quick_run(tmp_path_factory) -> dict:
     sweep (d), catch-up (e) and Spark reads (f) on Stratalog, and Apache Kafka as a peer."""
     out = tmp_path_factory.mktemp("bench")
     r = stratalog(
-        "bench", "a", "b", "c", "d", "e", "f", "g", "--quick", "--no-limits",
+        "bench", "a", "b", "c", "d", "e", "f", "g", "h", "--quick", "--no-limits",
         "-t", "stratalog", "-t", "kafka", "-t", "stratalog-cold-only", "-o", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -240,3 +240,30 @@ def test_g_reads_a_log_back_across_tiers(quick_run):
     assert g["stored"] == g["records"] == 20_000
     assert g["extra"]["kcat"]["records"] == g["records"]
     assert "tiers.hot.capacity" in g["describe"]
+
+
+def test_h_follows_a_burst_into_a_small_hot_tier_and_its_drain(quick_run):
+    quick = find_workloads(["h"], "quick")[0]
+    prefill = quick.prefill_bytes // quick.record_size
+    for target in ("stratalog-tiered", "stratalog-hot-only"):
+        h = _one(quick_run, "h", target)
+        assert h["ok"], h["error"]
+        assert h["records"] == quick.records
+        assert h["stored"] == quick.records + prefill
+    b = _one(quick_run, "h", "stratalog-tiered")["extra"]["burst"]
+    cap = quick.vars["hot_capacity"]
+    seg = quick.vars["segment_bytes"]
+    assert b["capacity_mb"] == cap / 1e6 and b["cold_mb_per_s"] == quick.vars["cold_rate"] / 1e6
+    # The burst (20 MB into a 16 MiB hot tier holding ~7.5 MB) filled the hot tier ...
+    tl = b["timeline"]
+    assert max(p["hot_mb"] for p in tl) >= (cap - seg) / 1e6
+    assert b["absorb_s"] > 0 and b["absorb_mb_per_s"] > 0
+    # ... every acknowledged byte is on the timeline, and migration drained the hot tier back
+    # to the threshold afterwards.
+    assert tl[-1]["acked_mb"] == pytest.approx(quick.records * quick.record_size / 1e6)
+    assert b["drain_s"] is not None
+    assert tl[-1]["hot_mb"] <= (cap * b["threshold"] + seg) / 1e6
+    assert "burst-h.png" in (Path(quick_run["_dir"]) / "results.md").read_text()
+    hot_only = _one(quick_run, "h", "stratalog-hot-only")["extra"]["burst"]
+    assert "capacity_mb" not in hot_only and hot_only["timeline"]
+

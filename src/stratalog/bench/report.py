@@ -370,6 +370,26 @@ def markdown(run: dict[str, Any]) -> str:
                     f"{x['backlog_bytes_written'] / 1e9:.2f} GB, "
                     f"{x['evicted_bytes'] / 1e9:.2f} GB dropped from the page cache first"
                 )
+            b = x.get("burst")
+            if isinstance(b, dict) and b.get("absorb_s") is not None:
+                lines.append("")
+                after = b.get("after_full_mb_per_s")
+                drain = b.get("drain_s")
+                lines.append(
+                    f"- {r['target']}: {b['offered_mb_per_s']:,.0f} MB/s offered; the hot tier "
+                    f"({b['capacity_mb']:,.0f} MB, {b['hot_at_start_mb']:,.0f} MB used at the "
+                    f"start, cold tier {b['cold_mb_per_s']:,.0f} MB/s) took it at "
+                    f"{b['absorb_mb_per_s']:,.1f} MB/s for {b['absorb_s']:.1f} s (estimate "
+                    f"{_f(b.get('expected_absorb_s'))} s; Pafka's reserve/rate "
+                    f"{b['pafka_absorb_s']:.1f} s)"
+                    + (f", then {after:,.1f} MB/s while full" if after is not None else "")
+                    + (
+                        f"; drained back to the threshold in {drain:.1f} s (estimate "
+                        f"{_f(b.get('expected_drain_s'))} s)"
+                        if drain is not None
+                        else "; not drained back to the threshold in time"
+                    )
+                )
             for fmt, v in (x.get("spark") or {}).items():
                 lines.append("")
                 lines.append(
@@ -487,6 +507,30 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         made.append(_save(fig, out_dir / f"sweep-{w}.png"))
+        plt.close(fig)
+
+    bursts = [r for r in results if (r.get("extra", {}).get("burst") or {}).get("timeline")]
+    for w in sorted({r["workload"] for r in bursts}):
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+        for r in (r for r in bursts if r["workload"] == w):
+            b = r["extra"]["burst"]
+            ts = [p["t"] for p in b["timeline"]]
+            top.plot(ts, [p["acked_mb"] for p in b["timeline"]], label=r["target"])
+            if r["kind"] == "stratalog":
+                bottom.plot(ts, [p["hot_mb"] for p in b["timeline"]], label=r["target"])
+            if b.get("capacity_mb"):
+                bottom.axhline(b["capacity_mb"], color="black", linestyle="--", linewidth=1)
+                bottom.axhline(
+                    b["capacity_mb"] * b["threshold"], color="grey", linestyle=":", linewidth=1
+                )
+        top.set_ylabel("MB acknowledged")
+        top.set_title(f"Workload {w}: a burst into a tiered broker")
+        top.legend(fontsize=7)
+        bottom.set_ylabel("hot tier MB (-- capacity, : threshold)")
+        bottom.set_xlabel("seconds since the burst started")
+        bottom.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(_save(fig, out_dir / f"burst-{w}.png"))
         plt.close(fig)
 
     cu = [r for r in results if r.get("extra", {}).get("p99_increase") is not None]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -244,7 +245,8 @@ class StratalogTarget(KafkaProtocolTarget):
 
     Settings: the workload's ``fsync`` and ``layout`` (as ``fsync`` and ``storage.layout``),
     then the target's ``settings`` table (any broker setting of docs/configuration.md;
-    ``{workdir}`` in a value stands for the target's temporary directory).
+    ``{workdir}`` in a value stands for the target's temporary directory, ``{name}`` for the
+    workload's ``vars[name]``).
     """
 
     kind = "stratalog"
@@ -257,7 +259,13 @@ class StratalogTarget(KafkaProtocolTarget):
             "storage.layout": workload.layout,
             "admin.port": "-1",
         }
-        self.settings.update({k: str(v) for k, v in spec.settings.items()})
+        known = workload.vars
+
+        def fill(v: object) -> str:
+            # "{name}" is the workload's vars[name]; "{workdir}" is filled in at start.
+            return re.sub(r"\{(\w+)\}", lambda m: str(known.get(m[1], m[0])), str(v))
+
+        self.settings.update({k: fill(v) for k, v in spec.settings.items()})
 
     def describe(self) -> str:
         keys = (
@@ -319,19 +327,41 @@ class StratalogTarget(KafkaProtocolTarget):
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def tier_plan(self) -> dict[str, float] | None:
+        """The hot tier's capacity, threshold, segment size and the cold tier's write budget,
+        from the settings; None without a capped hot tier."""
+        capacity = int(self.settings.get("tiers.hot.capacity", 0))
+        if not capacity:
+            return None
+        return {
+            "capacity": capacity,
+            "threshold": float(self.settings.get("tiers.migrate.threshold", 0.5)),
+            "segment_bytes": int(self.settings.get("segment.bytes", 128 << 20)),
+            "cold_bytes_per_s": int(self.settings.get("tiers.cold.max_bytes_per_sec", 0)),
+        }
+
+    def hot_bytes(self) -> int:
+        """Bytes of segment files in the hot tier (what the migrator counts against capacity)."""
+        if self.workdir is None:
+            return 0
+        total = 0
+        for f in (self.workdir / "data" / "logs").rglob("*.log"):
+            with contextlib.suppress(FileNotFoundError):  # migrated away while we looked
+                total += f.stat().st_size
+        return total
+
     def settle(self, timeout: float = 600) -> float:
         """With a capped hot tier, wait until migration has brought the hot tier's files under
         the threshold (plus two segments) and stopped; returns the seconds waited."""
-        capacity = int(self.settings.get("tiers.hot.capacity", 0))
-        if not capacity or self.workdir is None:
+        plan = self.tier_plan()
+        if plan is None or self.workdir is None:
             return 0.0
-        threshold = float(self.settings.get("tiers.migrate.threshold", 0.5))
-        slack = 2 * int(self.settings.get("segment.bytes", 128 << 20))
-        hot = self.workdir / "data" / "logs"
+        capacity, threshold = plan["capacity"], plan["threshold"]
+        slack = 2 * plan["segment_bytes"]
         t0 = time.monotonic()
         last, still = -1, 0
         while time.monotonic() - t0 < timeout:
-            used = sum(f.stat().st_size for f in hot.rglob("*.log") if f.is_file())
+            used = self.hot_bytes()
             # Under the threshold and no longer shrinking for 3 s: the migrator is done.
             still = still + 1 if used == last else 0
             if used <= capacity * threshold + slack and still >= 6:

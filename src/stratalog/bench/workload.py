@@ -76,6 +76,10 @@ _TOP_LEVEL = {
     "perf_test",
     "spark_read",
     "spark_runs",
+    "burst",
+    "prefill_bytes",
+    "drain_max_s",
+    "vars",
     "target",
     "profile",
 }
@@ -143,6 +147,14 @@ class Workload:
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
     spark_runs: int = 3
+    # Pafka's burst case: fill to just under the migration threshold, then produce ``records``
+    # at ``rate`` and follow the hot tier's usage until migration has drained it again.
+    burst: bool = False
+    prefill_bytes: int = 0
+    drain_max_s: float = 300.0
+    # "{name}" in a Stratalog target's setting stands for vars[name], so a profile can resize a
+    # target (a smaller hot tier for --quick) without repeating it.
+    vars: dict[str, Any] = field(default_factory=dict)
     targets: list[TargetSpec] = field(default_factory=list)
     source: str = ""
 
@@ -158,6 +170,8 @@ class Workload:
     def kind(self) -> str:
         if self.spark_read:
             return "spark"
+        if self.burst:
+            return "burst"
         if self.backlog_bytes:
             return "catchup"
         if self.sweep:
