@@ -155,9 +155,10 @@ def test_measure_limits_quick(tmp_path: Path) -> None:
     facts = m["facts"]
     assert facts["filesystem"] and facts["cpus"] >= 1 and facts["memory_gib"] > 0
     assert facts["kernel"] and facts["cpu"]
-    for key in ("fdatasync_1m", "write_4k_fdatasync", "loopback"):
+    for key in ("fdatasync_1m", "write_4k_fdatasync", "seq_read", "loopback"):
         assert "error" not in m[key], (key, m[key])
     assert m["fdatasync_1m"]["mb_per_s"] > 0
+    assert m["seq_read"]["bytes"] == 128 * 1024 * 1024 and m["seq_read"]["mb_per_s"] > 0
     assert m["loopback"]["gb_per_s"] > 0
     w4 = m["write_4k_fdatasync"]
     assert w4["iops"] > 0 and w4["ops"] > 0

@@ -45,6 +45,7 @@ def measure_limits(data_dir: Path, quick: bool = False) -> dict[str, Any]:
          "fdatasync_1m": {"mb_per_s", "bytes", "seconds"},
          "direct_write": {"supported": True, "mb_per_s", "bytes", "seconds"}
                        | {"supported": False, "error": why},
+         "seq_read": {"mb_per_s", "bytes", "seconds"},   # buffered, page cache dropped first
          "write_4k_fdatasync": {"p50_ms", "p99_ms", "p99.9_ms",   # write + fdatasync
                                 "iops", "mean_ms", "ops",
                                 "write": {"p50_ms", "p99_ms", "p99.9_ms", "mean_ms"},
@@ -61,7 +62,7 @@ def measure_limits(data_dir: Path, quick: bool = False) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="stratalog-limits-", dir=data_dir))
     try:
         if not FIO.exists():
-            for key in ("fdatasync_1m", "direct_write", "write_4k_fdatasync"):
+            for key in ("fdatasync_1m", "direct_write", "write_4k_fdatasync", "seq_read"):
                 out[key] = {"error": NO_FIO}
         else:
             seq = (128 if quick else 1024) * MIB
@@ -70,6 +71,7 @@ def measure_limits(data_dir: Path, quick: bool = False) -> dict[str, Any]:
             out["direct_write"] = _guard(
                 direct_write, work, seq, runtime, out["facts"].get("filesystem", "")
             )
+            out["seq_read"] = _guard(seq_read, work, seq, runtime)
             out["write_4k_fdatasync"] = _guard(
                 write_4k_fdatasync, work, (4 if quick else 64) * MIB, 5 if quick else 30
             )
@@ -133,8 +135,8 @@ def run_fio(work: Path, name: str, runtime_s: int, **opts: Any) -> dict[str, Any
     return job
 
 
-def _rate(job: dict[str, Any]) -> dict[str, Any]:
-    w = job["write"]
+def _rate(job: dict[str, Any], way: str = "write") -> dict[str, Any]:
+    w = job[way]
     seconds = w["runtime"] / 1000.0
     return {"mb_per_s": w["bw_bytes"] / 1e6, "bytes": int(w["io_bytes"]), "seconds": seconds}
 
@@ -142,6 +144,13 @@ def _rate(job: dict[str, Any]) -> dict[str, Any]:
 def seq_fdatasync(work: Path, size: int, runtime_s: int) -> dict[str, Any]:
     job = run_fio(work, "seq-fdatasync", runtime_s, rw="write", bs="1m", size=size, fdatasync=1)
     return _rate(job)
+
+
+def seq_read(work: Path, size: int, runtime_s: int) -> dict[str, Any]:
+    """Buffered sequential read of a file dropped from the page cache first (fio's invalidate),
+    in 1 MiB reads: what a catch-up of cold history can read at most."""
+    job = run_fio(work, "seq-read", runtime_s, rw="read", bs="1m", size=size, invalidate=1)
+    return _rate(job, "read")
 
 
 def direct_write(work: Path, size: int, runtime_s: int, fstype: str = "") -> dict[str, Any]:

@@ -188,6 +188,20 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
                 None if inc is None else inc < 0.25,
             )
         )
+    seq_read = (limits or {}).get("seq_read", {}).get("mb_per_s")
+    tiered = [r for r in _ok(results, "e") if "tiers.hot.capacity" in r.get("describe", "")]
+    for e in tiered:
+        cold = e["extra"].get("backlog_read_mb_per_s")
+        out.append(
+            Goal(
+                f"e: cold read vs the disk's sequential read ({e['target']})",
+                "≥ 50%",
+                f"{cold / seq_read:.0%} ({cold:,.0f} of {seq_read:,.0f} MB/s)"
+                if cold and seq_read
+                else "-",
+                None if not (cold and seq_read) else cold >= 0.5 * seq_read,
+            )
+        )
     out += kafka_goals(results)
     kc = [
         r["extra"]["kcat"]
@@ -303,6 +317,7 @@ def markdown(run: dict[str, Any]) -> str:
         for key, label, unit in (
             ("fdatasync_1m", "sequential write, fdatasync every 1 MiB", "mb_per_s"),
             ("direct_write", "sequential write, O_DIRECT", "mb_per_s"),
+            ("seq_read", "sequential read, not in the page cache", "mb_per_s"),
             ("loopback", "loopback TCP", "gb_per_s"),
         ):
             v = m.get(key) or {}
