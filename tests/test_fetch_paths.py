@@ -5,12 +5,14 @@ a real consumer reads identical data back each way."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
 from stratalog.broker import metrics
+from stratalog.storage.priority import LOW_NICE, thread_priority
 
 from .conftest import create_topic
 
@@ -67,7 +69,8 @@ def test_tail_reads_come_from_memory():
 
 
 def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
-    with Broker(tmp_path / "d", config={"cache.tail_bytes_per_partition": 0}) as b:
+    cfg = {"cache.tail_bytes_per_partition": 0, "storage.read_priority": "low"}
+    with Broker(tmp_path / "d", config=cfg) as b:
         create_topic(b.bootstrap, "warm")
         values = _produce(b.bootstrap, "warm")
         before = _counters()
@@ -87,6 +90,13 @@ def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
         assert _consume(b.bootstrap, "warm") == values
         memory, sendfile, copied = _delta(before, _counters())
         assert copied >= N * 500 * 0.5, (memory, sendfile, copied)
+        # The cold reads ran on the read pool, whose threads yield to the write path.
+        readers = [t for t in threading.enumerate() if t.name.startswith("stratalog-read")]
+        assert readers
+        for t in readers:
+            nice, io = thread_priority(t.native_id)
+            assert nice == LOW_NICE, (t.name, nice)
+            assert io is None or io == (2 << 13) | 7, (t.name, io)  # best effort, level 7
 
 
 def test_large_fetches_stay_zero_copy_when_the_socket_fills(tmp_path):

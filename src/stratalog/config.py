@@ -83,6 +83,13 @@ SETTINGS: dict[str, Setting] = {
             "the write path.",
         ),
         _S(
+            "storage.read_priority",
+            str,
+            "normal",
+            "CPU and I/O priority of the read pool's threads: normal, or low (nice +10, "
+            "best-effort I/O level 7, so backlog reads yield to the write path).",
+        ),
+        _S(
             "fetch.backlog.max_bytes_per_sec",
             int,
             0,
@@ -268,6 +275,11 @@ class BrokerConfig:
             FsyncPolicy.parse(self["fsync"])
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if self["storage.read_priority"] not in ("low", "normal"):
+            raise ConfigError(
+                f"storage.read_priority must be 'low' or 'normal', not "
+                f"{self['storage.read_priority']!r}"
+            )
         if self["storage.layout"] not in ("virtual", "per-partition"):
             raise ConfigError(
                 f"storage.layout must be 'virtual' or 'per-partition', not "

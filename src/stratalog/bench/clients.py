@@ -60,6 +60,7 @@ class ConsumerJob:
     max_duration_s: float = 300.0
     sample_every: int = 1  # end-to-end latency of every n-th record read
     extra: dict[str, Any] = field(default_factory=dict)
+    group: str = "tail"  # which readers of a case this one belongs to ("backlog" in catch-up)
 
 
 class ProducerClient(ABC):
@@ -347,7 +348,12 @@ def _produce(client: ProducerClient, job: ProducerJob, stop_evt, progress) -> di
 
 
 def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q) -> None:
-    result: dict[str, Any] = {"role": "consumer", "index": job.index, "error": ""}
+    result: dict[str, Any] = {
+        "role": "consumer",
+        "index": job.index,
+        "group": job.group,
+        "error": "",
+    }
     try:
         client = factory.consumer(job)
         ready_q.put(("consumer", job.index, ""))

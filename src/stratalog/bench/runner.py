@@ -618,6 +618,7 @@ class Runner:
                         partitions=w.backlog_partitions,
                         track_latency=False,
                         max_duration_s=w.phase_duration_s * 2 + w.drain_timeout_s,
+                        group="backlog",
                     )
                     for i in range(w.backlog_consumers)
                 ]
@@ -633,8 +634,9 @@ class Runner:
             )
         alone, busy = phases["alone"], phases["with-backlog-readers"]
         res = _result_from_load(w, target, busy, params)
-        tail_read = sum(r.get("records", 0) for r in busy.consumers[: w.consumers])
-        backlog = busy.consumers[w.consumers :]
+        # Results arrive in the order the processes finish: tell the readers apart by group.
+        tail_read = sum(r.get("records", 0) for r in busy.consumers if r["group"] == "tail")
+        backlog = [r for r in busy.consumers if r["group"] == "backlog"]
         backlog_bytes = sum(r.get("bytes", 0) for r in backlog)
         backlog_secs = max(
             (r["t_last"] - r["t_start"] for r in backlog if r.get("t_last")), default=0

@@ -21,6 +21,7 @@ from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
+from stratalog.storage.priority import lower_this_thread
 from stratalog.storage.throttle import ByteRate
 from stratalog.storage.tiering import Migrator, TierSettings
 
@@ -80,7 +81,9 @@ class BrokerCore:
         # take the CPU and the disk the tail's producers need (BookKeeper's isolation).
         self.backlog_rate = ByteRate(config["fetch.backlog.max_bytes_per_sec"])
         self.read_executor = ThreadPoolExecutor(
-            config["storage.read_threads"], thread_name_prefix="stratalog-read"
+            config["storage.read_threads"],
+            thread_name_prefix="stratalog-read",
+            initializer=lower_this_thread if config["storage.read_priority"] == "low" else None,
         )
         self.meta_executor = ThreadPoolExecutor(1, thread_name_prefix="stratalog-meta")
         self.host = config["host"]

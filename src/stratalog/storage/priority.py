@@ -1,0 +1,52 @@
+"""CPU and I/O priority of the calling thread (Linux), for the backlog read pool.
+
+BookKeeper keeps catch-up reads off the journal's path with separate disks and threads; on one
+machine the nearest thing is to let the kernel schedule backlog reads after the write path:
+a higher nice value for the CPU scheduler and the lowest best-effort I/O class level for the
+block layer. Both are hints: where the platform refuses them, reads still run as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import threading
+
+log = logging.getLogger(__name__)
+
+_SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
+_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
+_IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread only
+_IOPRIO_CLASS_BE = 2
+_IOPRIO_CLASS_SHIFT = 13
+LOW_NICE = 10
+
+
+def lower_this_thread() -> None:
+    """Run the calling thread at nice LOW_NICE and best-effort I/O level 7 (the lowest)."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)
+    except OSError as e:
+        log.debug("cannot lower the CPU priority of thread %d: %s", tid, e)
+    if _SYS_IOPRIO_SET is None:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = (_IOPRIO_CLASS_BE << _IOPRIO_CLASS_SHIFT) | 7
+        if libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, tid, value) != 0:
+            log.debug("ioprio_set refused: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:
+        log.debug("ioprio_set unavailable: %s", e)
+
+
+def thread_priority(tid: int) -> tuple[int, int | None]:
+    """(nice, I/O priority value or None) of a thread of this process, for tests and status."""
+    nice = os.getpriority(os.PRIO_PROCESS, tid)
+    if _SYS_IOPRIO_GET is None:
+        return nice, None
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = libc.syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, tid)
+    return nice, value if value >= 0 else None
