@@ -97,11 +97,13 @@ def test_process_cpu_and_page_cache_eviction(tmp_path):
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> dict:
     """One quick run of every workload kind: plain (a, b with kcat read-back), derived rate (c),
-    sweep (d), catch-up (e) and Spark reads (f) on Stratalog, and Apache Kafka as a peer."""
+    sweep (d), catch-up (e), Spark reads (f), tiers (g) and a burst (h) on Stratalog, and Apache
+    Kafka as a peer."""
     out = tmp_path_factory.mktemp("bench")
     r = stratalog(
         "bench", "a", "b", "c", "d", "e", "f", "g", "h", "--quick", "--no-limits",
-        "-t", "stratalog", "-t", "kafka", "-t", "stratalog-cold-only", "-o", str(out),
+        "-t", "stratalog", "-t", "kafka", "-t", "stratalog-cold-only", "-t", "stratalog-tiered",
+        "-t", "stratalog-hot-only", "-o", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = json.loads((out / "results.json").read_text())
@@ -269,4 +271,3 @@ def test_h_follows_a_burst_into_a_small_hot_tier_and_its_drain(quick_run):
     assert "burst-h.png" in (Path(quick_run["_dir"]) / "results.md").read_text()
     hot_only = _one(quick_run, "h", "stratalog-hot-only")["extra"]["burst"]
     assert "capacity_mb" not in hot_only and hot_only["timeline"]
-

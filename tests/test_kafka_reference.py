@@ -35,14 +35,30 @@ def kafka() -> Iterator[KafkaBroker]:
 @pytest.fixture(scope="module")
 def produced(kafka: KafkaBroker) -> list[tuple[bytes, bytes]]:
     """Creates TOPIC with kafka-topics and produces N records to it with confluent-kafka."""
-    created = run_tool("kafka-topics", "--bootstrap-server", kafka.bootstrap, "--create",
-                       "--topic", TOPIC, "--partitions", "1", "--replication-factor", "1")
+    created = run_tool(
+        "kafka-topics",
+        "--bootstrap-server",
+        kafka.bootstrap,
+        "--create",
+        "--topic",
+        TOPIC,
+        "--partitions",
+        "1",
+        "--replication-factor",
+        "1",
+    )
     assert created.returncode == 0, created.stderr
     assert f"Created topic {TOPIC}" in created.stdout
 
     records = _records()
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, "acks": "all",
-                         "enable.idempotence": True, "linger.ms": 5})
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+        }
+    )
     errors: list[object] = []
 
     def on_delivery(err: object, _msg: object) -> None:
@@ -71,8 +87,14 @@ def test_topics_list_shows_topic(kafka: KafkaBroker, produced: list[tuple[bytes,
 def test_confluent_consumer_reads_back_exactly(
     kafka: KafkaBroker, produced: list[tuple[bytes, bytes]]
 ) -> None:
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "reference-check",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": "reference-check",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([TOPIC])
     got: list[tuple[bytes | None, bytes | None, int]] = []
     try:
@@ -91,9 +113,19 @@ def test_confluent_consumer_reads_back_exactly(
 def test_console_consumer_reads_back_exactly(
     kafka: KafkaBroker, produced: list[tuple[bytes, bytes]]
 ) -> None:
-    result = run_tool("kafka-console-consumer", "--bootstrap-server", kafka.bootstrap,
-                      "--topic", TOPIC, "--from-beginning", "--max-messages", str(N),
-                      "--timeout-ms", "60000", timeout=120)
+    result = run_tool(
+        "kafka-console-consumer",
+        "--bootstrap-server",
+        kafka.bootstrap,
+        "--topic",
+        TOPIC,
+        "--from-beginning",
+        "--max-messages",
+        str(N),
+        "--timeout-ms",
+        "60000",
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [v.decode() for _, v in produced]
     assert f"Processed a total of {N} messages" in result.stderr

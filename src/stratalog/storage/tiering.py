@@ -196,11 +196,20 @@ class Migrator:
             usage += seg.meta.size
             self.stats.promoted_segments += 1
 
-    def _update_spill(self) -> None:
-        s = self.settings
+    def _can_spill(self) -> bool:
         cold = self.store.cold
-        if cold is None or not cold.local or s.hot_capacity <= 0:
+        return cold is not None and cold.local and self.settings.hot_capacity > 0
+
+    def hot_full(self) -> bool:
+        """Whether new segments should go to the cold tier now (asked at every roll)."""
+        if not self._can_spill() or self.store.cold_error is not None:
+            return False  # a cold tier known to be failing takes no new segments
+        return self.hot_usage() >= self.settings.hot_capacity
+
+    def _update_spill(self) -> None:
+        if not self._can_spill():
             return
+        s = self.settings
         full = self.hot_usage() >= s.hot_capacity
         if full != self.stats.spilling:
             self.stats.spilling = full
@@ -213,6 +222,7 @@ class Migrator:
             else:
                 log.info("hot tier below capacity again: new segments go to the hot tier")
         for vlog in self.store.logs.values():
+            vlog.spill_policy = self.hot_full
             if vlog.spill != full and vlog.opened:
                 vlog.spill = full
                 in_hot = vlog.active.directory == vlog.directory
@@ -324,6 +334,7 @@ class Migrator:
             log.info("migrated %s of %s (%d bytes) to the cold tier", seg, vlog.name, moved)
         finally:
             seg.release()
+
 
 def _leading(p: PartitionLog, seq: int) -> int:
     """How many of the partition's first hot chunks lie in segment ``seq``."""

@@ -78,6 +78,9 @@ class VirtualLog:
         # Where new segments go while the hot tier is full (a local cold tier only).
         self.spill_directory: Path | None = None
         self.spill = False
+        # Asked at each roll whether the hot tier is full (set by the migrator), so a burst
+        # cannot overrun the capacity by more than the active segment between its checks.
+        self.spill_policy: Callable[[], bool] | None = None
 
     # -- opening and closing -------------------------------------------------------------------
     def open(self) -> dict[int, list[IndexEntry]]:
@@ -202,11 +205,20 @@ class VirtualLog:
         old.sealed = True
         old.flush_index()
         where = self.directory
+        if self.spill_policy is not None and self.spill_directory is not None:
+            self.spill = self.spill_policy()
+        new: Segment | None = None
         if self.spill and self.spill_directory is not None:
             # The hot tier is full: new segments go to the cold tier's directory (Pafka).
-            self.spill_directory.mkdir(parents=True, exist_ok=True)
-            where = self.spill_directory
-        new = Segment(where, old.seq + 1, create=True)
+            try:
+                self.spill_directory.mkdir(parents=True, exist_ok=True)
+                new = Segment(self.spill_directory, old.seq + 1, create=True)
+            except OSError as e:
+                # A cold tier that went away or turned read-only must not fail a write the
+                # hot device can still take: past its capacity is better than an error.
+                log.warning("cannot spill to the cold tier (%s): segment stays hot", e)
+        if new is None:
+            new = Segment(where, old.seq + 1, create=True)
         self.segments[new.seq] = new
         self.active = new
         # The sealed segment's index must be durable before a checkpoint can point past it.
