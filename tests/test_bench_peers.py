@@ -165,8 +165,14 @@ def test_measure_limits_quick(tmp_path: Path) -> None:
     assert 0 < w4["p50_ms"] <= w4["p99_ms"] <= w4["p99.9_ms"]
     assert w4["fdatasync"]["p50_ms"] > 0
     d = m["direct_write"]
+    under = m["fdatasync_under_reads"]
     if d.get("supported") is False:
         assert "O_DIRECT" in d["error"]
+        assert "error" in under  # its reader uses O_DIRECT too
     else:
         assert "error" not in d, d
         assert d["mb_per_s"] > 0
+        for reader in ("reader_default", "reader_idle"):
+            fs = under[reader]["fdatasync"]
+            assert 0 < fs["p50_ms"] <= fs["p99_ms"] <= fs["p99.9_ms"], (reader, under)
+            assert under[reader]["read_mb_per_s"] > 0, (reader, under)

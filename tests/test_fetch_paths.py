@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
 from stratalog.broker import metrics
-from stratalog.storage.priority import LOW_NICE, thread_priority
+from stratalog.storage.priority import LOW_IOPRIO, LOW_NICE, thread_priority
 
 from .conftest import create_topic
 
@@ -96,7 +96,7 @@ def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
         for t in readers:
             nice, io = thread_priority(t.native_id)
             assert nice == LOW_NICE, (t.name, nice)
-            assert io is None or io == (2 << 13) | 7, (t.name, io)  # best effort, level 7
+            assert io is None or io == LOW_IOPRIO == 3 << 13, (t.name, io)  # the idle class
 
 
 def test_large_fetches_stay_zero_copy_when_the_socket_fills(tmp_path):

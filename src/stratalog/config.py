@@ -85,9 +85,16 @@ SETTINGS: dict[str, Setting] = {
         _S(
             "storage.read_priority",
             str,
-            "normal",
-            "CPU and I/O priority of the read pool's threads: normal, or low (nice +10, "
-            "best-effort I/O level 7, so backlog reads yield to the write path).",
+            "low",
+            "CPU and I/O priority of the read pool's threads: normal, or low (nice +10 and "
+            "the idle I/O class, so backlog reads yield to the write path).",
+        ),
+        _S(
+            "fetch.read_ahead.bytes",
+            int,
+            8 * 1024 * 1024,
+            "How far past what a backlog Fetch needs the kernel is asked to read at once "
+            "(posix_fadvise WILLNEED); the span a fetch touches counts up to this much again.",
         ),
         _S(
             "fetch.backlog.max_bytes_per_sec",
@@ -289,6 +296,7 @@ class BrokerConfig:
             "storage.virtual_logs",
             "storage.io_threads",
             "storage.read_threads",
+            "fetch.read_ahead.bytes",
             "segment.bytes",
             "max_request_bytes",
             "message.max.bytes",

@@ -78,3 +78,25 @@ def summary(h: HdrHistogram) -> dict[str, float] | None:
     out["max"] = h.get_max_value() / 1000.0
     out["mean"] = h.get_mean_value() / 1000.0
     return out
+
+
+def bucket_quantile(
+    before: dict[float, float], after: dict[float, float], q: float
+) -> float | None:
+    """The ``q`` quantile (seconds) of what a Prometheus histogram counted between two scrapes
+    (cumulative counts by upper bound ``le``), interpolated within its bucket as Prometheus'
+    ``histogram_quantile`` does; None if nothing was counted."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, cum in zip(bounds, counts, strict=True):
+        if cum >= rank:
+            if bound == float("inf"):
+                return lower  # past the last finite bucket: its bound is all we know
+            inside = cum - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, cum
+    return lower

@@ -8,6 +8,9 @@ subdirectory that is deleted afterwards), with Debian's fio (``/usr/bin/fio``, `
 * ``direct_write``: sequential 1 MiB O_DIRECT writes (page cache bypassed, fsync at the end):
   MB/s, or ``supported: False`` with the reason when the filesystem refuses O_DIRECT;
 * ``write_4k_fdatasync``: 4 KiB write + fdatasync, one at a time: latency and IOPS;
+* ``seq_read``: buffered sequential 1 MiB reads of a file dropped from the page cache: MB/s;
+* ``fdatasync_under_reads``: the fdatasync latency of the above while a sequential reader keeps
+  16 MiB in flight on the same disk, in the default and in the idle I/O class;
 
 and, without fio, ``loopback``: TCP throughput over 127.0.0.1 between two threads (sendall and
 recv_into release the GIL) with 1 MiB buffers: GB/s. Plus ``facts`` about the machine.
@@ -50,6 +53,8 @@ def measure_limits(data_dir: Path, quick: bool = False) -> dict[str, Any]:
                                 "iops", "mean_ms", "ops",
                                 "write": {"p50_ms", "p99_ms", "p99.9_ms", "mean_ms"},
                                 "fdatasync": {same keys}, "note"},
+         "fdatasync_under_reads": {"reader_default" | "reader_idle":
+                                   {"fdatasync": {"p50_ms", ...}, "read_mb_per_s"}},
          "loopback": {"gb_per_s", "bytes", "seconds"}}
 
     A measurement that could not run is ``{"error": "..."}`` instead (fio missing: every fio
@@ -62,7 +67,13 @@ def measure_limits(data_dir: Path, quick: bool = False) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="stratalog-limits-", dir=data_dir))
     try:
         if not FIO.exists():
-            for key in ("fdatasync_1m", "direct_write", "write_4k_fdatasync", "seq_read"):
+            for key in (
+                "fdatasync_1m",
+                "direct_write",
+                "write_4k_fdatasync",
+                "seq_read",
+                "fdatasync_under_reads",
+            ):
                 out[key] = {"error": NO_FIO}
         else:
             seq = (128 if quick else 1024) * MIB
@@ -74,6 +85,9 @@ def measure_limits(data_dir: Path, quick: bool = False) -> dict[str, Any]:
             out["seq_read"] = _guard(seq_read, work, seq, runtime)
             out["write_4k_fdatasync"] = _guard(
                 write_4k_fdatasync, work, (4 if quick else 64) * MIB, 5 if quick else 30
+            )
+            out["fdatasync_under_reads"] = _guard(
+                fdatasync_under_reads, work, seq, 3 if quick else 10
             )
         out["loopback"] = _guard(
             loopback_tcp, 1.0 if quick else 3.0, (4 if quick else 32) * 1024 * MIB
@@ -101,7 +115,16 @@ class FioError(RuntimeError):
 
 def run_fio(work: Path, name: str, runtime_s: int, **opts: Any) -> dict[str, Any]:
     """One fio job on a file in ``work``; its JSON "jobs[0]". The file is deleted afterwards."""
+    return run_fio_jobs(work, name, runtime_s, **opts)[0]
+
+
+def run_fio_jobs(
+    work: Path, name: str, runtime_s: int, beside: dict[str, Any] | None = None, **opts: Any
+) -> list[dict[str, Any]]:
+    """``run_fio``, with ``beside``: the options of a second job run at the same time on its
+    own file (a load); returns every job's JSON."""
     path = work / f"fio-{name}.dat"
+    other = work / f"fio-{name}-beside.dat"
     cmd = [
         str(FIO),
         f"--name={name}",
@@ -113,26 +136,31 @@ def run_fio(work: Path, name: str, runtime_s: int, **opts: Any) -> dict[str, Any
         "--numjobs=1",
     ]
     cmd += [f"--{k}={v}" for k, v in opts.items()]
+    if beside is not None:
+        cmd += [f"--name={name}-beside", f"--filename={other}", f"--runtime={runtime_s}"]
+        cmd += [f"--{k}={v}" for k, v in beside.items()]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime_s + 120)
     except subprocess.TimeoutExpired as e:
         raise FioError(f"fio {name} did not finish within {runtime_s + 120}s") from e
     finally:
         path.unlink(missing_ok=True)
-    job: dict[str, Any] | None = None
+        other.unlink(missing_ok=True)
+    jobs: list[dict[str, Any]] = []
     try:
         # fio may print notes before the JSON document.
         doc = json.loads(proc.stdout[proc.stdout.index("{") :])
-        job = doc["jobs"][0]
+        jobs = list(doc["jobs"])
     except (ValueError, KeyError, IndexError):
         pass
-    if proc.returncode != 0 or job is None or job.get("error"):
+    failed = next((j for j in jobs if j.get("error")), None)
+    if proc.returncode != 0 or not jobs or failed is not None:
         msg = (proc.stderr or proc.stdout).strip().splitlines()
         detail = msg[-1] if msg else f"status {proc.returncode}"
-        if job is not None and job.get("error"):
-            detail = f"{detail} (error {job['error']}: {os.strerror(job['error'])})"
+        if failed is not None:
+            detail = f"{detail} (error {failed['error']}: {os.strerror(failed['error'])})"
         raise FioError(f"fio {name} failed: {detail}")
-    return job
+    return jobs
 
 
 def _rate(job: dict[str, Any], way: str = "write") -> dict[str, Any]:
@@ -232,6 +260,36 @@ def write_4k_fdatasync(work: Path, size: int, runtime_s: int) -> dict[str, Any]:
         "fdatasync": sync,
         "note": "write + fdatasync percentiles are the sums of fio's write and sync percentiles",
     }
+
+
+def fdatasync_under_reads(work: Path, size: int, runtime_s: int) -> dict[str, Any]:
+    """4 KiB write + fdatasync latency while a sequential reader keeps 16 MiB of reads in
+    flight on the same disk (as a catch-up consumer's read-ahead does), with the reader in the
+    default I/O class and then in the idle class (``storage.read_priority=low``)."""
+    out: dict[str, Any] = {}
+    for label, reader_class in (("reader_default", None), ("reader_idle", 3)):
+        reader: dict[str, Any] = dict(
+            rw="read", bs="1m", size=size, direct=1, ioengine="libaio", iodepth=16, time_based=1
+        )
+        if reader_class is not None:
+            reader["prioclass"] = reader_class
+        jobs = run_fio_jobs(
+            work,
+            f"sync-{label}",
+            runtime_s,
+            beside=reader,
+            rw="write",
+            bs="4k",
+            size=16 * MIB,
+            fdatasync=1,
+            time_based=1,
+            percentile_list="50:99:99.9",
+        )
+        out[label] = {
+            "fdatasync": _pcts(jobs[0]["sync"]["lat_ns"]),
+            "read_mb_per_s": _rate(jobs[1], "read")["mb_per_s"],
+        }
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -602,6 +602,20 @@ class Runner:
         evicted = evict_page_cache(target.data_dirs())
         phase_records = int(rate * w.phase_duration_s)
         phases: dict[str, LoadResult] = {}
+        # The broker's own view of produce latency (Stratalog's request histogram), per phase:
+        # it tells the broker's share of the clients' p99 from the clients' own scheduling.
+        # Its fsync histogram tells the disk's share (a group commit's fsync time).
+        strat = target if isinstance(target, StratalogTarget) else None
+
+        def buckets() -> dict[str, dict[float, float]]:
+            if strat is None:
+                return {}
+            return {
+                "produce": strat.histogram_buckets("stratalog_request_seconds", api="produce"),
+                "fsync": strat.histogram_buckets("stratalog_fsync_seconds"),
+            }
+
+        broker_p99: dict[str, dict[str, float | None]] = {}
         for phase in ("alone", "with-backlog-readers"):
             # Fresh tail topics per phase, so each phase's tail consumers read only its records.
             tail_topics = topic_names(w, f"-tail-{phase}")
@@ -623,6 +637,7 @@ class Runner:
                     for i in range(w.backlog_consumers)
                 ]
             tail_w = w.with_overrides(max_duration_s=w.phase_duration_s * 2 + 30)
+            before = buckets()
             phases[phase] = run_load(
                 target,
                 producer_jobs(tail_w, tail_topics, rate, phase_records),
@@ -632,6 +647,12 @@ class Runner:
                 drain_timeout_s=w.drain_timeout_s,
                 counted_consumers=w.consumers,
             )
+            if strat is not None:
+                after = buckets()
+                broker_p99[phase] = {}
+                for what, b in after.items():
+                    q = hist.bucket_quantile(before.get(what, {}), b, 0.99)
+                    broker_p99[phase][what] = q * 1000 if q is not None else None
         alone, busy = phases["alone"], phases["with-backlog-readers"]
         res = _result_from_load(w, target, busy, params)
         # Results arrive in the order the processes finish: tell the readers apart by group.
@@ -660,6 +681,14 @@ class Runner:
             publish_with_backlog=p_busy,
             p99_increase=(p_busy["p99"] / p_alone["p99"] - 1.0) if p_alone and p_busy else None,
         )
+        for what, phase, key in (
+            ("produce", "alone", "broker_produce_p99_alone_ms"),
+            ("produce", "with-backlog-readers", "broker_produce_p99_with_backlog_ms"),
+            ("fsync", "alone", "fsync_p99_alone_ms"),
+            ("fsync", "with-backlog-readers", "fsync_p99_with_backlog_ms"),
+        ):
+            if phase in broker_p99:
+                res.extra[key] = broker_p99[phase].get(what)
         return res
 
     def _burst_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -257,8 +258,9 @@ class StratalogTarget(KafkaProtocolTarget):
         self.settings: dict[str, str] = {
             "fsync": workload.fsync,
             "storage.layout": workload.layout,
-            "admin.port": "-1",
+            "admin.port": "{admin_port}",  # a free port, chosen at start: /metrics is read
         }
+        self.admin = ""
         known = workload.vars
 
         def fill(v: object) -> str:
@@ -274,6 +276,7 @@ class StratalogTarget(KafkaProtocolTarget):
             "group_commit_ms",
             "tiers.hot.capacity",
             "fetch.backlog.max_bytes_per_sec",
+            "storage.read_priority",
         )
         shown = ", ".join(f"{k}={self.settings[k]}" for k in keys if k in self.settings)
         return f"Stratalog ({shown})"
@@ -297,9 +300,12 @@ class StratalogTarget(KafkaProtocolTarget):
             "--log-level",
             "WARNING",
         ]
+        admin_port = free_port()
+        self.admin = f"127.0.0.1:{admin_port}"
         for k, v in self.settings.items():
             # "{workdir}" in a value is this target's temporary directory (a cold tier's path).
-            cmd += ["--set", f"{k}={v.replace('{workdir}', str(wd))}"]
+            v = v.replace("{workdir}", str(wd)).replace("{admin_port}", str(admin_port))
+            cmd += ["--set", f"{k}={v}"]
         self.log_path = wd / "broker.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -326,6 +332,27 @@ class StratalogTarget(KafkaProtocolTarget):
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def histogram_buckets(self, name: str, **labels: str) -> dict[float, float]:
+        """One of the broker's own histograms (cumulative counts by upper bound, seconds),
+        read from its /metrics endpoint; empty if it cannot be read."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            with urllib.request.urlopen(f"http://{self.admin}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out: dict[float, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name != name:
+                continue
+            for s in family.samples:
+                if s.name.endswith("_bucket") and all(
+                    s.labels.get(k) == v for k, v in labels.items()
+                ):
+                    out[float(s.labels["le"])] = s.value
+        return out
 
     def tier_plan(self) -> dict[str, float] | None:
         """The hot tier's capacity, threshold, segment size and the cold tier's write budget,

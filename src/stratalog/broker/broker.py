@@ -18,7 +18,7 @@ from typing import Any
 
 from stratalog.broker.admin_http import AdminServer
 from stratalog.broker.core import BrokerCore
-from stratalog.broker.dispatch import make_dispatch
+from stratalog.broker.dispatch import make_dispatch, request_timers
 from stratalog.broker.server import KafkaServer
 from stratalog.config import BrokerConfig
 
@@ -40,7 +40,11 @@ class BrokerService:
     def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
         self.core = BrokerCore(data_dir, config)
         self.server = KafkaServer(
-            make_dispatch(self.core), config["host"], config["port"], config["max_request_bytes"]
+            make_dispatch(self.core),
+            config["host"],
+            config["port"],
+            config["max_request_bytes"],
+            request_timers(),
         )
         self.admin: AdminServer | None = None
 

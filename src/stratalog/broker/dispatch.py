@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from stratalog.broker import metrics
 from stratalog.protocol import versions as v
 
@@ -48,3 +50,11 @@ def make_dispatch(core):
         return HANDLERS[request.api_key](core, request, conn)
 
     return dispatch
+
+
+def request_timers() -> dict[int, Callable[[float], None]]:
+    """The latency histogram's ``observe`` per API key (labels resolved once, not per request)."""
+    return {
+        k: metrics.REQUEST_SECONDS.labels(h.__name__.removeprefix("handle_")).observe
+        for k, h in HANDLERS.items()
+    }

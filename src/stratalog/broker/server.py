@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,11 +30,24 @@ Handler = Callable[[Request, "ClientConnection"], Response | Awaitable[Response]
 _MAX_QUEUED = 64  # requests in flight per connection before we stop reading from it
 
 
+# Per API key, where a request's latency goes (a histogram's observe); none: not measured.
+Timers = dict[int, Callable[[float], None]]
+
+
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, dispatch: Handler, max_request_bytes: int, on_close: Callable) -> None:
+    def __init__(
+        self,
+        dispatch: Handler,
+        max_request_bytes: int,
+        on_close: Callable,
+        timers: Timers | None = None,
+    ) -> None:
         self._dispatch = dispatch
         self._conn = KafkaConnection(max_request_bytes)
         self._queue: deque[Any] = deque()
+        # Beside each queued response: when its request arrived and where its latency goes.
+        self._started: deque[tuple[float, Callable[[float], None] | None]] = deque()
+        self._timers = timers or {}
         self._on_close = on_close
         self.transport: asyncio.Transport | None = None
         self.peer: str = ""
@@ -70,6 +84,7 @@ class ClientConnection(asyncio.Protocol):
             else:
                 _release(item)
         self._queue.clear()
+        self._started.clear()
         self._on_close(self)
 
     def pause_writing(self) -> None:
@@ -99,6 +114,7 @@ class ClientConnection(asyncio.Protocol):
 
     # -- request handling ----------------------------------------------------------------------
     def _start(self, request: Request) -> None:
+        t0 = time.monotonic()
         try:
             result = self._dispatch(request, self)
         except Exception:
@@ -113,6 +129,7 @@ class ClientConnection(asyncio.Protocol):
             if result is None and not self._queue:
                 return  # acks=0: nothing to send, nothing to wait for
             self._queue.append(result)
+        self._started.append((t0, self._timers.get(request.api_key)))
         self._flush()
 
     def _future_done(self, _fut: asyncio.Future) -> None:
@@ -128,6 +145,7 @@ class ClientConnection(asyncio.Protocol):
                 if not head.done():
                     break
                 queue.popleft()
+                self._done_one()
                 if head.cancelled():
                     continue
                 exc = head.exception()
@@ -138,6 +156,7 @@ class ClientConnection(asyncio.Protocol):
                 head = head.result()
             else:
                 queue.popleft()
+                self._done_one()
             if head is None:
                 continue
             assert transport is not None
@@ -146,6 +165,11 @@ class ClientConnection(asyncio.Protocol):
             else:
                 self._send_parts(head)
         self._update_reading()
+
+    def _done_one(self) -> None:
+        t0, observe = self._started.popleft()
+        if observe is not None:
+            observe(time.monotonic() - t0)
 
     def _send_parts(self, parts: list[Any]) -> None:
         """Write a response made of memory parts and file slices, in order.
@@ -271,8 +295,16 @@ def _release(item: Any) -> None:
 
 
 class KafkaServer:
-    def __init__(self, dispatch: Handler, host: str, port: int, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        dispatch: Handler,
+        host: str,
+        port: int,
+        max_request_bytes: int,
+        timers: Timers | None = None,
+    ) -> None:
         self._dispatch = dispatch
+        self._timers = timers
         self.host = host
         self.port = port
         self._max_request_bytes = max_request_bytes
@@ -283,7 +315,9 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: self._track(
-                ClientConnection(self._dispatch, self._max_request_bytes, self._untrack)
+                ClientConnection(
+                    self._dispatch, self._max_request_bytes, self._untrack, self._timers
+                )
             ),
             self.host,
             self.port,

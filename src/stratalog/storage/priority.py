@@ -2,8 +2,12 @@
 
 BookKeeper keeps catch-up reads off the journal's path with separate disks and threads; on one
 machine the nearest thing is to let the kernel schedule backlog reads after the write path:
-a higher nice value for the CPU scheduler and the lowest best-effort I/O class level for the
-block layer. Both are hints: where the platform refuses them, reads still run as before.
+a higher nice value for the CPU scheduler and the idle I/O class for the block layer. On one
+disk a sequential catch-up reader raised fdatasync's p99 from 0.4 ms to 20-28 ms here, because
+its read-ahead queued in front of the journal's writes; in the idle class (which mq-deadline and
+BFQ serve after every best-effort request, with aging against starvation) it was 5-9 ms, at the
+same read throughput. A best-effort level alone changed nothing: mq-deadline orders by class.
+Both are hints: where the platform refuses them, reads still run as before.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ log = logging.getLogger(__name__)
 _SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(platform.machine())
 _SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
 _IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread only
-_IOPRIO_CLASS_BE = 2
+_IOPRIO_CLASS_IDLE = 3
 _IOPRIO_CLASS_SHIFT = 13
 LOW_NICE = 10
+LOW_IOPRIO = _IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT  # ioprio_get's value for the idle class
 
 
 def lower_this_thread() -> None:
-    """Run the calling thread at nice LOW_NICE and best-effort I/O level 7 (the lowest)."""
+    """Run the calling thread at nice LOW_NICE and in the idle I/O class."""
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)
@@ -35,7 +40,7 @@ def lower_this_thread() -> None:
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        value = (_IOPRIO_CLASS_BE << _IOPRIO_CLASS_SHIFT) | 7
+        value = LOW_IOPRIO
         if libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, tid, value) != 0:
             log.debug("ioprio_set refused: errno %d", ctypes.get_errno())
     except (OSError, AttributeError) as e:

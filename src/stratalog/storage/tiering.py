@@ -200,11 +200,12 @@ class Migrator:
         cold = self.store.cold
         return cold is not None and cold.local and self.settings.hot_capacity > 0
 
-    def hot_full(self) -> bool:
-        """Whether new segments should go to the cold tier now (asked at every roll)."""
+    def hot_full(self, segment_bytes: int = 0) -> bool:
+        """Whether a new segment of ``segment_bytes`` should go to the cold tier (asked at
+        every roll): it would not fit in the hot tier's capacity."""
         if not self._can_spill() or self.store.cold_error is not None:
             return False  # a cold tier known to be failing takes no new segments
-        return self.hot_usage() >= self.settings.hot_capacity
+        return self.hot_usage() + segment_bytes > self.settings.hot_capacity
 
     def _update_spill(self) -> None:
         if not self._can_spill():

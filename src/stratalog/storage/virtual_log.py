@@ -78,9 +78,9 @@ class VirtualLog:
         # Where new segments go while the hot tier is full (a local cold tier only).
         self.spill_directory: Path | None = None
         self.spill = False
-        # Asked at each roll whether the hot tier is full (set by the migrator), so a burst
-        # cannot overrun the capacity by more than the active segment between its checks.
-        self.spill_policy: Callable[[], bool] | None = None
+        # Asked at each roll whether a new segment of this size still fits in the hot tier
+        # (set by the migrator), so a burst cannot overrun the capacity between its checks.
+        self.spill_policy: Callable[[int], bool] | None = None
 
     # -- opening and closing -------------------------------------------------------------------
     def open(self) -> dict[int, list[IndexEntry]]:
@@ -206,7 +206,7 @@ class VirtualLog:
         old.flush_index()
         where = self.directory
         if self.spill_policy is not None and self.spill_directory is not None:
-            self.spill = self.spill_policy()
+            self.spill = self.spill_policy(self.segment_bytes)
         new: Segment | None = None
         if self.spill and self.spill_directory is not None:
             # The hot tier is full: new segments go to the cold tier's directory (Pafka).

@@ -78,19 +78,15 @@ def _gather(core, req: Request, plan, max_bytes: int):
     return topics, total, reads, logs, errors
 
 
-# A backlog read asks the kernel for this much beyond the span it needs (see _read_ahead).
-READ_AHEAD_BYTES = 8 * 1024 * 1024
-_MAX_SPAN = 64 * 1024 * 1024
-
-
-def _read_ahead(parts: list) -> None:
-    """Ask the kernel to read the whole span of each segment this answer touches, plus
-    READ_AHEAD_BYTES, in one go (posix_fadvise WILLNEED, asynchronous).
+def _read_ahead(parts: list, ahead: int) -> None:
+    """Ask the kernel to read the span of each segment this answer touches (up to ``ahead``
+    bytes of it), plus ``ahead`` bytes more, in one go (posix_fadvise WILLNEED, asynchronous).
 
     In a virtual log the chunks of one partition sit between other partitions' chunks: read one
     by one, a catch-up consumer issues many small random reads that queue in front of the
     journal's fsyncs. One large sequential read serves this partition's next fetches and the
-    other partitions sharing the log, whose consumers drain the same region.
+    other partitions sharing the log, whose consumers drain the same region. It is bounded:
+    everything asked for at once queues in the disk ahead of the journal's next fsync.
     """
     spans: dict[int, list] = {}
     for p in parts:
@@ -103,17 +99,17 @@ def _read_ahead(parts: list) -> None:
                 s[2] = max(s[2], p.position + p.size)
     for segment, lo, hi in spans.values():
         try:
-            length = min(hi - lo, _MAX_SPAN) + READ_AHEAD_BYTES
+            length = min(hi - lo, ahead) + ahead
             os.posix_fadvise(segment.fd, lo, length, os.POSIX_FADV_WILLNEED)
         except (OSError, ValueError):
             pass  # a hint only: the reads below still work without it
 
 
-def _read_cold(parts: list) -> str | None:
+def _read_cold(parts: list, ahead: int) -> str | None:
     """Replace the slices of one partition's answer that are not in the page cache by their
     bytes (on the read pool); return an error text instead if the storage fails."""
     failure = None
-    _read_ahead(parts)
+    _read_ahead(parts, ahead)
     for i, p in enumerate(parts):
         if isinstance(p, FileSlice) and (failure is not None or not p.resident()):
             try:
@@ -172,8 +168,9 @@ async def handle_fetch(core, req: Request, conn):
     if cold:
         # One task per partition: a Fetch over many partitions of history reads them at once.
         loop = asyncio.get_running_loop()
+        ahead = core.config["fetch.read_ahead.bytes"]
         failures = await asyncio.gather(
-            *(loop.run_in_executor(core.read_executor, _read_cold, parts) for parts in cold)
+            *(loop.run_in_executor(core.read_executor, _read_cold, parts, ahead) for parts in cold)
         )
         failed = {id(parts): f for parts, f in zip(cold, failures, strict=True) if f}
         if failed:

@@ -1,0 +1,70 @@
+"""The broker's request latency histogram (Kafka's TotalTimeMs), read from its own /metrics
+endpoint while real clients produce and fetch."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from stratalog import Broker
+
+from .conftest import create_topic
+
+
+def _scrape(admin: str) -> dict[tuple[str, str], float]:
+    """Every stratalog_request_seconds sample, as (sample name, api) -> value."""
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(("stratalog_request", "stratalog_fsync")):
+                key = s.name if "le" not in s.labels else f"{s.name}{{le={s.labels['le']}}}"
+                out[(key, s.labels.get("api", ""))] = s.value
+    return out
+
+
+def test_every_answered_request_is_timed_by_api(tmp_path):
+    with Broker(tmp_path / "data") as b:
+        admin = b.service.core.admin_address
+        create_topic(b.bootstrap, "timed", 2)
+        before = _scrape(admin)
+
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 2})
+        for i in range(2000):
+            p.produce("timed", value=b"%05d" % i, partition=i % 2)
+            if i % 500 == 499:
+                p.flush(10)  # several produce requests, each answered after its fsync
+        assert p.flush(10) == 0
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "timed"})
+        c.assign([TopicPartition("timed", 0, 0), TopicPartition("timed", 1, 0)])
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < 2000 and time.monotonic() < deadline:
+            got += sum(1 for m in c.consume(500, 0.5) if m.error() is None)
+        c.close()
+        assert got == 2000
+        after = _scrape(admin)
+
+    def delta(name: str, api: str) -> float:
+        return after.get((name, api), 0.0) - before.get((name, api), 0.0)
+
+    for api in ("produce", "fetch", "metadata"):
+        n = delta("stratalog_requests_total", api)
+        timed = delta("stratalog_request_seconds_count", api)
+        assert n > 0, api
+        if api == "produce":
+            # Each produce was answered (flush returned) and timed once.
+            assert timed == n
+        else:
+            # A consumer's last long poll, or a request on a connection closing, may still be
+            # unanswered: not timed (yet).
+            assert 0 < timed <= n, api
+        assert delta("stratalog_request_seconds_sum", api) > 0, api
+        assert delta("stratalog_request_seconds_bucket{le=+Inf}", api) == timed, api
+    # Every acknowledged produce waited for a group commit (fsync=always): those were timed.
+    assert delta("stratalog_fsync_seconds_count", "") > 0
+    assert delta("stratalog_fsync_seconds_sum", "") > 0
