@@ -47,6 +47,15 @@ def test_every_workload_file_loads_in_both_profiles():
     assert {"stratalog", "kafka", "nats", "redis", "redis-benchmark"} <= kinds
 
 
+def test_experiment_files_load_by_path():
+    """bench/experiments/ holds one-off comparisons that docs/benchmarks.md cites by path."""
+    files = sorted((Path(__file__).parent.parent / "bench" / "experiments").glob("*.toml"))
+    assert files
+    for f in files:
+        (w,) = find_workloads([str(f)])
+        assert w.name == f.stem and len(w.targets) >= 2, f
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

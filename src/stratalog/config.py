@@ -85,7 +85,7 @@ SETTINGS: dict[str, Setting] = {
         _S(
             "storage.read_priority",
             str,
-            "low",
+            "normal",
             "CPU and I/O priority of the read pool's threads: normal, or low (nice +10 and "
             "the idle I/O class, so backlog reads yield to the write path).",
         ),
