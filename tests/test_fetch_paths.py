@@ -149,3 +149,47 @@ def test_backlog_reads_are_held_to_their_budget_and_tail_reads_are_not(tmp_path)
         assert took >= (from_files - rate) / rate, (took, from_files)
     # The same budget with the in-memory tail: nothing is counted against it.
     _tail_round_trip({"fetch.backlog.max_bytes_per_sec": rate})
+
+
+def _evict(data_dir) -> None:
+    for seg in (data_dir / "logs").glob("*/*.log"):
+        fd = os.open(seg, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def test_a_paced_backlog_fetch_abandoned_by_its_client_releases_its_segments(tmp_path):
+    # With a budget, a backlog fetch waits for its bytes' turn partition by partition. A client
+    # that leaves meanwhile must not leave the fetch's segment references behind (a held
+    # segment can never be deleted by retention or migration).
+    config = {"cache.tail_bytes_per_partition": 0, "fetch.backlog.max_bytes_per_sec": 200_000}
+    with Broker(tmp_path / "d", config=config) as b:
+        create_topic(b.bootstrap, "paced", partitions=4)
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5})
+        for i in range(4000):
+            p.produce("paced", value=b"%06d" % i + os.urandom(1000), partition=i % 4)
+        assert p.flush(20) == 0
+        _evict(b.data_dir)
+
+        def refs() -> list[int]:
+            segs = [s for v in b.core.store.logs.values() for s in v.segments.values()]
+            return [s._refs for s in segs]
+
+        at_rest = b.call(refs)
+        assert at_rest and set(at_rest) == {1}  # only each owning log's reference
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "paced"})
+        c.assign([TopicPartition("paced", i, 0) for i in range(4)])
+        got = 0
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            got += sum(1 for m in c.consume(500, 0.2) if m.error() is None)
+        held = b.call(refs)
+        c.close()  # while fetches are still waiting for the budget: 4 MB at 0.2 MB/s
+        assert got < 4000 and max(held) > 1, (got, held)
+        deadline = time.monotonic() + 10
+        while b.call(refs) != at_rest and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert b.call(refs) == at_rest
