@@ -78,14 +78,7 @@ def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
         memory, sendfile, copied = _delta(before, _counters())
         assert sendfile >= N * 500 * 0.5, (memory, sendfile, copied)
 
-        # Evict the (synced) segment files from the page cache: now every read is cold.
-        for seg in (b.data_dir / "logs").glob("*/*.log"):
-            fd = os.open(seg, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        _evict(b.data_dir)  # now every read is cold
         before = _counters()
         assert _consume(b.bootstrap, "warm") == values
         memory, sendfile, copied = _delta(before, _counters())
@@ -152,6 +145,7 @@ def test_backlog_reads_are_held_to_their_budget_and_tail_reads_are_not(tmp_path)
 
 
 def _evict(data_dir) -> None:
+    """Drop the (synced) segment files from the page cache."""
     for seg in (data_dir / "logs").glob("*/*.log"):
         fd = os.open(seg, os.O_RDONLY)
         try:
