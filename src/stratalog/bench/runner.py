@@ -703,14 +703,15 @@ class Runner:
         target.create_topics(topics, w.partitions)
         plan = target.tier_plan() if isinstance(target, StratalogTarget) else None
         hot = target.hot_bytes if isinstance(target, StratalogTarget) else None
-        if w.prefill_bytes:
+        prefill = max(1, w.prefill_bytes // w.record_size) if w.prefill_bytes else 0
+        if prefill:
             fill = run_load(
                 target,
                 producer_jobs(
                     w.with_overrides(acks="1", latency_sample_every=1000),
                     topics,
                     None,
-                    max(1, w.prefill_bytes // w.record_size),
+                    prefill,
                 ),
                 [],
                 label=f"{w.name} · {target.name} · prefill",
@@ -757,7 +758,7 @@ class Runner:
             timeline, load.t_start, t_end, drained_at, rate * w.record_size, plan, hot_before
         )
         res.stored = target.count_records(topics, w.partitions)
-        expected = w.records + (max(1, w.prefill_bytes // w.record_size) if w.prefill_bytes else 0)
+        expected = w.records + prefill
         if res.ok and res.stored is not None and res.stored < expected:
             res.ok = False
             res.error = f"the server holds {res.stored} records, {expected} were acknowledged"
@@ -789,14 +790,13 @@ def burst_analysis(
     cap, thr, cold = plan["capacity"], plan["threshold"], plan["cold_bytes_per_s"]
     seg = plan["segment_bytes"]
     during = [(t, a, h) for t, a, h in timeline if t <= t_end]
-    hot0 = hot_before
-    reserve = max(0.0, cap - hot0)
+    reserve = max(0.0, cap - hot_before)
     full = next(((t, a) for t, a, h in during if h >= cap - seg), None)
     out.update(
         capacity_mb=cap / 1e6,
         threshold=thr,
         cold_mb_per_s=cold / 1e6,
-        hot_at_start_mb=hot0 / 1e6,
+        hot_at_start_mb=hot_before / 1e6,
         reserve_mb=reserve / 1e6,
         pafka_absorb_s=reserve / burst_bytes_per_s,
         expected_absorb_s=reserve / (burst_bytes_per_s - cold)

@@ -210,15 +210,14 @@ class Migrator:
     def _update_spill(self) -> None:
         if not self._can_spill():
             return
-        s = self.settings
-        full = self.hot_usage() >= s.hot_capacity
+        full = self.hot_full()
         if full != self.stats.spilling:
             self.stats.spilling = full
             if full:
                 log.warning(
                     "hot tier full (%d of %d bytes): new segments go to the cold tier",
                     self.hot_usage(),
-                    s.hot_capacity,
+                    self.settings.hot_capacity,
                 )
             else:
                 log.info("hot tier below capacity again: new segments go to the hot tier")

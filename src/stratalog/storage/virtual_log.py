@@ -204,7 +204,6 @@ class VirtualLog:
         old = self.active
         old.sealed = True
         old.flush_index()
-        where = self.directory
         if self.spill_policy is not None and self.spill_directory is not None:
             self.spill = self.spill_policy(self.segment_bytes)
         new: Segment | None = None
@@ -218,7 +217,7 @@ class VirtualLog:
                 # hot device can still take: past its capacity is better than an error.
                 log.warning("cannot spill to the cold tier (%s): segment stays hot", e)
         if new is None:
-            new = Segment(where, old.seq + 1, create=True)
+            new = Segment(self.directory, old.seq + 1, create=True)
         self.segments[new.seq] = new
         self.active = new
         # The sealed segment's index must be durable before a checkpoint can point past it.
