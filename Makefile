@@ -23,7 +23,7 @@ system-deps:
 kafka-deps: $(STAMP)
 	@$(PY) -c 'from stratalog.peers.kafka import resolve_kafka; print("Apache Kafka jars in", resolve_kafka())'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/stratalog/client/_columns.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip

@@ -14,6 +14,8 @@ declare -A wanted=(
   [redis-server]=redis-server
   [redis-benchmark]=redis-tools
   [fio]=fio
+  # Compiles the native column decoder (src/stratalog/client/_columns.c) at install.
+  [gcc]=gcc
 )
 for extra in "$@"; do wanted[${extra%%:*}]=${extra#*:}; done
 

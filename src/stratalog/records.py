@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import cramjam
 
-from stratalog.storage.batch import HEADER_SIZE, BatchHeader, CorruptBatchError, parse_header
+from stratalog.storage.batch import (
+    COMPRESSION_MASK,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    BatchHeader,
+    CorruptBatchError,
+    pack_header,
+    parse_header,
+)
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
@@ -92,6 +100,37 @@ def _bytes_field(buf: bytes, pos: int) -> tuple[bytes | None, int]:
     if n < 0:
         return None, pos
     return buf[pos : pos + n], pos + n
+
+
+def uncompressed_batches(raw: bytes | memoryview) -> bytes:
+    """``raw`` with every compressed batch replaced by the same batch uncompressed.
+
+    For readers that decode only uncompressed batches (the native column decoder). The CRC of a
+    rewritten batch is left as it was, so the result is for decoding, never for storing. A
+    partial batch at the end is dropped.
+    """
+    mv = memoryview(raw)
+    out = bytearray()
+    pos = 0
+    while len(mv) - pos >= HEADER_SIZE:
+        h = parse_header(mv, pos)
+        if h.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+            raise CorruptBatchError(f"batch length {h.batch_length} is smaller than a header")
+        if pos + h.size > len(mv):
+            break
+        if h.magic != 2 or not h.compression:
+            out += mv[pos : pos + h.size]
+        else:
+            body = decompress(h.compression, mv[pos + HEADER_SIZE : pos + h.size])
+            out += pack_header(
+                h._replace(
+                    batch_length=HEADER_SIZE - LOG_OVERHEAD + len(body),
+                    attributes=h.attributes & ~COMPRESSION_MASK,
+                )
+            )
+            out += body
+        pos += h.size
+    return bytes(out)
 
 
 def iter_records(batch: bytes | memoryview, header: BatchHeader | None = None) -> Iterator[Record]:

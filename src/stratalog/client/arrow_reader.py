@@ -1,8 +1,11 @@
 """Raw record batches to Arrow columns, with the schema of Spark's Kafka source.
 
 Batches are fetched as stored (no per-record objects on the broker or in librdkafka) and
-decoded here with aiokafka's Cython record decoder (pinned; it also decompresses), one column
-per field, then handed to Arrow in bulk. A pure-Python decoder is the fallback.
+decoded here. The fast path is this package's native decoder (``_columns.c``), which writes keys,
+values, offsets and timestamps straight into Arrow buffers without a Python object per record;
+compressed batches are decompressed first. Headers and producer ids, and a build without a C
+compiler, take the general path: aiokafka's Cython record decoder (pinned) into Python lists,
+then Arrow in bulk, with a pure-Python decoder as the last resort.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stratalog.client.wire import WireClient, WireError
+from stratalog.records import uncompressed_batches
+
+try:
+    from stratalog.client import _columns as _native
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native = None
 
 try:  # aiokafka's private module path; wrapped here so a change breaks only this file
     from aiokafka.record._crecords import MemoryRecords as _MemoryRecords
@@ -80,21 +89,63 @@ class ArrowDecoder:
                 pa.field("sequence", pa.int64())
             )
         self._cols = _Columns.empty(include_headers, include_producer)
+        # Decoded pieces in offset order, joined by flush(); the native path adds one per call.
+        self._chunks: list[pa.RecordBatch] = []
+        self._rows = 0
+        self.native = _native is not None and not include_headers and not include_producer
 
     def __len__(self) -> int:
-        return len(self._cols)
+        return self._rows + len(self._cols)
 
-    def add(self, raw: bytes, start: int, end: int) -> int:
+    def add(self, raw: bytes | bytearray | memoryview, start: int, end: int) -> int:
         """Decode the batches in ``raw``; keep records with start <= offset < end.
 
         Returns the offset after the last record seen (where the next fetch starts), or
         ``start`` if ``raw`` held no complete batch.
         """
+        if self.native:
+            try:
+                return self._add_native(raw, start, end)
+            except NotImplementedError:
+                pass  # a magic other than 2: the general path below reads it
+            nxt = self._add_general(raw, start, end)
+            if len(self._cols):
+                self._rows += len(self._cols)
+                self._chunks.append(self._columns_batch())
+            return nxt
+        return self._add_general(raw, start, end)
+
+    def _add_native(self, raw: bytes | bytearray | memoryview, start: int, end: int) -> int:
+        try:
+            out = _native.decode(raw, start, end)
+        except NotImplementedError:
+            out = _native.decode(uncompressed_batches(raw), start, end)
+        nxt, n, kv, ko, kd, vv, vo, vd, offs, ts, types, kn, vn = out
+        if n:
+            buf = pa.py_buffer
+            arrays = [
+                pa.Array.from_buffers(
+                    pa.binary(), n, [kv and buf(kv), buf(ko), buf(kd)], null_count=kn
+                ),
+                pa.Array.from_buffers(
+                    pa.binary(), n, [vv and buf(vv), buf(vo), buf(vd)], null_count=vn
+                ),
+                pa.repeat(pa.scalar(self.topic, pa.string()), n),
+                pa.repeat(pa.scalar(self.partition, pa.int32()), n),
+                pa.Array.from_buffers(pa.int64(), n, [None, buf(offs)]),
+                pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, buf(ts)]),
+                pa.Array.from_buffers(pa.int32(), n, [None, buf(types)]),
+            ]
+            self._chunks.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+            self._rows += n
+        return nxt
+
+    def _add_general(self, raw: bytes | bytearray | memoryview, start: int, end: int) -> int:
         if _MemoryRecords is None:
             return self._add_python(raw, start, end)
         c = self._cols
         nxt = start
-        mr = _MemoryRecords(raw)
+        mr = _MemoryRecords(raw if isinstance(raw, bytes) else bytes(raw))
         while True:
             batch = mr.next_batch()
             if batch is None:
@@ -168,6 +219,23 @@ class ArrowDecoder:
 
     def flush(self) -> pa.RecordBatch:
         """The records gathered so far as one RecordBatch (then starts afresh)."""
+        chunks = self.drain()
+        if not chunks:
+            return self._columns_batch()
+        if len(chunks) == 1:
+            return chunks[0]
+        return pa.Table.from_batches(chunks, self.schema).combine_chunks().to_batches()[0]
+
+    def drain(self) -> list[pa.RecordBatch]:
+        """The records gathered so far as RecordBatches in offset order, without joining them
+        (joining copies every value once more); then starts afresh."""
+        if len(self._cols):
+            self._chunks.append(self._columns_batch())
+        chunks, self._chunks, self._rows = self._chunks, [], 0
+        return chunks
+
+    def _columns_batch(self) -> pa.RecordBatch:
+        """The records gathered by the general path as one RecordBatch (then starts afresh)."""
         c = self._cols
         n = len(c)
         ts = pa.array(c.timestamps, pa.int64())
@@ -225,6 +293,5 @@ def read_partition(
             raise WireError(f"fetch {topic}/{partition} at {offset} made no progress")
         offset = nxt
         if len(dec) >= rows_per_batch:
-            yield dec.flush()
-    if len(dec):
-        yield dec.flush()
+            yield from dec.drain()
+    yield from dec.drain()

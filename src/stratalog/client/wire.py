@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratalog.protocol import codec
+from stratalog.protocol.errors import ErrorCode
+from stratalog.protocol.fetch import decode_fetch_response
 
 _I32 = struct.Struct(">i")
 
@@ -45,7 +47,7 @@ class PartitionData:
     error_code: int
     high_watermark: int
     log_start_offset: int
-    records: bytes
+    records: bytes | memoryview  # a view of the response frame when fetched by WireClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,9 @@ class WireClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _recv_exactly(self, n: int) -> bytes:
+    def _recv_exactly(self, n: int) -> memoryview:
+        # A read-only view of the buffer, not bytes(buf): a Fetch response is megabytes, and the
+        # codec copies out the fields it keeps anyway.
         sock = self._connect()
         buf = bytearray(n)
         view = memoryview(buf)
@@ -108,22 +112,29 @@ class WireClient:
                 self.close()
                 raise WireError("the broker closed the connection")
             got += k
-        return bytes(buf)
+        return view.toreadonly()
 
-    def request(self, api_key: int, version: int, body: Any) -> Any:
+    def _roundtrip(self, api_key: int, version: int, body: Any) -> tuple[int, memoryview]:
+        """Send one request; (its correlation id, the response frame without length prefix)."""
         cid = next(self._ids) & 0x7FFFFFFF
         frame = codec.encode_request(api_key, version, cid, self.client_id, body)
         try:
             self._connect().sendall(frame)
             (size,) = _I32.unpack(self._recv_exactly(4))
-            data = self._recv_exactly(size)
+            return cid, self._recv_exactly(size)
         except OSError as e:
             self.close()
             raise WireError(f"connection to the broker failed: {e}") from None
-        got, resp = codec.decode_response(api_key, version, data)
+
+    def _check_correlation(self, got: int, cid: int) -> None:
         if got != cid:
             self.close()
             raise WireError(f"correlation id {got} does not match request {cid}")
+
+    def request(self, api_key: int, version: int, body: Any) -> Any:
+        cid, data = self._roundtrip(api_key, version, body)
+        got, resp = codec.decode_response(api_key, version, data)
+        self._check_correlation(got, cid)
         return resp
 
     def _new(self, api_key: int, version: int, entity: str | None = None, /, **fields: Any) -> Any:
@@ -232,18 +243,26 @@ class WireClient:
             forgotten_topics_data=(),
             rack_id="",
         )
-        resp = self.request(1, FETCH_V, body)
+        # Decoded by hand, not by the codec: the records stay views of the frame instead of
+        # being copied (megabytes per call on a catch-up or a Spark read).
+        cid, frame = self._roundtrip(1, FETCH_V, body)
+        try:
+            resp = decode_fetch_response(FETCH_V, frame)
+        except ValueError as e:
+            self.close()
+            raise WireError(str(e)) from None
+        self._check_correlation(resp.correlation_id, cid)
         if resp.error_code:
-            raise WireError(f"Fetch: {resp.error_code.name}", int(resp.error_code))
+            raise WireError(f"Fetch: {ErrorCode(resp.error_code).name}", resp.error_code)
         out = {}
-        for t in resp.responses:
-            for p in t.partitions:
-                out[p.partition_index] = PartitionData(
-                    p.partition_index,
-                    int(p.error_code),
+        for _, partitions in resp.topics:
+            for p in partitions:
+                out[p.index] = PartitionData(
+                    p.index,
+                    p.error_code,
                     p.high_watermark,
                     p.log_start_offset,
-                    p.records or b"",
+                    p.records if p.records is not None else b"",
                 )
         return out
 

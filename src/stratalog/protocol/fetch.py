@@ -94,3 +94,118 @@ def encode_fetch_response(
     I32.pack_into(first, 0, total - 4)
     parts[0] = bytes(first)
     return parts, total
+
+
+@dataclass(slots=True)
+class FetchedPartition:
+    """One partition of a decoded Fetch response; ``records`` is a view into the frame."""
+
+    index: int
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    aborted: list[tuple[int, int]] | None
+    records: memoryview | None
+
+
+@dataclass(slots=True)
+class FetchResponse:
+    correlation_id: int
+    error_code: int
+    throttle_ms: int
+    topics: list[tuple[str | uuid.UUID, list[FetchedPartition]]]
+
+
+class _Reader:
+    """Reads Kafka primitives from a frame; records stay views into it (never copied here)."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ValueError(f"Fetch response truncated at byte {self.pos} (needs {n} more)")
+        v = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return v
+
+    def fixed(self, s) -> int:
+        return s.unpack(self.take(s.size))[0]
+
+    def uvarint(self) -> int:
+        n = shift = 0
+        while True:
+            b = self.take(1)[0]
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return n
+            shift += 7
+            if shift > 35:
+                raise ValueError(f"Fetch response has an overlong varint at byte {self.pos}")
+
+    def length(self, flexible: bool, wide: bool = False) -> int:
+        """An array, string or bytes length; -1 for null."""
+        if flexible:
+            return self.uvarint() - 1
+        return self.fixed(I32 if wide else I16)
+
+    def skip_tags(self) -> None:
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            self.take(self.uvarint())
+
+
+def decode_fetch_response(version: int, frame: memoryview) -> FetchResponse:
+    """A Fetch response frame (without its length prefix), versions 4 to 16.
+
+    The client's counterpart of encode_fetch_response: by hand rather than through the codec so
+    that megabytes of records are handed on as views of the frame instead of copied.
+    """
+    if not 4 <= version <= 16:
+        raise ValueError(f"Fetch response version {version} is not supported here")
+    flexible = version >= 12
+    r = _Reader(memoryview(frame))
+    correlation_id = r.fixed(I32)
+    if flexible:
+        r.skip_tags()
+    throttle_ms = r.fixed(I32)
+    error_code = 0
+    if version >= 7:
+        error_code = r.fixed(I16)
+        r.fixed(I32)  # session id
+    topics: list[tuple[str | uuid.UUID, list[FetchedPartition]]] = []
+    for _ in range(max(0, r.length(flexible, wide=True))):
+        if version >= 13:
+            topic: str | uuid.UUID = uuid.UUID(bytes=bytes(r.take(16)))
+        else:
+            topic = bytes(r.take(r.length(flexible))).decode()
+        parts = []
+        for _ in range(max(0, r.length(flexible, wide=True))):
+            index, perr = r.fixed(I32), r.fixed(I16)
+            hw, lso = r.fixed(I64), r.fixed(I64)
+            log_start = r.fixed(I64) if version >= 5 else -1
+            n_aborted = r.length(flexible, wide=True)
+            aborted = None if n_aborted < 0 else []
+            for _ in range(max(0, n_aborted)):
+                aborted.append((r.fixed(I64), r.fixed(I64)))
+                if flexible:
+                    r.skip_tags()
+            if version >= 11:
+                r.fixed(I32)  # preferred read replica
+            size = r.length(flexible, wide=True)
+            records = None if size < 0 else r.take(size)
+            if flexible:
+                r.skip_tags()
+            parts.append(FetchedPartition(index, perr, hw, lso, log_start, aborted, records))
+        if flexible:
+            r.skip_tags()
+        topics.append((topic, parts))
+    if flexible:
+        r.skip_tags()
+    if r.pos != len(r.buf):
+        raise ValueError(f"Fetch response has {len(r.buf) - r.pos} bytes after its last field")
+    return FetchResponse(correlation_id, error_code, throttle_ms, topics)

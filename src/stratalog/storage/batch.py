@@ -108,6 +108,11 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> BatchHeader:
     return _tuple_new(BatchHeader, _HEADER.unpack_from(buf, pos))
 
 
+def pack_header(h: BatchHeader) -> bytes:
+    """The 61 header bytes of ``h`` (the inverse of parse_header)."""
+    return _HEADER.pack(*h)
+
+
 def validate_batch(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True) -> BatchHeader:
     """Validate one complete batch starting at ``pos`` and return its header.
 
