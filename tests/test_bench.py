@@ -155,6 +155,11 @@ def test_plain_cases_count_every_record(quick_run):
     every = find_workloads(["b"], "quick")[0].latency_sample_every
     assert b["records"] // every <= b["end_to_end"]["count"] <= b["consumed"]
     assert b["extra"]["kcat"]["records"] == b["records"]
+    # Stratalog's own histograms over the load: its produce time, and the group commits' fsync
+    # (fsync=always); a peer has neither.
+    assert 0 < b["extra"]["broker_produce_p99_ms"] < 60_000
+    assert 0 < b["extra"]["fsync_p99_ms"] < 60_000
+    assert "broker_produce_p99_ms" not in _one(quick_run, "b", "kafka")["extra"]
     # Kafka's own producer (the Java client) drove both brokers too, all records acknowledged.
     for workload, target in (("a", "stratalog"), ("a", "kafka"), ("b", "stratalog")):
         pt = _one(quick_run, workload, target)["extra"]["perf_test"]

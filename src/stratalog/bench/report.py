@@ -485,6 +485,15 @@ def markdown(run: dict[str, Any]) -> str:
                     f"- {r['target']}: after the producers, {t['hot'] / 1e6:,.0f} MB in the hot "
                     f"tier and {t['cold'] / 1e6:,.0f} MB in the cold tier"
                 )
+            if x.get("broker_produce_p99_ms") is not None:
+                lines.append("")
+                lines.append(
+                    f"- {r['target']}"
+                    + (f" ({_params(r)})" if r.get("params") else "")
+                    + f": the broker's own produce p99 (request received to response written) "
+                    f"{x['broker_produce_p99_ms']:.2f} ms, its group-commit fsync p99 "
+                    f"{_f(x.get('fsync_p99_ms'), 2)} ms"
+                )
             pt = x.get("perf_test")
             if isinstance(pt, dict) and "records_per_s" in pt:
                 lines.append("")

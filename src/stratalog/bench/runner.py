@@ -479,6 +479,7 @@ class Runner:
         topics = topic_names(w)
         target.create_topics(topics, w.partitions)
         label = f"{w.name} · {target.name}" + "".join(f" {k}={v}" for k, v in params.items())
+        before = broker_buckets(target)
         load = run_load(
             target,
             producer_jobs(w, topics, rate, records),
@@ -488,6 +489,11 @@ class Runner:
             drain_timeout_s=w.drain_timeout_s,
         )
         res = _result_from_load(w, target, load, params)
+        if before:
+            # The broker's share of the clients' publish p99, and the disk's share of that.
+            p99 = broker_p99_since(target, before)
+            res.extra["broker_produce_p99_ms"] = p99.get("produce")
+            res.extra["fsync_p99_ms"] = p99.get("fsync")
         if rate:
             res.extra["target_rate"] = rate
         res.stored = target.count_records(topics, w.partitions)
@@ -605,16 +611,6 @@ class Runner:
         # The broker's own view of produce latency (Stratalog's request histogram), per phase:
         # it tells the broker's share of the clients' p99 from the clients' own scheduling.
         # Its fsync histogram tells the disk's share (a group commit's fsync time).
-        strat = target if isinstance(target, StratalogTarget) else None
-
-        def buckets() -> dict[str, dict[float, float]]:
-            if strat is None:
-                return {}
-            return {
-                "produce": strat.histogram_buckets("stratalog_request_seconds", api="produce"),
-                "fsync": strat.histogram_buckets("stratalog_fsync_seconds"),
-            }
-
         broker_p99: dict[str, dict[str, float | None]] = {}
         for phase in ("alone", "with-backlog-readers"):
             # Fresh tail topics per phase, so each phase's tail consumers read only its records.
@@ -637,7 +633,7 @@ class Runner:
                     for i in range(w.backlog_consumers)
                 ]
             tail_w = w.with_overrides(max_duration_s=w.phase_duration_s * 2 + 30)
-            before = buckets()
+            before = broker_buckets(target)
             phases[phase] = run_load(
                 target,
                 producer_jobs(tail_w, tail_topics, rate, phase_records),
@@ -647,12 +643,8 @@ class Runner:
                 drain_timeout_s=w.drain_timeout_s,
                 counted_consumers=w.consumers,
             )
-            if strat is not None:
-                after = buckets()
-                broker_p99[phase] = {}
-                for what, b in after.items():
-                    q = hist.bucket_quantile(before.get(what, {}), b, 0.99)
-                    broker_p99[phase][what] = q * 1000 if q is not None else None
+            if before:
+                broker_p99[phase] = broker_p99_since(target, before)
         alone, busy = phases["alone"], phases["with-backlog-readers"]
         res = _result_from_load(w, target, busy, params)
         # Results arrive in the order the processes finish: tell the readers apart by group.
@@ -763,6 +755,26 @@ class Runner:
             res.ok = False
             res.error = f"the server holds {res.stored} records, {expected} were acknowledged"
         return res
+
+
+def broker_buckets(target: Target) -> dict[str, dict[float, float]]:
+    """Stratalog's own produce-request and group-commit fsync histograms (cumulative buckets
+    from /metrics); empty for other targets."""
+    if not isinstance(target, StratalogTarget):
+        return {}
+    return {
+        "produce": target.histogram_buckets("stratalog_request_seconds", api="produce"),
+        "fsync": target.histogram_buckets("stratalog_fsync_seconds"),
+    }
+
+
+def broker_p99_since(target: Target, before: dict[str, dict[float, float]]) -> dict:
+    """p99 in ms of each of broker_buckets' histograms over what was observed since ``before``."""
+    out: dict[str, float | None] = {}
+    for what, b in broker_buckets(target).items():
+        q = hist.bucket_quantile(before.get(what, {}), b, 0.99)
+        out[what] = q * 1000 if q is not None else None
+    return out
 
 
 def burst_analysis(
