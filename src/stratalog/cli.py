@@ -62,6 +62,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then shut down cleanly."""
+    from stratalog.broker import gc_policy
     from stratalog.broker.broker import BrokerService, new_event_loop
     from stratalog.config import BrokerConfig, ConfigError
 
@@ -92,6 +93,7 @@ def serve(
             fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        gc_policy.apply(cfg["gc.young_threshold"])
         print(f"Stratalog ready at {service.bootstrap}", flush=True)
         await stop.wait()
         logging.getLogger("stratalog").info("shutting down")

@@ -42,6 +42,14 @@ SETTINGS: dict[str, Setting] = {
             "listener's host; 0: any free port; -1: off.",
         ),
         _S(
+            "gc.young_threshold",
+            int,
+            50_000,
+            "stratalog serve: net allocations between collections of Python's young "
+            "generation (Python's default: 700); what exists at start-up is frozen too. "
+            "0: Python's defaults.",
+        ),
+        _S(
             "max_request_bytes",
             int,
             100 * 1024 * 1024,

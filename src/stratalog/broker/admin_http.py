@@ -9,6 +9,7 @@ migration backlog and rate.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -55,6 +56,11 @@ def status(core) -> dict[str, Any]:
             "uptime_s": round(time.time() - core.started_at, 1),
             "fsync": str(core.config.fsync_policy),
             "layout": core.config["storage.layout"],
+            "gc": {
+                "thresholds": list(gc.get_threshold()),
+                "frozen_objects": gc.get_freeze_count(),
+                "collections": [g["collections"] for g in gc.get_stats()],
+            },
         },
         "tiers": {
             "hot": {
