@@ -1,8 +1,10 @@
-"""A serving broker's garbage-collector policy (``gc.young_threshold``), seen from /status.
+"""A serving broker's garbage-collector policy (``gc.freeze``, ``gc.young_threshold``), seen
+from /status.
 
-``stratalog serve`` freezes what exists once it is up and collects the young generation rarely
-(the reasons are in stratalog/broker/gc_policy.py); ``gc.young_threshold=0`` keeps Python's
-defaults. Checked on real broker processes through the admin endpoint while a client produces.
+``stratalog serve`` freezes what exists once it is up (the reasons are in
+stratalog/broker/gc_policy.py) and can collect the young generation less often;
+``gc.freeze=false`` keeps Python's collector as it comes. Checked on real broker processes
+through the admin endpoint while a client produces.
 """
 
 from __future__ import annotations
@@ -39,17 +41,19 @@ def _produce(bootstrap: str, n: int) -> None:
     assert p.flush(30) == 0
 
 
-def test_serve_freezes_its_start_up_objects_and_collects_young_objects_rarely(tmp_path):
+def test_serve_freezes_its_start_up_objects_and_sets_the_young_threshold(tmp_path):
     python_default = int(
         subprocess.check_output(
             [sys.executable, "-c", "import gc; print(gc.get_threshold()[0])"], text=True
         )
     )
     tuned_port, default_port = _free_port(), _free_port()
-    tuned = BrokerProcess(tmp_path / "tuned", settings={"admin.port": str(tuned_port)})
+    tuned = BrokerProcess(
+        tmp_path / "tuned",
+        settings={"admin.port": str(tuned_port), "gc.young_threshold": "50000"},
+    )
     plain = BrokerProcess(
-        tmp_path / "plain",
-        settings={"admin.port": str(default_port), "gc.young_threshold": "0"},
+        tmp_path / "plain", settings={"admin.port": str(default_port), "gc.freeze": "false"}
     )
     try:
         tuned.start()

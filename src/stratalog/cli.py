@@ -93,7 +93,7 @@ def serve(
             fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        gc_policy.apply(cfg["gc.young_threshold"])
+        gc_policy.apply(cfg["gc.freeze"], cfg["gc.young_threshold"])
         print(f"Stratalog ready at {service.bootstrap}", flush=True)
         await stop.wait()
         logging.getLogger("stratalog").info("shutting down")

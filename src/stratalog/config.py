@@ -42,12 +42,18 @@ SETTINGS: dict[str, Setting] = {
             "listener's host; 0: any free port; -1: off.",
         ),
         _S(
+            "gc.freeze",
+            bool,
+            True,
+            "stratalog serve: move the objects that exist once the broker is up to Python's "
+            "permanent generation, so the collector's full passes never scan them.",
+        ),
+        _S(
             "gc.young_threshold",
             int,
-            50_000,
+            0,
             "stratalog serve: net allocations between collections of Python's young "
-            "generation (Python's default: 700); what exists at start-up is frozen too. "
-            "0: Python's defaults.",
+            "generation; 0: Python's default (700).",
         ),
         _S(
             "max_request_bytes",

@@ -7,10 +7,10 @@ collector took about 20% of a core and paused the event loop for up to 70 ms at 
 (docs/benchmarks.md, "the collector"). Almost everything a request allocates is freed by
 reference counting anyway; the cycles the collector exists for are rare here.
 
-So a serving broker (1) freezes what exists once it is up (modules, classes, configuration: the
-permanent generation is never scanned) and (2) collects the young generation only every
-``gc.young_threshold`` net allocations. Not applied to an embedded ``Broker``: the collector is
-the host process's to set.
+So a serving broker freezes what exists once it is up (``gc.freeze``: modules, classes,
+configuration go to the permanent generation, which is never scanned), and may collect the
+young generation less often (``gc.young_threshold``; each young collection then takes longer).
+Not applied to an embedded ``Broker``: the collector is the host process's to set.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from __future__ import annotations
 import gc
 
 
-def apply(young_threshold: int) -> None:
-    """Freeze the objects that exist now and raise the young generation's threshold; 0 leaves
-    Python's defaults alone."""
-    if young_threshold <= 0:
-        return
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(young_threshold, middle, old)
+def apply(freeze: bool, young_threshold: int) -> None:
+    """Freeze the objects that exist now, and set the young generation's threshold (0: keep
+    Python's)."""
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    if young_threshold > 0:
+        _, middle, old = gc.get_threshold()
+        gc.set_threshold(young_threshold, middle, old)
