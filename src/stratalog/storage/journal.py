@@ -163,6 +163,13 @@ class GroupCommit:
             elif self._timer is None:
                 self._timer = loop.call_at(start + self._group_s, self._start_flush)
 
+    def fail(self, failure: StorageFailure) -> None:
+        """A write failed: stop acknowledging, and fail everything waiting for durability."""
+        if self.failed is None:
+            self.failed = failure
+            log.error("%s; the log is read-only from now on", failure)
+        self._on_durable(-1)
+
     def _tick(self) -> None:
         self._timer = None
         if self._closed:

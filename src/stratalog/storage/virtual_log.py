@@ -19,7 +19,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
-from stratalog.storage.journal import FsyncPolicy, GroupCommit
+from stratalog.storage.journal import FsyncPolicy, GroupCommit, StorageFailure
 from stratalog.storage.recovery import (
     CLEAN_SHUTDOWN,
     RecoveryReport,
@@ -39,6 +39,40 @@ from stratalog.storage.segment import (
 log = logging.getLogger(__name__)
 
 _IOV_MAX = 1000
+
+
+def _write(seg: Segment, parts: list[bytes | memoryview], nbytes: int) -> None:
+    for i in range(0, len(parts), _IOV_MAX):
+        chunk = parts[i : i + _IOV_MAX]
+        seg.write(chunk, nbytes if len(parts) <= _IOV_MAX else sum(len(p) for p in chunk))
+
+
+class WriteBatch:
+    """The appends of one Produce request: each virtual log it touches stages them and writes
+    them with one writev at commit (KerA: one write for many streams), instead of one per
+    partition. Nothing can read the staged bytes before commit: the high watermark moves only
+    when the journal has them, and commit runs before the request handler yields."""
+
+    __slots__ = ("vlogs",)
+
+    def __init__(self) -> None:
+        self.vlogs: list[VirtualLog] = []
+
+    def join(self, vlog: VirtualLog) -> None:
+        if vlog._batched is None:
+            vlog.begin_batch()
+            self.vlogs.append(vlog)
+
+    def commit(self) -> StorageFailure | None:
+        """Write every staged append; the first failure, if any (its log is failed)."""
+        failure = None
+        for v in self.vlogs:
+            try:
+                v.flush_batch(end=True)
+            except StorageFailure as e:
+                failure = failure or e
+        self.vlogs.clear()
+        return failure
 
 
 class VirtualLog:
@@ -81,6 +115,10 @@ class VirtualLog:
         # Asked at each roll whether a new segment of this size still fits in the hot tier
         # (set by the migrator), so a burst cannot overrun the capacity between its checks.
         self.spill_policy: Callable[[int], bool] | None = None
+        # A WriteBatch in progress: appends are staged here and written with one writev (and
+        # handed to the journal once) when it commits, instead of one writev per partition.
+        self._batched: list[bytes | memoryview] | None = None
+        self._batched_bytes = 0
 
     # -- opening and closing -------------------------------------------------------------------
     def open(self) -> dict[int, list[IndexEntry]]:
@@ -156,10 +194,12 @@ class VirtualLog:
             positions.append(pos + FRAME_SIZE)
             pos += FRAME_SIZE + len(batch)
         nbytes = pos - start
-        if len(parts) <= _IOV_MAX:
-            seg.write(parts, nbytes)
+        if self._batched is not None:
+            self._batched += parts
+            self._batched_bytes += nbytes
+            seg.size += nbytes  # reserved now, written by flush_batch
         else:
-            seg.write([b"".join(parts)], nbytes)
+            _write(seg, parts, nbytes)
         add_index = seg.add_index_fields
         for (_off8, _batch, h, base), p in zip(batches, positions, strict=True):
             add_index(
@@ -174,8 +214,33 @@ class VirtualLog:
                 h.base_sequence,
             )
         self.lsn += nbytes
-        self.journal.note_append(seg, self.lsn, nbytes)
+        if self._batched is None:
+            self.journal.note_append(seg, self.lsn, nbytes)
         return seg, positions, self.lsn
+
+    def begin_batch(self) -> None:
+        """Stage appends until flush_batch (see WriteBatch)."""
+        if self._batched is None:
+            self._batched = []
+            self._batched_bytes = 0
+
+    def flush_batch(self, end: bool = False) -> None:
+        """Write what was staged in one writev and hand it to the journal; ``end`` stops
+        staging. A failed write fails the journal: nothing staged is acknowledged."""
+        parts, nbytes = self._batched, self._batched_bytes
+        self._batched = None if end else []
+        self._batched_bytes = 0
+        if not parts:
+            return
+        seg = self.active
+        try:
+            seg.size -= nbytes
+            _write(seg, parts, nbytes)
+        except OSError as e:
+            seg.size += nbytes  # the reserved range stays reserved: the log is read-only now
+            self.journal.fail(StorageFailure(f"write failed: {e}"))
+            raise self.journal.failed from None
+        self.journal.note_append(seg, self.lsn, nbytes)
 
     def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
         """Call ``callback(True)`` once ``lsn`` is durable (or ``callback(False)`` on failure)."""
@@ -201,6 +266,8 @@ class VirtualLog:
             self.roll()
 
     def roll(self) -> Segment:
+        if self._batched:
+            self.flush_batch()  # staged bytes belong to the segment about to be sealed
         old = self.active
         old.sealed = True
         old.flush_index()
