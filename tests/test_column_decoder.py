@@ -31,6 +31,7 @@ batch = st.fixed_dictionaries(
         "log_append_time": st.booleans(),
         "control": st.integers(0, 9).map(lambda i: i == 0),
         "gap": st.integers(0, 3),  # offsets compacted away between batches
+        "producer": st.one_of(st.none(), st.tuples(st.integers(0, 2**40), st.integers(0, 2**30))),
     }
 )
 
@@ -44,6 +45,11 @@ def _log(batches: list[dict]) -> tuple[bytes, int]:
                 base_offset=offset,
                 compression=b["compression"],
                 log_append_time=b["log_append_time"],
+                **(
+                    {"producer_id": b["producer"][0], "base_sequence": b["producer"][1]}
+                    if b["producer"]
+                    else {}
+                ),
             )
         )
         if b["control"]:
@@ -54,8 +60,10 @@ def _log(batches: list[dict]) -> tuple[bytes, int]:
     return out, offset
 
 
-def _decode(raw: bytes, start: int, end: int, native: bool) -> tuple[int, pa.Table]:
-    dec = ArrowDecoder("events", 3)
+def _decode(
+    raw: bytes, start: int, end: int, native: bool, producer: bool = False
+) -> tuple[int, pa.Table]:
+    dec = ArrowDecoder("events", 3, include_producer=producer)
     dec.native = native
     nxt = dec.add(raw, start, end)
     return nxt, pa.Table.from_batches(dec.drain(), dec.schema)
@@ -72,14 +80,17 @@ def test_the_native_decoder_is_built() -> None:
     start_back=st.integers(0, 60),
     end_back=st.integers(-5, 60),
     cut=st.integers(0, 80),
+    producer=st.booleans(),
 )
-def test_native_and_general_paths_decode_the_same_columns(batches, start_back, end_back, cut):
+def test_native_and_general_paths_decode_the_same_columns(
+    batches, start_back, end_back, cut, producer
+):
     raw, after = _log(batches)
     start, end = max(0, after - start_back), after - end_back
     if cut:
         raw = raw[:-cut]  # a partial batch at the end, as a size-limited Fetch returns
-    nxt_native, native = _decode(raw, start, end, native=True)
-    nxt_general, general = _decode(raw, start, end, native=False)
+    nxt_native, native = _decode(raw, start, end, native=True, producer=producer)
+    nxt_general, general = _decode(raw, start, end, native=False, producer=producer)
     assert nxt_native == nxt_general
     assert native.equals(general), (native.to_pylist(), general.to_pylist())
     assert all(start <= o < end for o in native.column("offset").to_pylist())

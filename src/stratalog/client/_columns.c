@@ -5,10 +5,12 @@
  * costs about 1.5 us per record; a Spark read of 1 KiB records spends most of its Python time
  * there. Here each record costs a few varint reads and one memcpy of its key and value.
  *
- * decode(raw, start, end) walks the batches in `raw` (a Fetch response's records), keeps the
- * records with start <= offset < end and returns
+ * decode(raw, start, end, producer=False) walks the batches in `raw` (a Fetch response's
+ * records), keeps the records with start <= offset < end and returns
  *   (next_offset, n, key_validity, key_offsets, key_data, value_validity, value_offsets,
- *    value_data, offsets, timestamps_us, timestamp_types, key_nulls, value_nulls)
+ *    value_data, offsets, timestamps_us, timestamp_types, key_nulls, value_nulls,
+ *    producer_ids, sequences)
+ * (the last two int64 buffers only with producer=True, else None)
  * as bytes objects laid out as Arrow's binary, int64 and int32 buffers (validity is None when
  * nothing is null). A trailing partial batch is ignored, as Kafka clients do. Compressed
  * batches and other magics raise NotImplementedError so the caller can take its general path;
@@ -65,6 +67,7 @@ typedef struct {
     int32_t *key_offs, *val_offs, *types;
     uint8_t *key_data, *val_data, *key_valid, *val_valid;
     int64_t *offsets, *timestamps;
+    int64_t *producer_ids, *sequences; /* only when asked for */
 } sink_t;
 
 enum { WALK_OK = 0, WALK_CORRUPT = 1, WALK_UNSUPPORTED = 2 };
@@ -100,6 +103,8 @@ static int walk(const uint8_t *buf, Py_ssize_t len, int64_t start, int64_t end, 
         }
         int log_append = (attrs & ATTR_LOG_APPEND_TIME) != 0;
         int64_t base_ts = be64(h + 27), max_ts = be64(h + 35);
+        int64_t producer_id = be64(h + 43);
+        int32_t base_seq = be32(h + 53);
         int32_t count = be32(h + 57);
         const uint8_t *p = h + HEADER_SIZE, *bend = h + size;
         int ok = 1;
@@ -126,6 +131,11 @@ static int walk(const uint8_t *buf, Py_ssize_t len, int64_t start, int64_t end, 
                 s->offsets[k] = offset;
                 s->timestamps[k] = wrap_ms_to_us(log_append ? max_ts : wrap_add(base_ts, ts_delta));
                 s->types[k] = log_append;
+                if (s->producer_ids) {
+                    /* As the general path: the sequence of this record, -1 without one. */
+                    s->producer_ids[k] = producer_id;
+                    s->sequences[k] = base_seq >= 0 ? (int64_t)base_seq + off_delta : -1;
+                }
                 if (klen >= 0) {
                     memcpy(s->key_data + s->key_bytes, key, (size_t)klen);
                     if (s->key_valid) s->key_valid[k >> 3] |= (uint8_t)(1u << (k & 7));
@@ -175,10 +185,11 @@ static PyObject *new_bytes(Py_ssize_t size, int zero) {
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer raw;
     long long start, end;
-    if (!PyArg_ParseTuple(args, "y*LL", &raw, &start, &end)) return NULL;
+    int producer = 0;
+    if (!PyArg_ParseTuple(args, "y*LL|p", &raw, &start, &end, &producer)) return NULL;
     PyObject *result = NULL;
     PyObject *kv = NULL, *ko = NULL, *kd = NULL, *vv = NULL, *vo = NULL, *vd = NULL;
-    PyObject *offs = NULL, *ts = NULL, *types = NULL;
+    PyObject *offs = NULL, *ts = NULL, *types = NULL, *pids = NULL, *seqs = NULL;
     const char *why = "";
     int64_t next = start;
     sink_t s;
@@ -203,7 +214,19 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     types = new_bytes(n * 4, 0);
     kv = kn ? new_bytes(bitmap, 1) : (Py_INCREF(Py_None), Py_None);
     vv = vn ? new_bytes(bitmap, 1) : (Py_INCREF(Py_None), Py_None);
-    if (!ko || !kd || !vo || !vd || !offs || !ts || !types || !kv || !vv) goto done;
+    if (producer) {
+        pids = new_bytes(n * 8, 0);
+        seqs = new_bytes(n * 8, 0);
+    } else {
+        pids = (Py_INCREF(Py_None), Py_None);
+        seqs = (Py_INCREF(Py_None), Py_None);
+    }
+    if (!ko || !kd || !vo || !vd || !offs || !ts || !types || !kv || !vv || !pids || !seqs)
+        goto done;
+    if (producer) {
+        out.producer_ids = (int64_t *)PyBytes_AS_STRING(pids);
+        out.sequences = (int64_t *)PyBytes_AS_STRING(seqs);
+    }
     out.key_offs = (int32_t *)PyBytes_AS_STRING(ko);
     out.val_offs = (int32_t *)PyBytes_AS_STRING(vo);
     out.key_offs[0] = out.val_offs[0] = 0;
@@ -221,8 +244,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         fail(code ? code : WALK_CORRUPT, code ? why : "record count changed between passes");
         goto done;
     }
-    result = Py_BuildValue("LnOOOOOOOOOnn", (long long)next, n, kv, ko, kd, vv, vo, vd, offs, ts,
-                           types, kn, vn);
+    result = Py_BuildValue("LnOOOOOOOOOnnOO", (long long)next, n, kv, ko, kd, vv, vo, vd, offs,
+                           ts, types, kn, vn, pids, seqs);
 done:
     Py_XDECREF(kv);
     Py_XDECREF(ko);
@@ -233,13 +256,15 @@ done:
     Py_XDECREF(offs);
     Py_XDECREF(ts);
     Py_XDECREF(types);
+    Py_XDECREF(pids);
+    Py_XDECREF(seqs);
     PyBuffer_Release(&raw);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
-     "decode(raw, start, end) -> Arrow buffers of the records with start <= offset < end"},
+     "decode(raw, start, end, producer=False) -> Arrow buffers of the records in [start, end)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,7 +3,7 @@
 Batches are fetched as stored (no per-record objects on the broker or in librdkafka) and
 decoded here. The fast path is this package's native decoder (``_columns.c``), which writes keys,
 values, offsets and timestamps straight into Arrow buffers without a Python object per record;
-compressed batches are decompressed first. Headers and producer ids, and a build without a C
+compressed batches are decompressed first. Headers, and a build without a C
 compiler, take the general path: aiokafka's Cython record decoder (pinned) into Python lists,
 then Arrow in bulk, with a pure-Python decoder as the last resort.
 """
@@ -92,7 +92,7 @@ class ArrowDecoder:
         # Decoded pieces in offset order, joined by flush(); the native path adds one per call.
         self._chunks: list[pa.RecordBatch] = []
         self._rows = 0
-        self.native = _native is not None and not include_headers and not include_producer
+        self.native = _native is not None and not include_headers
 
     def __len__(self) -> int:
         return self._rows + len(self._cols)
@@ -117,10 +117,10 @@ class ArrowDecoder:
 
     def _add_native(self, raw: bytes | bytearray | memoryview, start: int, end: int) -> int:
         try:
-            out = _native.decode(raw, start, end)
+            out = _native.decode(raw, start, end, self.include_producer)
         except NotImplementedError:
-            out = _native.decode(uncompressed_batches(raw), start, end)
-        nxt, n, kv, ko, kd, vv, vo, vd, offs, ts, types, kn, vn = out
+            out = _native.decode(uncompressed_batches(raw), start, end, self.include_producer)
+        nxt, n, kv, ko, kd, vv, vo, vd, offs, ts, types, kn, vn, pids, seqs = out
         if n:
             buf = pa.py_buffer
             arrays = [
@@ -136,6 +136,9 @@ class ArrowDecoder:
                 pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, buf(ts)]),
                 pa.Array.from_buffers(pa.int32(), n, [None, buf(types)]),
             ]
+            if self.include_producer:
+                arrays.append(pa.Array.from_buffers(pa.int64(), n, [None, buf(pids)]))
+                arrays.append(pa.Array.from_buffers(pa.int64(), n, [None, buf(seqs)]))
             self._chunks.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
             self._rows += n
         return nxt
