@@ -233,11 +233,12 @@ class VirtualLog:
         if not parts:
             return
         seg = self.active
+        reserved_end = seg.size
         try:
             seg.size -= nbytes
             _write(seg, parts, nbytes)
         except OSError as e:
-            seg.size += nbytes  # the reserved range stays reserved: the log is read-only now
+            seg.size = reserved_end  # the reserved range stays reserved: the log is read-only
             self.journal.fail(StorageFailure(f"write failed: {e}"))
             raise self.journal.failed from None
         self.journal.note_append(seg, self.lsn, nbytes)
