@@ -144,9 +144,7 @@ class GroupCommit:
         if exc is not None:
             # After a failed fsync the kernel may have dropped the dirty pages: never retry and
             # pretend (PostgreSQL's fsyncgate). The log stops acknowledging.
-            self.failed = StorageFailure(f"fsync failed: {exc}")
-            log.error("fsync failed, log is read-only from now on: %s", exc)
-            self._on_durable(-1)
+            self.fail(StorageFailure(f"fsync failed: {exc}"))
             if self._idle is not None:
                 self._idle.set()
             return
@@ -164,7 +162,8 @@ class GroupCommit:
                 self._timer = loop.call_at(start + self._group_s, self._start_flush)
 
     def fail(self, failure: StorageFailure) -> None:
-        """A write failed: stop acknowledging, and fail everything waiting for durability."""
+        """A write or fsync failed: stop acknowledging, and fail everything waiting for
+        durability."""
         if self.failed is None:
             self.failed = failure
             log.error("%s; the log is read-only from now on", failure)

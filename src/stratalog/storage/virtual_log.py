@@ -220,9 +220,8 @@ class VirtualLog:
 
     def begin_batch(self) -> None:
         """Stage appends until flush_batch (see WriteBatch)."""
-        if self._batched is None:
-            self._batched = []
-            self._batched_bytes = 0
+        self._batched = []
+        self._batched_bytes = 0
 
     def flush_batch(self, end: bool = False) -> None:
         """Write what was staged in one writev and hand it to the journal; ``end`` stops

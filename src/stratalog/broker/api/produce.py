@@ -54,7 +54,6 @@ def handle_produce(core, req: Request, conn):
     acks = body.acks
     now = int(time.time() * 1000)
     results: list[tuple[str, list[PartitionProduceResult]]] = []
-    any_error = False
     if acks not in (-1, 0, 1):
         for td in body.topic_data:
             results.append(
@@ -69,85 +68,21 @@ def handle_produce(core, req: Request, conn):
         return encode_produce_response(req.api_version, req.correlation_id, results)
     pending = _Pending(req, results) if acks == -1 else None
     writes = WriteBatch()
-    appended: list[tuple[PartitionLog, PartitionProduceResult]] = []
-    produced = 0
-    spilled = 0
     try:
-        for td in body.topic_data:
-            name = td.name
-            topic = core.metadata.topics.get(name)
-            parts: list[PartitionProduceResult] = []
-            results.append((name, parts))
-            if topic is not None:
-                # Topic settings once per topic, not once per partition.
-                view = core.topic_config(topic)
-                stamped = view.get("message.timestamp.type") == "LogAppendTime"
-                log_append_time = now if stamped else -1
-                max_batch_bytes = view.get_int("max.message.bytes")
-                check = _timestamp_checker(
-                    view.get_int("message.timestamp.before.max.ms"),
-                    view.get_int("message.timestamp.after.max.ms"),
-                    now,
-                    view.get("late.event.policy") == "stamp",
-                )
-            for pd in td.partition_data:
-                r = PartitionProduceResult(pd.index)
-                parts.append(r)
-                p: PartitionLog | None = core.partition(name, pd.index) if topic else None
-                if p is None:
-                    r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
-                    any_error = True
-                    continue
-                if body.transactional_id is not None:
-                    r.error_code = code("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-                    r.error_message = "transactions are not supported by Stratalog"
-                    any_error = True
-                    continue
-                try:
-                    if pd.records is None:
-                        raise CorruptBatchError("null records", "INVALID_RECORD")
-                    writes.join(p.vlog)
-                    res = p.append(
-                        pd.records,
-                        log_append_time_ms=log_append_time,
-                        max_batch_bytes=max_batch_bytes,
-                        timestamp_check=check,
-                        now_ms=now,
-                    )
-                except (AppendError, CorruptBatchError) as e:
-                    r.error_code = code(e.error)
-                    r.error_message = str(e)
-                    any_error = True
-                    continue
-                except StorageFailure as e:
-                    r.error_code = code("KAFKA_STORAGE_ERROR")
-                    r.error_message = str(e)
-                    any_error = True
-                    continue
-                if res.duplicate_of is None:
-                    produced += len(pd.records)
-                    if p.vlog.active.directory != p.vlog.directory:
-                        spilled += len(pd.records)
-                appended.append((p, r))
-                r.base_offset = res.base_offset
-                r.log_append_time = res.log_append_time
-                r.log_start_offset = p.log_start_offset
-                if pending is not None:
-                    if res.duplicate_of is not None:
-                        if p.high_watermark <= res.last_offset:
-                            pending.wait_visible(p, res.last_offset)
-                    else:
-                        pending.wait_durable(p, res.lsn, r)
+        produced, spilled, any_error = _append_all(core, body, now, results, pending, writes)
     finally:
         # Always, so no virtual log is left staging if an append raised unexpectedly.
         failure = writes.commit()
     if failure is not None:
-        for p, r in appended:
-            if p.vlog.journal.failed is not None and not r.error_code:
-                r.error_code = code("KAFKA_STORAGE_ERROR")
-                r.error_message = str(p.vlog.journal.failed)
-                r.base_offset = -1
-                any_error = True
+        # A write failed at commit: what that log took in this request was never written.
+        for name, parts in results:
+            for r in parts:
+                p = core.partition(name, r.index)
+                if not r.error_code and p is not None and p.vlog.journal.failed is not None:
+                    r.error_code = code("KAFKA_STORAGE_ERROR")
+                    r.error_message = str(p.vlog.journal.failed)
+                    r.base_offset = -1
+                    any_error = True
     if produced:
         metrics.PRODUCED_BYTES.inc(produced)
     if spilled:
@@ -167,6 +102,78 @@ def handle_produce(core, req: Request, conn):
         # producers slow to what the cold device takes (Pafka once the hot tier is full).
         return _after(cold_rate.admit(spilled), answer)
     return answer
+
+
+def _append_all(core, body, now: int, results: list, pending, writes: WriteBatch):
+    """Validate and append every partition of a Produce request, in request order, filling
+    ``results``; returns (bytes produced, bytes spilled to the cold tier, any error)."""
+    produced = spilled = 0
+    any_error = False
+    for td in body.topic_data:
+        name = td.name
+        topic = core.metadata.topics.get(name)
+        parts: list[PartitionProduceResult] = []
+        results.append((name, parts))
+        if topic is not None:
+            # Topic settings once per topic, not once per partition.
+            view = core.topic_config(topic)
+            stamped = view.get("message.timestamp.type") == "LogAppendTime"
+            log_append_time = now if stamped else -1
+            max_batch_bytes = view.get_int("max.message.bytes")
+            check = _timestamp_checker(
+                view.get_int("message.timestamp.before.max.ms"),
+                view.get_int("message.timestamp.after.max.ms"),
+                now,
+                view.get("late.event.policy") == "stamp",
+            )
+        for pd in td.partition_data:
+            r = PartitionProduceResult(pd.index)
+            parts.append(r)
+            p: PartitionLog | None = core.partition(name, pd.index) if topic else None
+            if p is None:
+                r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
+                any_error = True
+                continue
+            if body.transactional_id is not None:
+                r.error_code = code("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+                r.error_message = "transactions are not supported by Stratalog"
+                any_error = True
+                continue
+            try:
+                if pd.records is None:
+                    raise CorruptBatchError("null records", "INVALID_RECORD")
+                writes.join(p.vlog)
+                res = p.append(
+                    pd.records,
+                    log_append_time_ms=log_append_time,
+                    max_batch_bytes=max_batch_bytes,
+                    timestamp_check=check,
+                    now_ms=now,
+                )
+            except (AppendError, CorruptBatchError) as e:
+                r.error_code = code(e.error)
+                r.error_message = str(e)
+                any_error = True
+                continue
+            except StorageFailure as e:
+                r.error_code = code("KAFKA_STORAGE_ERROR")
+                r.error_message = str(e)
+                any_error = True
+                continue
+            if res.duplicate_of is None:
+                produced += len(pd.records)
+                if p.vlog.active.directory != p.vlog.directory:
+                    spilled += len(pd.records)
+            r.base_offset = res.base_offset
+            r.log_append_time = res.log_append_time
+            r.log_start_offset = p.log_start_offset
+            if pending is not None:
+                if res.duplicate_of is not None:
+                    if p.high_watermark <= res.last_offset:
+                        pending.wait_visible(p, res.last_offset)
+                else:
+                    pending.wait_durable(p, res.lsn, r)
+    return produced, spilled, any_error
 
 
 async def _after(delay, answer):
