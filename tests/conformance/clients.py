@@ -35,6 +35,7 @@ from confluent_kafka import (
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTP
 from kafka.coordinator.assignors.range import RangePartitionAssignor as KpRange
+from kafka.errors import RebalanceInProgressError as KpRebalanceInProgress
 from kafka.structs import OffsetAndMetadata as KpOffsetAndMetadata
 
 KCAT = "/usr/bin/kcat"
@@ -537,9 +538,19 @@ class KpMember:
         return frozenset(tp.partition for tp in self.c.assignment())
 
     def commit(self, offsets: dict[int, int]) -> None:
-        self.c.commit(
-            {KpTP(self.topic, p): KpOffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
-        )
+        # kafka-python refuses to commit while it believes a rebalance is under way (seen against
+        # Apache Kafka too); its documented remedy is to poll until the group is stable and retry.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.c.commit(
+                    {KpTP(self.topic, p): KpOffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+                )
+                return
+            except KpRebalanceInProgress:
+                if time.monotonic() > deadline:
+                    raise
+                self.c.poll(timeout_ms=100)
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int]:
         out = {}

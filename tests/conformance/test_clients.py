@@ -187,6 +187,30 @@ def _drive(members, cond, reads: dict | None = None, timeout: float = 30, what: 
         raise errors[0]
 
 
+def _commit(live, m, offsets: dict[int, int]) -> None:
+    """m commits offsets; a kafka-python member that finds a rebalance under way polls and
+    retries (KpMember.commit), and the rebalance completes only if the others poll meanwhile."""
+    others = [x for x in live if x is not m and isinstance(x, clients.KpMember)]
+    if not isinstance(m, clients.KpMember) or not others:
+        m.commit(offsets)
+        return
+    done = threading.Event()
+
+    def run(x) -> None:
+        while not done.is_set():
+            x.poll()
+
+    threads = [threading.Thread(target=run, args=(x,), daemon=True) for x in others]
+    for t in threads:
+        t.start()
+    try:
+        m.commit(offsets)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+
+
 def _split(a, b) -> bool:
     x, y = a.assignment(), b.assignment()
     return bool(x) and bool(y) and not x & y and x | y == ALL4
@@ -218,8 +242,8 @@ def consumer_group(bs: str, client: str, topic: str, group: str, ts: int) -> dic
         live.append(b)
         _drive(live, lambda: _split(a, b), what="two members to split four partitions")
         obs["split"] = [sorted(a.assignment()), sorted(b.assignment())]
-        a.commit({p: p + 1 for p in a.assignment()})
-        b.commit({p: p + 1 for p in b.assignment()})
+        _commit(live, a, {p: p + 1 for p in a.assignment()})
+        _commit(live, b, {p: p + 1 for p in b.assignment()})
         obs["committed"] = a.committed(range(4))
 
         b.close()
@@ -238,7 +262,7 @@ def consumer_group(bs: str, client: str, topic: str, group: str, ts: int) -> dic
 
         _drive(live, caught_up, reads, what="the restarted member to read its partitions")
         obs["restarted_member_read"] = sorted(set(reads[c]))
-        c.commit({p: 5 for p in c.assignment()})
+        _commit(live, c, {p: 5 for p in c.assignment()})
         obs["committed_after_restart"] = a.committed(range(4))
     finally:
         for m in reversed(live):
