@@ -232,9 +232,12 @@ def test_f_reads_the_topic_into_spark_with_both_formats(quick_run):
     f = _one(quick_run, "f", "stratalog")
     assert f["ok"], f["error"]
     for fmt in ("stratalog", "kafka"):
-        runs = f["extra"]["spark"][fmt]["runs"]
-        assert runs and all(r["rows"] == f["records"] == 20_000 for r in runs)
-        assert all(r["bytes"] == 20_000 * 1024 for r in runs)
+        sp = f["extra"]["spark"][fmt]
+        runs, warm = sp["runs"], sp["warmup"]
+        assert len(runs) == 1 and len(warm) == 1  # the quick profile's counts
+        assert all(r["rows"] == f["records"] == 20_000 for r in runs + warm)
+        assert all(r["bytes"] == 20_000 * 1024 for r in runs + warm)
+        assert sp["first_rows_per_s"] == warm[0]["rows_per_s"]
 
 
 def test_several_runs_are_reported_as_medians():

@@ -541,11 +541,10 @@ class KpMember:
         # kafka-python refuses to commit while it believes a rebalance is under way (seen against
         # Apache Kafka too); its documented remedy is to poll until the group is stable and retry.
         deadline = time.monotonic() + 30
+        meta = {KpTP(self.topic, p): KpOffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
         while True:
             try:
-                self.c.commit(
-                    {KpTP(self.topic, p): KpOffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
-                )
+                self.c.commit(meta)
                 return
             except KpRebalanceInProgress:
                 if time.monotonic() > deadline:

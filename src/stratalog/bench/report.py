@@ -476,7 +476,13 @@ def markdown(run: dict[str, Any]) -> str:
                 lines.append("")
                 lines.append(
                     f'- Spark `format("{fmt}")` read the topic at {v["rows_per_s"]:,.0f} rows/s '
-                    f"({v['mb_per_s']:,.1f} MB/s of values; median of {len(v['runs'])} runs)"
+                    f"({v['mb_per_s']:,.1f} MB/s of values; median of {len(v['runs'])} runs"
+                    + (
+                        f" after {len(v['warmup'])} warm-up reads; the first read in the "
+                        f"session: {v['first_rows_per_s']:,.0f} rows/s)"
+                        if v.get("warmup")
+                        else ")"
+                    )
                 )
             if isinstance(x.get("tiers"), dict):
                 t = x["tiers"]

@@ -554,7 +554,8 @@ class Runner:
         cpu0 = process_cpu_s(target.pid)
         proc = subprocess.run(
             [sys.executable, "-m", "stratalog.bench.spark_read", "--bootstrap", target.bootstrap,
-             "--topic", topics[0], "--runs", str(w.spark_runs)],
+             "--topic", topics[0], "--runs", str(w.spark_runs),
+             "--warmup", str(w.spark_warmup)],
             capture_output=True, text=True, timeout=w.max_duration_s * 20 + 600, check=False,
         )  # fmt: skip
         res.server_cpu_s = process_cpu_s(target.pid) - cpu0
@@ -563,17 +564,21 @@ class Runner:
             return res
         runs = json.loads(proc.stdout.strip().splitlines()[-1])
         spark: dict[str, Any] = {}
-        for fmt, rs in runs.items():
-            complete = all(r["rows"] == res.records for r in rs)
+        for fmt, phases in runs.items():
+            rs, warm = phases["runs"], phases["warmup"]
+            complete = all(r["rows"] == res.records for r in rs + warm)
             spark[fmt] = {
                 "rows_per_s": statistics.median(r["rows_per_s"] for r in rs),
                 "mb_per_s": statistics.median(r["bytes"] / 1e6 / r["seconds"] for r in rs),
                 "runs": rs,
+                "warmup": warm,
+                "first_rows_per_s": (warm or rs)[0]["rows_per_s"],
                 "complete": complete,
             }
             if not complete:
                 res.ok = False
-                res.error = f"format({fmt}) read {[r['rows'] for r in rs]} of {res.records} rows"
+                got = [r["rows"] for r in warm + rs]
+                res.error = f"format({fmt}) read {got} of {res.records} rows"
         res.extra["spark"] = spark
         return res
 

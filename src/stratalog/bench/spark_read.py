@@ -3,7 +3,10 @@
 Run as a child process of the harness (``python -m stratalog.bench.spark_read``), so the JVM of
 Spark lives and dies with it. Each format reads the whole topic in a batch query that touches
 every value (``sum(length(value))``), alternating formats ``runs`` times; the JSON printed last
-holds every run's rows/s. The first, untimed, read of each format warms the JVM and the caches.
+holds every run's rows/s. First each format reads the topic ``warmup`` times, alternating, to
+warm the JVM's compiler and the caches; those reads are reported apart (the first of them is
+what a one-off job sees). In a run of 60 reads in one session on the 2-core machine, both
+formats kept speeding up for about ten reads (docs/benchmarks.md, workload f).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--topic", required=True)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--cores", type=int, default=2)
     args = ap.parse_args(argv)
 
@@ -41,15 +45,19 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = local_session("stratalog-bench-spark", cores=args.cores, kafka_connector=True)
     register(spark)
-    out: dict[str, list[dict[str, float]]] = {"stratalog": [], "kafka": []}
+    formats = ("stratalog", "kafka")
+    out: dict[str, dict[str, list[dict[str, float]]]] = {
+        f: {"warmup": [], "runs": []} for f in formats
+    }
     try:
-        for fmt in out:
-            read_once(spark, fmt, args.bootstrap, args.topic)
-        for _ in range(args.runs):
-            for fmt in out:
-                n, b, secs = read_once(spark, fmt, args.bootstrap, args.topic)
-                out[fmt].append({"rows": n, "bytes": b, "seconds": secs, "rows_per_s": n / secs})
-                print(f"{fmt}: {n:,} rows in {secs:.2f} s", file=sys.stderr, flush=True)
+        for phase, count in (("warmup", args.warmup), ("runs", args.runs)):
+            for _ in range(count):
+                for fmt in formats:
+                    n, b, secs = read_once(spark, fmt, args.bootstrap, args.topic)
+                    out[fmt][phase].append(
+                        {"rows": n, "bytes": b, "seconds": secs, "rows_per_s": n / secs}
+                    )
+                    print(f"{phase} {fmt}: {n:,} rows in {secs:.2f} s", file=sys.stderr, flush=True)
     finally:
         spark.stop()
     print(json.dumps(out))

@@ -76,6 +76,7 @@ _TOP_LEVEL = {
     "perf_test",
     "spark_read",
     "spark_runs",
+    "spark_warmup",
     "burst",
     "prefill_bytes",
     "drain_max_s",
@@ -147,6 +148,7 @@ class Workload:
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
     spark_runs: int = 3
+    spark_warmup: int = 1  # untimed reads of each format first (the JVM's compiler warms up)
     # Pafka's burst case: fill to just under the migration threshold, then produce ``records``
     # at ``rate`` and follow the hot tier's usage until migration has drained it again.
     burst: bool = False

@@ -193,6 +193,7 @@ class ArrowDecoder:
         from stratalog.storage.batch import LOG_OVERHEAD, parse_header
 
         c = self._cols
+        raw = bytes(raw)  # keys and values are slices kept past this call: not views of raw
         pos = 0
         nxt = start
         while pos + 61 <= len(raw):
@@ -282,6 +283,7 @@ def read_partition(
             partition_max_bytes=fetch_bytes,
             max_bytes=fetch_bytes,
             max_wait_ms=0,
+            reuse_buffer=True,  # dec.add copies out what it keeps
         )[partition]
         if data.error_code:
             raise WireError(

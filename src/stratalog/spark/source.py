@@ -37,7 +37,7 @@ from pyspark.sql.types import (
 
 from stratalog.client.arrow_reader import kafka_schema, read_partition
 from stratalog.client.wire import EARLIEST, WireClient, WireError
-from stratalog.spark import planning
+from stratalog.spark import planning, worker_gc
 from stratalog.spark.options import OptionError, parse_source_options
 
 
@@ -85,6 +85,7 @@ class _Reading:
         # Spark substitutes InputPartition(None) when planning found nothing to read.
         if not isinstance(partition, OffsetRangePartition) or partition.end <= partition.start:
             return
+        worker_gc.freeze_once()
         with WireClient(self.bootstrap, client_id="stratalog-spark") as client:
             start = partition.start
             low = client.list_offsets(partition.topic, [partition.partition], EARLIEST)
