@@ -8,6 +8,8 @@ declare -A wanted=(
   [kcat]=kcat
   [etcd]=etcd-server
   [java]=openjdk-17-jre-headless
+  # Compiles the benchmark's Java producer (src/stratalog/bench/java/LoadProducer.java).
+  [javac]=openjdk-17-jdk-headless
   [mvn]=maven
   # The benchmark's peers and disk probe (stratalog bench; tests/test_bench_peers.py).
   [nats-server]=nats-server

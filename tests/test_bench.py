@@ -65,6 +65,8 @@ def test_experiment_files_load_by_path():
         ({"name": "x", "record_size": 4, "records": 1}, "record_size"),
         ({"name": "x", "target": [{"kind": "kafka"}]}, "needs name and kind"),
         ({"name": "x", "profile": {"quick": {"bogus": 1}}}, "profile.quick"),
+        ({"name": "x", "records": 1, "producer_client": "kcat"}, "producer_client must be"),
+        ({"name": "x", "records": 1, "sweep": {"producer_client": ["rust"]}}, "producer_client"),
     ],
 )
 def test_bad_workload_is_named(data, message):
@@ -182,9 +184,17 @@ def test_c_runs_at_half_of_b(quick_run):
 def test_d_sweeps_topics_and_layouts(quick_run):
     for topics in (1, 10):
         for layout in ("virtual", "per-partition"):
-            r = _one(quick_run, "d", "stratalog", topics=topics, layout=layout)
-            assert r["ok"], r["error"]
-            assert r["stored"] == r["records"] == 4_000
+            for client in ("java", "confluent-kafka"):
+                r = _one(
+                    quick_run, "d", "stratalog", topics=topics, layout=layout,
+                    producer_client=client,
+                )  # fmt: skip
+                assert r["ok"], r["error"]
+                assert r["stored"] == r["records"] == 4_000
+                assert r["publish"]["count"] > 0
+    # Kafka's Java client drove Apache Kafka too (no layout there: once per topic count).
+    k = _one(quick_run, "d", "kafka", topics=10, producer_client="java")
+    assert k["ok"] and k["stored"] == k["records"] == 4_000, k["error"]
     # "-t kafka" selects the target named kafka, not every target of kind kafka (kafka-fsync).
     assert not [r for r in quick_run["results"] if r["target"] == "kafka-fsync"]
 

@@ -48,6 +48,7 @@ class ProducerJob:
     sample_every: int = 1
     max_duration_s: float = 120.0
     extra: dict[str, Any] = field(default_factory=dict)
+    client: str = "confluent-kafka"  # or "java": Kafka's Java client (bench/java_producer.py)
 
 
 @dataclass
@@ -272,6 +273,15 @@ def _cpu() -> float:
 def producer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q) -> None:
     result: dict[str, Any] = {"role": "producer", "index": job.index, "error": ""}
     try:
+        if job.client == "java":
+            from stratalog.bench import java_producer
+
+            bootstrap = getattr(factory, "bootstrap", None)
+            if bootstrap is None:
+                raise RuntimeError("the Java producer speaks Kafka; this target does not")
+            result.update(java_producer.run(bootstrap, job, ready_q, start_evt, stop_evt, progress))
+            result_q.put(result)
+            return
         client = factory.producer(job)
         ready_q.put(("producer", job.index, ""))
         start_evt.wait()

@@ -158,18 +158,18 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
     else:
         out.append(Goal("c: publish latency at 50% of max", "p99 ≤ 5 ms, p99.9 ≤ 20 ms", "-", None))
     d = [r for r in _ok(results, "d", "stratalog") if "topics" in r.get("params", {})]
-    if d:
-        most = max(int(r["params"]["topics"]) for r in d)
+    for client, rows in _by_client(d).items():
+        most = max(int(r["params"]["topics"]) for r in rows)
         by_layout = {
             r["params"].get("layout"): r["mb_per_s"]
-            for r in d
+            for r in rows
             if int(r["params"]["topics"]) == most
         }
         v, pp = by_layout.get("virtual"), by_layout.get("per-partition")
         if v and pp:
             out.append(
                 Goal(
-                    f"d: virtual vs per-partition at {most:,} topics",
+                    f"d: virtual vs per-partition at {most:,} topics{_client_label(client)}",
                     "≥ 4x",
                     f"{v / pp:.2f}x",
                     v >= 4 * pp,
@@ -266,6 +266,18 @@ def _by_name(results: list[dict], workload: str, target: str, **params) -> dict 
     return None
 
 
+def _by_client(rows: list[dict]) -> dict[str, list[dict]]:
+    """Sweep results by the producers' client ("" when the workload does not sweep it)."""
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        out[str(r["params"].get("producer_client", ""))].append(r)
+    return dict(sorted(out.items(), key=lambda kv: kv[0] != "java"))
+
+
+def _client_label(client: str) -> str:
+    return f" ({client} producers)" if client else ""
+
+
 def _ratio_goal(
     name: str, want: str, mine: dict | None, ref: dict | None, key: str, at_least: float
 ) -> Goal:
@@ -303,17 +315,19 @@ def kafka_goals(results: list[dict]) -> list[Goal]:
     else:
         out.append(Goal("c: publish p99 vs Kafka (flush.messages=1)", "≤ Kafka's", "-", None))
     d = [r for r in _ok(results, "d") if "topics" in r.get("params", {})]
-    most = max((int(r["params"]["topics"]) for r in d), default=0)
-    out.append(
-        _ratio_goal(
-            f"d: at {most or 1000:,} topics vs Kafka (flush.messages=1)",
-            "≥ 4x",
-            _by_name(results, "d", "stratalog", topics=most, layout="virtual"),
-            _by_name(results, "d", "kafka-fsync", topics=most),
-            "records_per_s",
-            4.0,
+    for client, rows in (_by_client(d) or {"": []}).items():
+        most = max((int(r["params"]["topics"]) for r in rows), default=0)
+        pick = {"producer_client": client} if client else {}
+        out.append(
+            _ratio_goal(
+                f"d: at {most or 1000:,} topics vs Kafka (flush.messages=1){_client_label(client)}",
+                "≥ 4x",
+                _by_name(results, "d", "stratalog", topics=most, layout="virtual", **pick),
+                _by_name(results, "d", "kafka-fsync", topics=most, **pick),
+                "records_per_s",
+                4.0,
+            )
         )
-    )
     sp = next((r for r in _ok(results, "f", "stratalog") if "spark" in r.get("extra", {})), None)
     if sp:
         mine, ref = sp["extra"]["spark"]["stratalog"], sp["extra"]["spark"]["kafka"]
@@ -593,6 +607,8 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
         for r in rs:
             layout = r["params"].get("layout", "n/a")
             name = r["target"] if layout == "n/a" else f"{r['target']} ({layout})"
+            if "producer_client" in r["params"]:
+                name += f", {r['params']['producer_client']}"
             series[name].append((int(r["params"]["topics"]), r["mb_per_s"]))
         for name, pts in sorted(series.items()):
             pts.sort()

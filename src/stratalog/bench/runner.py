@@ -280,6 +280,7 @@ def producer_jobs(
                 batch_bytes=w.batch_bytes,
                 sample_every=w.latency_sample_every,
                 max_duration_s=w.max_duration_s,
+                client=w.producer_client,
             )
         )
     return jobs

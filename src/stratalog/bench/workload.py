@@ -77,6 +77,7 @@ _TOP_LEVEL = {
     "spark_read",
     "spark_runs",
     "spark_warmup",
+    "producer_client",
     "burst",
     "prefill_bytes",
     "drain_max_s",
@@ -138,6 +139,9 @@ class Workload:
     compression: str = "none"
     linger_ms: float = 5.0
     batch_bytes: int = 1_000_000
+    # "confluent-kafka" (librdkafka: one partition per Produce request) or "java" (Kafka's Java
+    # client: every ready partition for a broker in one request).
+    producer_client: str = "confluent-kafka"
     latency_sample_every: int = 1
     sweep: dict[str, list[Any]] = field(default_factory=dict)
     backlog_bytes: int = 0
@@ -202,6 +206,10 @@ def _coerce(name: str, d: dict[str, Any]) -> dict[str, Any]:
     for key in ("topics", "partitions", "record_size", "producers"):
         if int(out.get(key, 1)) < 1:
             raise WorkloadError(f"workload {name}: {key} must be >= 1")
+    clients = out.get("sweep", {}).get("producer_client", [out.get("producer_client")])
+    for c in clients:
+        if c is not None and c not in ("confluent-kafka", "java"):
+            raise WorkloadError(f"workload {name}: producer_client must be confluent-kafka or java")
     if int(out.get("record_size", 1024)) < 16:
         raise WorkloadError(f"workload {name}: record_size must be >= 16 (8-byte timestamp)")
     return out
