@@ -44,11 +44,21 @@ def _consume_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[
     return out
 
 
-@pytest.mark.parametrize("layout", ["virtual", "per-partition"])
-def test_sigkill_loses_no_acknowledged_record(tmp_path, layout):
+# storage.direct_io: appends through O_DIRECT, the file's last block padded with zeros.
+IO_CASES = [("virtual", "false"), ("per-partition", "false"), ("virtual", "true")]
+IO_IDS = ["virtual", "per-partition", "virtual-direct-io"]
+
+
+@pytest.mark.parametrize(("layout", "direct"), IO_CASES, ids=IO_IDS)
+def test_sigkill_loses_no_acknowledged_record(tmp_path, layout, direct):
     bp = BrokerProcess(
         tmp_path / "data",
-        settings={"fsync": "always", "storage.layout": layout, "segment.bytes": "200000"},
+        settings={
+            "fsync": "always",
+            "storage.layout": layout,
+            "segment.bytes": "200000",
+            "storage.direct_io": direct,
+        },
     )
     bp.start()
     try:
@@ -156,15 +166,21 @@ def _power_cut(data_dir, sync_log) -> int:
     return dropped
 
 
-@pytest.mark.parametrize("layout", ["virtual", "per-partition"])
+@pytest.mark.parametrize(("layout", "direct"), IO_CASES, ids=IO_IDS)
 def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
-    tmp_path, layout, monkeypatch
+    tmp_path, layout, direct, monkeypatch
 ):
     sync_log = tmp_path / "synced.txt"
     monkeypatch.setenv("STRATALOG_SYNC_LOG", str(sync_log))
     data = tmp_path / "data"
     bp = BrokerProcess(
-        data, settings={"fsync": "always", "storage.layout": layout, "segment.bytes": "300000"}
+        data,
+        settings={
+            "fsync": "always",
+            "storage.layout": layout,
+            "segment.bytes": "300000",
+            "storage.direct_io": direct,
+        },
     )
     bp.start()
     try:

@@ -12,6 +12,7 @@ import resource
 import subprocess
 import sys
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from .conftest import BrokerProcess, create_topic
@@ -21,7 +22,7 @@ RECORDS = 16_000
 PARTITIONS = 4
 
 
-def _limited_broker(data_dir) -> tuple[subprocess.Popen, str]:
+def _limited_broker(data_dir, *settings: str) -> tuple[subprocess.Popen, str]:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
 
@@ -37,6 +38,7 @@ def _limited_broker(data_dir) -> tuple[subprocess.Popen, str]:
             "0",
             "--log-level",
             "ERROR",
+            *(a for kv in settings for a in ("--set", kv)),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -47,9 +49,12 @@ def _limited_broker(data_dir) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
-def test_a_failed_segment_write_answers_storage_error_and_loses_no_acknowledged_record(tmp_path):
+@pytest.mark.parametrize("direct", ["false", "true"], ids=["buffered", "direct-io"])
+def test_a_failed_segment_write_answers_storage_error_and_loses_no_acknowledged_record(
+    tmp_path, direct
+):
     data = tmp_path / "data"
-    proc, bootstrap = _limited_broker(data)
+    proc, bootstrap = _limited_broker(data, f"storage.direct_io={direct}")
     acked: dict[tuple[int, int], bytes] = {}
     errors: set[str] = set()
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from stratalog.storage.batch import CorruptBatchError, validate_batch
 from stratalog.storage.segment import (
+    BLOCK,
     FRAME,
     FRAME_SIZE,
     IndexEntry,
@@ -146,6 +147,14 @@ def _chain(entries: list[IndexEntry], size: int, expected: dict[int, int]) -> li
     return out
 
 
+def _direct_padding(seg: Segment, end: int) -> bool:
+    """Whether the bytes past ``end`` are the zero padding of an O_DIRECT append: less than a
+    block of zeros that ends the file at a block boundary (storage.direct_io)."""
+    if seg.size % BLOCK or seg.size - end >= BLOCK:
+        return False
+    return not any(seg.read(end, seg.size - end))
+
+
 def recover_log(
     directory: Path, seqs: list[int], elsewhere: dict[int, Path] | None = None
 ) -> tuple[list[Segment], dict[int, list[IndexEntry]], RecoveryReport]:
@@ -201,6 +210,8 @@ def recover_log(
         scanned, end = scan(seg, start, expected)
         report.scanned_bytes += end - start
         report.scanned_frames += len(scanned)
+        if end < seg.size and _direct_padding(seg, end):
+            seg.truncate(end)  # the zeros of an O_DIRECT write's last block, not a tear
         if end < seg.size:
             log.warning(
                 "%s: segment %d torn at %d of %d bytes: truncating", directory, s, end, seg.size

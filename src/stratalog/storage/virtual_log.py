@@ -87,8 +87,10 @@ class VirtualLog:
         segment_ms: int,
         group_commit_ms: float,
         group_commit_bytes: int,
+        direct_io: bool = False,
     ) -> None:
         self.directory = directory
+        self.direct_io = direct_io
         self.name = name
         self.segment_bytes = segment_bytes
         self.segment_ms = segment_ms
@@ -141,6 +143,8 @@ class VirtualLog:
             fsync_dir(self.directory)
         for seg in segs[:-1]:
             seg.sealed = True
+        if self.direct_io:
+            self.active.enable_direct()
         self._checkpointed = (self.active.seq, self.active.size)
         self.opened = True
         return entries
@@ -152,6 +156,9 @@ class VirtualLog:
         ok = self.journal.failed is None
         for seg in self.segments.values():
             seg.flush_index(sync=True)
+        if self.active.direct:
+            self.active.finish_direct()  # the last block's padding goes before the marker
+            self.active.sync()
         if ok:
             write_checkpoint(self.directory, self.active.seq, self.active.size)
             (self.directory / CLEAN_SHUTDOWN).touch()
@@ -285,6 +292,11 @@ class VirtualLog:
                 log.warning("cannot spill to the cold tier (%s): segment stays hot", e)
         if new is None:
             new = Segment(self.directory, old.seq + 1, create=True)
+        if self.direct_io:
+            new.enable_direct()
+        # Cut the sealed segment's padding now: recovery treats a segment that ends short of its
+        # file as torn unless the rest is padding, and the seal's fdatasync makes the cut durable.
+        old.finish_direct()
         self.segments[new.seq] = new
         self.active = new
         # The sealed segment's index must be durable before a checkpoint can point past it.
