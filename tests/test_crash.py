@@ -58,6 +58,7 @@ def test_sigkill_loses_no_acknowledged_record(tmp_path, layout, direct):
             "storage.layout": layout,
             "segment.bytes": "200000",
             "storage.direct_io": direct,
+            "storage.direct_min_bytes": "0",  # every write direct: the path under test
         },
     )
     bp.start()
@@ -180,6 +181,7 @@ def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
             "storage.layout": layout,
             "segment.bytes": "300000",
             "storage.direct_io": direct,
+            "storage.direct_min_bytes": "0",  # every write direct: the path under test
         },
     )
     bp.start()

@@ -13,7 +13,7 @@ import os
 import random
 
 from stratalog.storage.recovery import _direct_padding
-from stratalog.storage.segment import _DIRECT_BUFFER, BLOCK, Segment
+from stratalog.storage.segment import _DIRECT_BUFFER, BLOCK, DIRECT_MIN_BYTES, Segment
 
 
 def test_direct_appends_read_back_exactly(tmp_path):
@@ -21,14 +21,23 @@ def test_direct_appends_read_back_exactly(tmp_path):
     seg = Segment(tmp_path, 0, create=True)
     assert seg.enable_direct()
     written = bytearray()
-    sizes = [rng.randint(1, 20_000) for _ in range(600)] + [_DIRECT_BUFFER + 12_345, 3, 4096]
+    # Small appends take the page cache, large ones O_DIRECT; interleaved, and one larger than
+    # the buffer.
+    sizes = [
+        rng.choice([rng.randint(1, 20_000), rng.randint(DIRECT_MIN_BYTES, 3 * DIRECT_MIN_BYTES)])
+        for _ in range(200)
+    ] + [_DIRECT_BUFFER + 12_345, 3, 4096, DIRECT_MIN_BYTES]
+    assert sum(n >= DIRECT_MIN_BYTES for n in sizes) > 50
     for n in sizes:
         parts = [os.urandom(k) for k in (n // 3, n - n // 3) if k]
         pos = seg.write(parts)
         assert pos == len(written)
         written += b"".join(parts)
         on_disk = os.fstat(seg.fd).st_size
-        assert on_disk % BLOCK == 0 and seg.size <= on_disk < seg.size + BLOCK
+        assert seg.size <= on_disk < seg.size + BLOCK
+        if n >= DIRECT_MIN_BYTES:
+            assert on_disk % BLOCK == 0  # a direct write's last block, padded
+        assert not any(seg.read(seg.size, on_disk - seg.size))  # padding is zeros
     assert seg.size == len(written)
     assert seg.read(0, seg.size) == written
     seg.finish_direct()
@@ -50,9 +59,11 @@ def test_a_reopened_segment_continues_its_partial_block(tmp_path):
 def test_recovery_tells_padding_from_a_tear(tmp_path):
     seg = Segment(tmp_path, 0, create=True)
     assert seg.enable_direct()
-    seg.write([b"x" * 5000])
+    seg.write([b"x" * 5000])  # through the page cache
+    seg.write([b"y" * DIRECT_MIN_BYTES, b"z" * 50])  # direct, padded to the next block
     end = seg.size
-    seg.size = os.fstat(seg.fd).st_size  # as a restart sees the file: 8192 bytes
+    seg.size = os.fstat(seg.fd).st_size  # as a restart sees the file
+    assert seg.size % BLOCK == 0 and seg.size > end
     assert _direct_padding(seg, end)  # zeros to the block boundary
     os.pwrite(seg.fd, b"\x01", end + 10)
     assert not _direct_padding(seg, end)  # anything else there is a tear

@@ -54,7 +54,9 @@ def test_a_failed_segment_write_answers_storage_error_and_loses_no_acknowledged_
     tmp_path, direct
 ):
     data = tmp_path / "data"
-    proc, bootstrap = _limited_broker(data, f"storage.direct_io={direct}")
+    proc, bootstrap = _limited_broker(
+        data, f"storage.direct_io={direct}", "storage.direct_min_bytes=0"
+    )
     acked: dict[tuple[int, int], bytes] = {}
     errors: set[str] = set()
     try:

@@ -97,6 +97,13 @@ SETTINGS: dict[str, Setting] = {
             "while the disk writes back; fresh reads come from the tail cache). Off by default.",
         ),
         _S(
+            "storage.direct_min_bytes",
+            int,
+            131072,
+            "With storage.direct_io, the smallest write that bypasses the page cache; smaller "
+            "ones take it (a direct write waits for the device on the event loop).",
+        ),
+        _S(
             "storage.read_threads",
             int,
             2,

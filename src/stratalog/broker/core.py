@@ -60,6 +60,7 @@ class BrokerCore:
                 tail_cache_bytes=config["cache.tail_bytes_per_partition"],
                 io_threads=config["storage.io_threads"],
                 direct_io=config["storage.direct_io"],
+                direct_min_bytes=config["storage.direct_min_bytes"],
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
                 cold_options=config.cold_options,

@@ -43,7 +43,8 @@ class StorageConfig:
     segment_ms: int = 7 * 24 * 3600 * 1000
     tail_cache_bytes: int = 4 * 1024 * 1024
     io_threads: int = 8
-    direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct)
+    direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
+    direct_min_bytes: int = 128 * 1024  # ... writes of at least this many bytes
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
     cold_options: dict | None = None  # fsspec storage options for a URL
@@ -205,6 +206,7 @@ class LogStore:
             group_commit_ms=c.group_commit_ms,
             group_commit_bytes=c.group_commit_bytes,
             direct_io=c.direct_io,
+            direct_min_bytes=c.direct_min_bytes,
         )
         if self.cold is not None and self.cold.local:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name

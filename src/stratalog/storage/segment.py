@@ -34,6 +34,10 @@ _UID = struct.Struct("<I")
 # satisfies every logical block size in use.
 BLOCK = 4096
 _DIRECT_BUFFER = 4 * 1024 * 1024
+# Smaller appends still go through the page cache: a direct write waits for the device on the
+# event loop, which costs a small request more than the copy it saves (docs/benchmarks.md, b).
+# The default of storage.direct_min_bytes.
+DIRECT_MIN_BYTES = 128 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +132,12 @@ class Segment:
         self._dfd: int | None = None
         self._tail: mmap.mmap | None = None
         self._tail_start = 0
+        self._direct_min = DIRECT_MIN_BYTES
 
     # -- writing -------------------------------------------------------------------------------
-    def enable_direct(self) -> bool:
-        """Append through O_DIRECT from now on, bypassing the page cache (storage.direct_io).
+    def enable_direct(self, min_bytes: int = DIRECT_MIN_BYTES) -> bool:
+        """Append through O_DIRECT from now on, bypassing the page cache (storage.direct_io);
+        appends under ``min_bytes`` still take the page cache.
 
         Under write-back load a buffered append here costs ten times the CPU of an idle one,
         nearly all of it copying into page-cache pages (perf: ``copy_folio_from_iter_atomic``,
@@ -150,6 +156,7 @@ class Segment:
         except OSError as e:
             log.warning("%s: O_DIRECT refused (%s); buffered writes", self.data_path, e)
             return False
+        self._direct_min = min_bytes
         self._tail = mmap.mmap(-1, _DIRECT_BUFFER)
         self._load_tail()
         return True
@@ -196,6 +203,12 @@ class Segment:
             n = len(p)
             buf[pos : pos + n] = p
             pos += n
+        if total < self._direct_min:
+            written = os.pwritev(self.fd, parts, start)
+            if written < total:  # rare for regular files, but legal
+                os.pwrite(self.fd, bytes(buf[start - base + written : pos]), start + written)
+            self.size = end
+            return start
         stop = -(-pos // BLOCK) * BLOCK
         buf[pos:stop] = bytes(stop - pos)  # recovery reads zeros past the end as padding
         first = (start - base) - (start - base) % BLOCK

@@ -88,9 +88,11 @@ class VirtualLog:
         group_commit_ms: float,
         group_commit_bytes: int,
         direct_io: bool = False,
+        direct_min_bytes: int = 128 * 1024,
     ) -> None:
         self.directory = directory
         self.direct_io = direct_io
+        self.direct_min_bytes = direct_min_bytes
         self.name = name
         self.segment_bytes = segment_bytes
         self.segment_ms = segment_ms
@@ -144,7 +146,7 @@ class VirtualLog:
         for seg in segs[:-1]:
             seg.sealed = True
         if self.direct_io:
-            self.active.enable_direct()
+            self.active.enable_direct(self.direct_min_bytes)
         self._checkpointed = (self.active.seq, self.active.size)
         self.opened = True
         return entries
@@ -293,7 +295,7 @@ class VirtualLog:
         if new is None:
             new = Segment(self.directory, old.seq + 1, create=True)
         if self.direct_io:
-            new.enable_direct()
+            new.enable_direct(self.direct_min_bytes)
         # Cut the sealed segment's padding now: recovery treats a segment that ends short of its
         # file as torn unless the rest is padding, and the seal's fdatasync makes the cut durable.
         old.finish_direct()
