@@ -94,7 +94,8 @@ SETTINGS: dict[str, Setting] = {
             bool,
             False,
             "Append to segments through O_DIRECT instead of the page cache (less CPU per byte "
-            "while the disk writes back; fresh reads come from the tail cache). Off by default.",
+            "while the disk writes back; fresh reads come from the tail cache). Off by default: "
+            "consumers that lag read from the disk instead of the page cache.",
         ),
         _S(
             "storage.direct_min_bytes",
