@@ -151,13 +151,15 @@ class Segment:
         """
         if self._dfd is not None:
             return True
+        tail = mmap.mmap(-1, _DIRECT_BUFFER)
         try:
             self._dfd = os.open(self.data_path, os.O_WRONLY | os.O_DIRECT)
         except OSError as e:
+            tail.close()
             log.warning("%s: O_DIRECT refused (%s); buffered writes", self.data_path, e)
             return False
         self._direct_min = min_bytes
-        self._tail = mmap.mmap(-1, _DIRECT_BUFFER)
+        self._tail = tail
         self._load_tail()
         return True
 
@@ -180,8 +182,14 @@ class Segment:
         assert self._tail is not None
         self._tail.close()
         self._tail = None
-        if os.fstat(self.fd).st_size != self.size:
-            os.ftruncate(self.fd, self.size)
+        # Buffered writes go by the descriptor's position, which pwrite never moved.
+        os.lseek(self.fd, self.size, os.SEEK_SET)
+        try:
+            # Only ever shorter: after a failed write ``size`` may lie past what was written.
+            if os.fstat(self.fd).st_size > self.size:
+                os.ftruncate(self.fd, self.size)
+        except OSError as e:  # recovery cuts it instead; closing must go on
+            log.warning("%s: cannot cut the O_DIRECT padding: %s", self.data_path, e)
 
     def _write_direct(self, parts: list[bytes | memoryview], total: int) -> int:
         assert self._tail is not None and self._dfd is not None
@@ -193,8 +201,9 @@ class Segment:
             keep = bytes(self._tail[new_base - base : start - base])
             need = end - new_base + BLOCK
             if need > len(self._tail):
+                grown = mmap.mmap(-1, -(-need // _DIRECT_BUFFER) * _DIRECT_BUFFER)
                 self._tail.close()
-                self._tail = mmap.mmap(-1, -(-need // _DIRECT_BUFFER) * _DIRECT_BUFFER)
+                self._tail = grown
             self._tail[: len(keep)] = keep
             base = self._tail_start = new_base
         buf = self._tail
@@ -216,7 +225,10 @@ class Segment:
         try:
             done = first
             while done < stop:
-                done += os.pwrite(self._dfd, view[done:stop], base + done)
+                n = os.pwrite(self._dfd, view[done:stop], base + done)
+                if n <= 0:
+                    raise OSError(f"short O_DIRECT write to {self.data_path}")
+                done += n
         finally:
             view.release()
         self.size = end
