@@ -49,17 +49,21 @@ IO_CASES = [("virtual", "false"), ("per-partition", "false"), ("virtual", "true"
 IO_IDS = ["virtual", "per-partition", "virtual-direct-io"]
 
 
+def _settings(layout: str, direct: str, segment_bytes: str) -> dict[str, str]:
+    return {
+        "fsync": "always",
+        "storage.layout": layout,
+        "segment.bytes": segment_bytes,
+        "storage.direct_io": direct,
+        "storage.direct_min_bytes": "0",  # every write direct: the path under test
+    }
+
+
 @pytest.mark.parametrize(("layout", "direct"), IO_CASES, ids=IO_IDS)
 def test_sigkill_loses_no_acknowledged_record(tmp_path, layout, direct):
     bp = BrokerProcess(
         tmp_path / "data",
-        settings={
-            "fsync": "always",
-            "storage.layout": layout,
-            "segment.bytes": "200000",
-            "storage.direct_io": direct,
-            "storage.direct_min_bytes": "0",  # every write direct: the path under test
-        },
+        settings=_settings(layout, direct, "200000"),
     )
     bp.start()
     try:
@@ -176,13 +180,7 @@ def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
     data = tmp_path / "data"
     bp = BrokerProcess(
         data,
-        settings={
-            "fsync": "always",
-            "storage.layout": layout,
-            "segment.bytes": "300000",
-            "storage.direct_io": direct,
-            "storage.direct_min_bytes": "0",  # every write direct: the path under test
-        },
+        settings=_settings(layout, direct, "300000"),
     )
     bp.start()
     try:

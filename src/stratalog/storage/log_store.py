@@ -23,7 +23,7 @@ from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
-from stratalog.storage.segment import IndexEntry, fsync_dir
+from stratalog.storage.segment import DIRECT_MIN_BYTES, IndexEntry, fsync_dir
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class StorageConfig:
     tail_cache_bytes: int = 4 * 1024 * 1024
     io_threads: int = 8
     direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
-    direct_min_bytes: int = 128 * 1024  # ... writes of at least this many bytes
+    direct_min_bytes: int = DIRECT_MIN_BYTES  # ... writes of at least this many bytes
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
     cold_options: dict | None = None  # fsspec storage options for a URL

@@ -117,7 +117,6 @@ class Segment:
         self.fd = os.open(self.data_path, flags, 0o644)
         self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
         self.size = os.fstat(self.fd).st_size
-        os.lseek(self.fd, self.size, os.SEEK_SET)
         self.index_size = os.fstat(self.index_fd).st_size
         os.lseek(self.index_fd, self.index_size, os.SEEK_SET)
         self.created = time.time() if create else os.stat(self.data_path).st_mtime
@@ -182,8 +181,6 @@ class Segment:
         assert self._tail is not None
         self._tail.close()
         self._tail = None
-        # Buffered writes go by the descriptor's position, which pwrite never moved.
-        os.lseek(self.fd, self.size, os.SEEK_SET)
         try:
             # Only ever shorter: after a failed write ``size`` may lie past what was written.
             if os.fstat(self.fd).st_size > self.size:
@@ -213,9 +210,7 @@ class Segment:
             buf[pos : pos + n] = p
             pos += n
         if total < self._direct_min:
-            written = os.pwritev(self.fd, parts, start)
-            if written < total:  # rare for regular files, but legal
-                os.pwrite(self.fd, bytes(buf[start - base + written : pos]), start + written)
+            self._write_buffered(parts, start, total)
             self.size = end
             return start
         stop = -(-pos // BLOCK) * BLOCK
@@ -242,12 +237,18 @@ class Segment:
             total = sum(len(p) for p in parts)
         if self._dfd is not None:
             return self._write_direct(parts, total)
-        written = os.writev(self.fd, parts)
-        while written < total:  # rare for regular files, but legal
-            rest = b"".join(bytes(p) for p in parts)[written:]
-            written += os.write(self.fd, rest)
+        self._write_buffered(parts, start, total)
         self.size += total
         return start
+
+    def _write_buffered(self, parts: list[bytes | memoryview], start: int, total: int) -> None:
+        """Write ``parts`` at ``start`` through the page cache (by position: the descriptor's
+        own offset is never used, so direct and buffered writes can follow each other)."""
+        written = os.pwritev(self.fd, parts, start)
+        if written < total:  # rare for regular files, but legal
+            rest = memoryview(b"".join(bytes(p) for p in parts))
+            while written < total:
+                written += os.pwrite(self.fd, rest[written:], start + written)
 
     def add_index(self, entry: IndexEntry) -> None:
         self._index_buf += entry.pack()
@@ -297,7 +298,6 @@ class Segment:
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
-        os.lseek(self.fd, size, os.SEEK_SET)
         self.size = size
         os.fsync(self.fd)
         if self._tail is not None:

@@ -27,6 +27,7 @@ from stratalog.storage.recovery import (
     write_checkpoint,
 )
 from stratalog.storage.segment import (
+    DIRECT_MIN_BYTES,
     FRAME,
     FRAME_SIZE,
     IndexEntry,
@@ -88,7 +89,7 @@ class VirtualLog:
         group_commit_ms: float,
         group_commit_bytes: int,
         direct_io: bool = False,
-        direct_min_bytes: int = 128 * 1024,
+        direct_min_bytes: int = DIRECT_MIN_BYTES,
     ) -> None:
         self.directory = directory
         self.direct_io = direct_io
