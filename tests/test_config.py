@@ -39,6 +39,8 @@ def test_toml_file_nested_tables_flatten(tmp_path):
         ({"storage.layout": "columnar"}, "storage.layout must be"),
         ({"segment.bytes": 0}, "must be positive"),
         ({"auto.create.topics.enable": "perhaps"}, "must be bool"),
+        ({"storage.direct_io": "maybe"}, "must be bool"),
+        ({"storage.direct_min_bytes": -1}, "storage.direct_min_bytes must be 0 or more"),
     ],
 )
 def test_bad_settings_name_the_problem(values, message):

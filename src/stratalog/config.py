@@ -342,6 +342,8 @@ class BrokerConfig:
                 raise ConfigError(f"tiers.cold.options must be a JSON object: {e}") from None
         if self["tiers.cold.path"] and self["tiers.cold.url"]:
             raise ConfigError("set tiers.cold.path or tiers.cold.url, not both")
+        if (direct_min := self["storage.direct_min_bytes"]) < 0:
+            raise ConfigError(f"storage.direct_min_bytes must be 0 or more, not {direct_min}")
         if self["group_commit_ms"] < 0 or self["group_commit_bytes"] < 0:
             raise ConfigError("group_commit_ms and group_commit_bytes must not be negative")
 
