@@ -45,25 +45,40 @@ def _consume_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[
 
 
 # storage.direct_io: appends through O_DIRECT, the file's last block padded with zeros.
-IO_CASES = [("virtual", "false"), ("per-partition", "false"), ("virtual", "true")]
-IO_IDS = ["virtual", "per-partition", "virtual-direct-io"]
+# storage.write_behind (the default): the journal's thread writes; "false": the event loop does.
+IO_CASES = [
+    ("virtual", "false", "true"),
+    ("per-partition", "false", "true"),
+    ("virtual", "true", "true"),
+    ("virtual", "false", "false"),
+    ("virtual", "true", "false"),
+]
+IO_IDS = [
+    "virtual",
+    "per-partition",
+    "virtual-direct-io",
+    "virtual-loop-writes",
+    "virtual-direct-io-loop-writes",
+]
+IO_PARAMS = ("layout", "direct", "write_behind")
 
 
-def _settings(layout: str, direct: str, segment_bytes: str) -> dict[str, str]:
+def _settings(layout: str, direct: str, write_behind: str, segment_bytes: str) -> dict[str, str]:
     return {
         "fsync": "always",
         "storage.layout": layout,
         "segment.bytes": segment_bytes,
         "storage.direct_io": direct,
         "storage.direct_min_bytes": "0",  # every write direct: the path under test
+        "storage.write_behind": write_behind,
     }
 
 
-@pytest.mark.parametrize(("layout", "direct"), IO_CASES, ids=IO_IDS)
-def test_sigkill_loses_no_acknowledged_record(tmp_path, layout, direct):
+@pytest.mark.parametrize(IO_PARAMS, IO_CASES, ids=IO_IDS)
+def test_sigkill_loses_no_acknowledged_record(tmp_path, layout, direct, write_behind):
     bp = BrokerProcess(
         tmp_path / "data",
-        settings=_settings(layout, direct, "200000"),
+        settings=_settings(layout, direct, write_behind, "200000"),
     )
     bp.start()
     try:
@@ -171,16 +186,16 @@ def _power_cut(data_dir, sync_log) -> int:
     return dropped
 
 
-@pytest.mark.parametrize(("layout", "direct"), IO_CASES, ids=IO_IDS)
+@pytest.mark.parametrize(IO_PARAMS, IO_CASES, ids=IO_IDS)
 def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
-    tmp_path, layout, direct, monkeypatch
+    tmp_path, layout, direct, write_behind, monkeypatch
 ):
     sync_log = tmp_path / "synced.txt"
     monkeypatch.setenv("STRATALOG_SYNC_LOG", str(sync_log))
     data = tmp_path / "data"
     bp = BrokerProcess(
         data,
-        settings=_settings(layout, direct, "300000"),
+        settings=_settings(layout, direct, write_behind, "300000"),
     )
     bp.start()
     try:

@@ -49,13 +49,20 @@ def _limited_broker(data_dir, *settings: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
-@pytest.mark.parametrize("direct", ["false", "true"], ids=["buffered", "direct-io"])
+@pytest.mark.parametrize(
+    ("direct", "write_behind"),
+    [("false", "true"), ("true", "true"), ("false", "false")],
+    ids=["buffered", "direct-io", "loop-writes"],
+)
 def test_a_failed_segment_write_answers_storage_error_and_loses_no_acknowledged_record(
-    tmp_path, direct
+    tmp_path, direct, write_behind
 ):
     data = tmp_path / "data"
     proc, bootstrap = _limited_broker(
-        data, f"storage.direct_io={direct}", "storage.direct_min_bytes=0"
+        data,
+        f"storage.direct_io={direct}",
+        "storage.direct_min_bytes=0",
+        f"storage.write_behind={write_behind}",
     )
     acked: dict[tuple[int, int], bytes] = {}
     errors: set[str] = set()
