@@ -49,20 +49,13 @@ def _limited_broker(data_dir, *settings: str) -> tuple[subprocess.Popen, str]:
     return proc, line.split()[-1]
 
 
-@pytest.mark.parametrize(
-    ("direct", "write_behind"),
-    [("false", "true"), ("true", "true"), ("false", "false")],
-    ids=["buffered", "direct-io", "loop-writes"],
-)
+@pytest.mark.parametrize("direct", ["false", "true"], ids=["buffered", "direct-io"])
 def test_a_failed_segment_write_answers_storage_error_and_loses_no_acknowledged_record(
-    tmp_path, direct, write_behind
+    tmp_path, direct
 ):
     data = tmp_path / "data"
     proc, bootstrap = _limited_broker(
-        data,
-        f"storage.direct_io={direct}",
-        "storage.direct_min_bytes=0",
-        f"storage.write_behind={write_behind}",
+        data, f"storage.direct_io={direct}", "storage.direct_min_bytes=0"
     )
     acked: dict[tuple[int, int], bytes] = {}
     errors: set[str] = set()

@@ -94,8 +94,6 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gc_policy.apply(cfg["gc.freeze"], cfg["gc.young_threshold"])
-        if cfg["python.switch_interval_ms"] > 0:
-            sys.setswitchinterval(cfg["python.switch_interval_ms"] / 1000)
         print(f"Stratalog ready at {service.bootstrap}", flush=True)
         await stop.wait()
         logging.getLogger("stratalog").info("shutting down")

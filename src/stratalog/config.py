@@ -56,13 +56,6 @@ SETTINGS: dict[str, Setting] = {
             "generation; 0: Python's default (700).",
         ),
         _S(
-            "python.switch_interval_ms",
-            float,
-            0.0,
-            "stratalog serve: how long a thread may hold Python's GIL while another waits for "
-            "it (sys.setswitchinterval); 0: Python's default (5 ms).",
-        ),
-        _S(
             "max_request_bytes",
             int,
             100 * 1024 * 1024,
@@ -103,14 +96,6 @@ SETTINGS: dict[str, Setting] = {
             "Append to segments through O_DIRECT instead of the page cache (less CPU per byte "
             "while the disk writes back; fresh reads come from the tail cache). Off by default: "
             "consumers that lag read from the disk instead of the page cache.",
-        ),
-        _S(
-            "storage.write_behind",
-            bool,
-            True,
-            "Under fsync=always, segment writes run on the journal's I/O thread just before each "
-            "group's fsync (BookKeeper's journal thread) instead of on the event loop; acks=1 "
-            "then waits for the write (not the fsync). No effect under other fsync policies.",
         ),
         _S(
             "storage.direct_min_bytes",

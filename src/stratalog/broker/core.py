@@ -61,7 +61,6 @@ class BrokerCore:
                 io_threads=config["storage.io_threads"],
                 direct_io=config["storage.direct_io"],
                 direct_min_bytes=config["storage.direct_min_bytes"],
-                write_behind=config["storage.write_behind"],
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
                 cold_options=config.cold_options,

@@ -1,20 +1,12 @@
 """Group commit for one log (BookKeeper's journal): fsync before ack, one fsync per group.
 
-Appends are counted in a log sequence number (LSN: bytes appended to the log so far). Under
-``fsync=always`` a group gathers appends until it holds ``group_commit_bytes`` or is
-``group_commit_ms`` old, then one ``fdatasync`` per dirty segment runs in a worker thread while
-the next group gathers. When it returns, every append up to the group's LSN is durable and
-``on_durable`` is called with that LSN.
-
-With write-behind (``storage.write_behind``, under ``fsync=always``) the event loop does not
-write either: it reserves the bytes' place in the segment and stages references to them, and the
-same worker writes a group's staged appends, in order and coalesced, before its fsync
-(BookKeeper's journal thread). The loop's share of an append is then bookkeeping; the copy into
-the kernel runs beside it. ``on_written`` reports the LSN up to which appends are in the file
-(what ``acks=1`` waits for: a broker process killed after that loses nothing).
-
-Under ``interval:<ms>`` and ``never`` appends are written on the loop and count as durable at
-once (the page cache is the promise); syncs run on a timer or only at shutdown.
+Appends are written to the page cache on the event loop and counted in a log sequence number
+(LSN: bytes appended to the log so far). Under ``fsync=always`` a group gathers appends until it
+holds ``group_commit_bytes`` or is ``group_commit_ms`` old, then one ``fdatasync`` per dirty
+segment runs in a worker thread while the next group gathers. When it returns, every append up
+to the group's LSN is durable and ``on_durable`` is called with that LSN. Under ``interval:<ms>``
+and ``never`` appends count as durable at once (the page cache is the promise) and syncs run on a
+timer or only at shutdown.
 """
 
 from __future__ import annotations
@@ -70,11 +62,6 @@ class StorageFailure(RuntimeError):
     """An fsync failed: what is in the page cache can no longer be promised durable."""
 
 
-# A staged write: (segment, position, parts, bytes); a staged seal: (segment, None, None, 0).
-# Each holds one reference on its segment until the group that carries it is done.
-Staged = tuple[Segment, int | None, list | None, int]
-
-
 class GroupCommit:
     def __init__(
         self,
@@ -84,24 +71,14 @@ class GroupCommit:
         *,
         group_ms: float = 2.0,
         group_bytes: int = 512 * 1024,
-        write_behind: bool = False,
-        on_written: Callable[[int], None] | None = None,
     ) -> None:
         self.policy = policy
         self._executor = executor
         self._on_durable = on_durable
-        self._on_written = on_written
         self._group_s = group_ms / 1000.0
         self._group_bytes = group_bytes
-        self.write_behind = write_behind and policy.mode == "always"
         self.appended = 0
-        self.written = 0
         self.durable = 0
-        # Write-behind: what the next group writes (and seals), in log order.
-        self._staged: list[Staged] = []
-        # (segment, end) of the last write the journal made durable: where a checkpoint may
-        # point without vouching for bytes still only staged.
-        self.durable_end: tuple[Segment, int] | None = None
         self.failed: BaseException | None = None
         self._dirty: dict[int, Segment] = {}
         self._group_size = 0
@@ -120,30 +97,8 @@ class GroupCommit:
                 self._timer = self._loop.call_later(self.policy.interval_ms / 1000, self._tick)
         return self._loop
 
-    def stage(self, segment: Segment, position: int, parts: list, nbytes: int, lsn: int) -> None:
-        """Write-behind: have the next group write ``parts`` at ``position`` (already reserved
-        in the segment's size); bytes up to ``lsn`` are then appended."""
-        segment.acquire()
-        segment.unwritten += nbytes
-        self._staged.append((segment, position, parts, nbytes))
-        self._note(segment, lsn, nbytes)
-
-    def stage_seal(self, segment: Segment, seal: Callable[[Segment], None]) -> None:
-        """Write-behind: seal ``segment`` (``seal`` runs in the worker) once its staged writes
-        are written; the caller's reference on it passes to the journal."""
-        if self.failed is not None:
-            segment.release()  # its staged writes were dropped: nothing to seal
-            return
-        self._staged.append((segment, None, seal, 0))  # type: ignore[arg-type]
-        if not self._flushing:
-            self._ensure_loop().call_soon(self._start_flush)
-
     def note_append(self, segment: Segment, lsn: int, nbytes: int) -> None:
         """Record that bytes up to ``lsn`` are in ``segment``'s page cache."""
-        self.written = lsn
-        self._note(segment, lsn, nbytes)
-
-    def _note(self, segment: Segment, lsn: int, nbytes: int) -> None:
         self.appended = lsn
         self._dirty[segment.seq] = segment
         if self.policy.mode != "always":
@@ -167,9 +122,7 @@ class GroupCommit:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._flushing or self.failed:
-            return
-        if self.durable >= self.appended and not self._staged:
+        if self._flushing or self.durable >= self.appended or self.failed:
             return
         target = self.appended
         segments = list(self._dirty.values())
@@ -180,34 +133,13 @@ class GroupCommit:
         self._group_start = None
         self._flushing = True
         loop = self._ensure_loop()
-        staged, self._staged = self._staged, []
-        if staged:
-            wrote = None
-            if self._on_written is not None:
-                wrote = lambda: loop.call_soon_threadsafe(self._wrote, target)  # noqa: E731
-            fut = loop.run_in_executor(self._executor, _write_and_sync, staged, segments, wrote)
-        else:
-            fut = loop.run_in_executor(self._executor, _sync_all, segments)
-        fut.add_done_callback(lambda f: self._flushed(f, target, segments, staged))
+        fut = loop.run_in_executor(self._executor, _sync_all, segments)
+        fut.add_done_callback(lambda f: self._flushed(f, target, segments))
 
-    def _wrote(self, target: int) -> None:
-        if self.failed is None and target > self.written:
-            self.written = target
-            if self._on_written is not None:
-                self._on_written(target)
-
-    def _flushed(
-        self,
-        fut: asyncio.Future[None],
-        target: int,
-        segments: list[Segment],
-        staged: list[Staged] | None = None,
-    ) -> None:
+    def _flushed(self, fut: asyncio.Future[None], target: int, segments: list[Segment]) -> None:
         self._flushing = False
         for s in segments:
             s.release()
-        if staged:
-            _release_staged(staged)
         exc = fut.exception()
         if exc is not None:
             # After a failed fsync the kernel may have dropped the dirty pages: never retry and
@@ -217,20 +149,14 @@ class GroupCommit:
                 self._idle.set()
             return
         self.syncs += 1
-        if staged:
-            last = next((w for w in reversed(staged) if w[1] is not None), None)
-            if last is not None:
-                self.durable_end = (last[0], last[1] + last[3])
-            self._wrote(target)
         self.durable = target
         self._on_durable(target)
-        if self._idle is not None and self.durable >= self.appended and not self._staged:
+        if self._idle is not None and self.durable >= self.appended:
             self._idle.set()
-        if (self.appended > self.durable or self._staged) and not self._closed:
+        if self.appended > self.durable and not self._closed:
             loop = self._ensure_loop()
             start = self._group_start if self._group_start is not None else loop.time()
-            due = self._group_size >= self._group_bytes or loop.time() - start >= self._group_s
-            if due or (self._staged and self.appended <= self.durable):  # a seal is waiting
+            if self._group_size >= self._group_bytes or loop.time() - start >= self._group_s:
                 self._start_flush()
             elif self._timer is None:
                 self._timer = loop.call_at(start + self._group_s, self._start_flush)
@@ -241,11 +167,6 @@ class GroupCommit:
         if self.failed is None:
             self.failed = failure
             log.error("%s; the log is read-only from now on", failure)
-        # Staged but never to be written: drop them (and their segment references).
-        staged, self._staged = self._staged, []
-        _release_staged(staged)
-        if self._on_written is not None:
-            self._on_written(-1)
         self._on_durable(-1)
 
     def _tick(self) -> None:
@@ -276,7 +197,7 @@ class GroupCommit:
     async def drain(self) -> None:
         """Wait until every append so far is durable (used before a clean shutdown)."""
         if self.policy.mode == "always":
-            while (self.durable < self.appended or self._staged) and not self.failed:
+            while self.durable < self.appended and not self.failed:
                 self._idle = asyncio.Event()
                 self._start_flush()
                 await self._idle.wait()
@@ -298,64 +219,9 @@ class GroupCommit:
             self._timer.cancel()
             self._timer = None
 
-    def discard(self) -> None:
-        """Drop what is staged, unwritten (a simulated crash: the process just stops)."""
-        staged, self._staged = self._staged, []
-        _release_staged(staged)
-
 
 def _sync_all(segments: list[Segment]) -> None:
     t0 = time.monotonic()
     for s in segments:
         s.sync()
     SYNC_SECONDS.observe(time.monotonic() - t0)
-
-
-_IOV_MAX = 1000
-
-
-def _write_and_sync(
-    staged: list[Staged], segments: list[Segment], wrote: Callable[[], None] | None
-) -> None:
-    """The journal thread's group: write the staged appends in order, each run of contiguous
-    ones in as few ``pwritev`` calls as the iovec limit allows; seal segments as their turn
-    comes; report the group written; then fsync every segment it touched."""
-    run_seg: Segment | None = None
-    run_parts: list = []
-    run_start = run_end = 0
-
-    def write_run() -> None:
-        at = run_start
-        for i in range(0, len(run_parts), _IOV_MAX):
-            chunk = run_parts[i : i + _IOV_MAX]
-            n = sum(len(p) for p in chunk) if len(run_parts) > _IOV_MAX else run_end - run_start
-            assert run_seg is not None
-            run_seg.write_at(chunk, at, n)
-            at += n
-
-    for seg, position, parts, nbytes in staged:
-        if position is None:  # a seal: everything staged before it is written first
-            if run_seg is not None:
-                write_run()
-                run_seg = None
-            parts(seg)  # type: ignore[misc]
-            continue
-        if run_seg is seg and position == run_end:
-            run_parts += parts
-            run_end += nbytes
-            continue
-        if run_seg is not None:
-            write_run()
-        run_seg, run_parts, run_start, run_end = seg, list(parts), position, position + nbytes
-    if run_seg is not None:
-        write_run()
-    if wrote is not None:
-        wrote()
-    _sync_all(segments)
-
-
-def _release_staged(staged: list[Staged]) -> None:
-    for seg, position, _parts, nbytes in staged:
-        if position is not None:
-            seg.unwritten -= nbytes
-        seg.release()

@@ -45,7 +45,6 @@ class StorageConfig:
     io_threads: int = 8
     direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
     direct_min_bytes: int = DIRECT_MIN_BYTES  # ... writes of at least this many bytes
-    write_behind: bool = True  # fsync=always: the journal's thread writes, not the event loop
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
     cold_options: dict | None = None  # fsspec storage options for a URL
@@ -208,7 +207,6 @@ class LogStore:
             group_commit_bytes=c.group_commit_bytes,
             direct_io=c.direct_io,
             direct_min_bytes=c.direct_min_bytes,
-            write_behind=c.write_behind,
         )
         if self.cold is not None and self.cold.local:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name

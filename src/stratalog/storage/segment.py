@@ -123,10 +123,6 @@ class Segment:
         # A new file's directory entry must be durable before data in it is acknowledged.
         self.dir_synced = not create
         self.sealed = False
-        # Bytes reserved in ``size`` that the journal's writer has not written yet (write-behind;
-        # changed on the event loop only). Nothing may read or migrate those bytes until then.
-        self.unwritten = 0
-        self.written = self.size  # the end of the last write (the writing thread's view)
         self._index_buf = bytearray()
         self._refs = 1  # the owning log's reference
         self._deleted = False
@@ -192,9 +188,9 @@ class Segment:
         except OSError as e:  # recovery cuts it instead; closing must go on
             log.warning("%s: cannot cut the O_DIRECT padding: %s", self.data_path, e)
 
-    def _write_direct(self, parts: list[bytes | memoryview], start: int, total: int) -> None:
+    def _write_direct(self, parts: list[bytes | memoryview], total: int) -> int:
         assert self._tail is not None and self._dfd is not None
-        end = start + total
+        start, end = self.size, self.size + total
         base = self._tail_start
         if end - base > len(self._tail):
             # Keep only the partial block the next write rewrites; grow for a larger append.
@@ -215,7 +211,8 @@ class Segment:
             pos += n
         if total < self._direct_min:
             self._write_buffered(parts, start, total)
-            return
+            self.size = end
+            return start
         stop = -(-pos // BLOCK) * BLOCK
         buf[pos:stop] = bytes(stop - pos)  # recovery reads zeros past the end as padding
         first = (start - base) - (start - base) % BLOCK
@@ -229,6 +226,8 @@ class Segment:
                 done += n
         finally:
             view.release()
+        self.size = end
+        return start
 
     def write(self, parts: list[bytes | memoryview], total: int = -1) -> int:
         """Append ``parts`` (``total`` bytes, if the caller knows) contiguously; return the
@@ -236,19 +235,11 @@ class Segment:
         start = self.size
         if total < 0:
             total = sum(len(p) for p in parts)
-        self.write_at(parts, start, total)
-        self.size = start + total
-        return start
-
-    def write_at(self, parts: list[bytes | memoryview], start: int, total: int) -> None:
-        """Write ``parts`` (``total`` bytes) at ``start``, a range already counted in ``size``
-        (the journal's writer thread fills what the event loop reserved). Writes must come in
-        file order: a direct write rewrites the block the previous one ended in."""
         if self._dfd is not None:
-            self._write_direct(parts, start, total)
-        else:
-            self._write_buffered(parts, start, total)
-        self.written = start + total
+            return self._write_direct(parts, total)
+        self._write_buffered(parts, start, total)
+        self.size += total
+        return start
 
     def _write_buffered(self, parts: list[bytes | memoryview], start: int, total: int) -> None:
         """Write ``parts`` at ``start`` through the page cache (by position: the descriptor's
@@ -296,7 +287,7 @@ class Segment:
             os.fdatasync(self.index_fd)
 
     def sync(self) -> None:
-        size = self.written  # not ``size``: with write-behind, bytes past it may be staged only
+        size = self.size
         os.fdatasync(self.fd)
         if not self.dir_synced:
             fsync_dir(self.directory)
@@ -307,7 +298,7 @@ class Segment:
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
-        self.size = self.written = size
+        self.size = size
         os.fsync(self.fd)
         if self._tail is not None:
             self._load_tail()

@@ -90,7 +90,6 @@ class VirtualLog:
         group_commit_bytes: int,
         direct_io: bool = False,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
-        write_behind: bool = False,
     ) -> None:
         self.directory = directory
         self.direct_io = direct_io
@@ -105,18 +104,12 @@ class VirtualLog:
             self._durable,
             group_ms=group_commit_ms,
             group_bytes=group_commit_bytes,
-            write_behind=write_behind,
-            on_written=self._written,
         )
-        # Under fsync=always with storage.write_behind, the journal's thread writes (journal.py).
-        self.write_behind = self.journal.write_behind
         self.segments: dict[int, Segment] = {}
         self.active: Segment
         self.lsn = 0
         # (lsn, callback) in LSN order: called once the append at that LSN is durable.
         self._pending: deque[tuple[int, Callable[[bool], None]]] = deque()
-        # The same, called once the append at that LSN is in the file (write-behind only).
-        self._pending_written: deque[tuple[int, Callable[[bool], None]]] = deque()
         self._checkpointed: tuple[int, int] = (-1, 0)
         self._checkpointing = False
         self.report = RecoveryReport()
@@ -180,7 +173,6 @@ class VirtualLog:
     def abandon(self) -> None:
         """Close file descriptors without flushing (a crash, as far as the disk can tell)."""
         self.journal.close()
-        self.journal.discard()
         for seg in self.segments.values():
             seg.release()
         self.segments.clear()
@@ -216,8 +208,6 @@ class VirtualLog:
             self._batched += parts
             self._batched_bytes += nbytes
             seg.size += nbytes  # reserved now, written by flush_batch
-        elif self.write_behind:
-            seg.size += nbytes  # reserved now, written by the journal's thread
         else:
             _write(seg, parts, nbytes)
         add_index = seg.add_index_fields
@@ -235,10 +225,7 @@ class VirtualLog:
             )
         self.lsn += nbytes
         if self._batched is None:
-            if self.write_behind:
-                self.journal.stage(seg, start, parts, nbytes, self.lsn)
-            else:
-                self.journal.note_append(seg, self.lsn, nbytes)
+            self.journal.note_append(seg, self.lsn, nbytes)
         return seg, positions, self.lsn
 
     def begin_batch(self) -> None:
@@ -255,9 +242,6 @@ class VirtualLog:
         if not parts:
             return
         seg = self.active
-        if self.write_behind:
-            self.journal.stage(seg, seg.size - nbytes, parts, nbytes, self.lsn)
-            return
         reserved_end = seg.size
         try:
             seg.size -= nbytes
@@ -275,21 +259,14 @@ class VirtualLog:
         else:
             self._pending.append((lsn, callback))
 
-    def when_written(self, lsn: int, callback: Callable[[bool], None]) -> None:
-        """Call ``callback(True)`` once ``lsn`` is in the file, so a killed broker process
-        keeps it (``acks=1``); at once unless the journal writes behind."""
-        if self.journal.written >= lsn:
-            callback(True)
-        elif self.journal.failed is not None:
-            callback(False)
-        else:
-            self._pending_written.append((lsn, callback))
-
     def _durable(self, lsn: int) -> None:
-        _settle(self._pending, lsn)
-
-    def _written(self, lsn: int) -> None:
-        _settle(self._pending_written, lsn)
+        pending = self._pending
+        if lsn < 0:
+            while pending:
+                pending.popleft()[1](False)
+            return
+        while pending and pending[0][0] <= lsn:
+            pending.popleft()[1](True)
 
     def _maybe_roll(self) -> None:
         seg = self.active
@@ -320,16 +297,14 @@ class VirtualLog:
             new = Segment(self.directory, old.seq + 1, create=True)
         if self.direct_io:
             new.enable_direct(self.direct_min_bytes)
+        # Cut the sealed segment's padding now: recovery treats a segment that ends short of its
+        # file as torn unless the rest is padding, and the seal's fdatasync makes the cut durable.
+        old.finish_direct()
         self.segments[new.seq] = new
         self.active = new
         # The sealed segment's index must be durable before a checkpoint can point past it.
         old.acquire()
-        if self.write_behind:
-            # After the writes staged for it, on the journal's thread.
-            self.journal.stage_seal(old, _seal_written)
-        else:
-            _finish_direct(old)
-            self._executor.submit(_seal, old)
+        self._executor.submit(_seal, old)
         return new
 
     # -- reading -------------------------------------------------------------------------------
@@ -354,8 +329,7 @@ class VirtualLog:
         for seq in sorted(self.segments):
             seg = self.segments[seq]
             if seg is not self.active:
-                # Not before the journal's thread has written all of it (write-behind).
-                return seg if seg.unwritten == 0 else None
+                return seg
         return None
 
     # -- index checkpoint ----------------------------------------------------------------------
@@ -366,17 +340,10 @@ class VirtualLog:
         seg = self.active
         if (seg.seq, seg.size) == self._checkpointed:
             return
-        position = seg.size
-        if self.write_behind:
-            # Only as far as the journal has written and synced: the rest may be staged still.
-            if self.journal.durable_end is None:
-                return
-            seg, position = self.journal.durable_end
-            if (seg.seq, position) == self._checkpointed or self.segments.get(seg.seq) is not seg:
-                return
         self._checkpointing = True
         try:
             seg.flush_index()
+            position = seg.size
             seg.acquire()
             loop = asyncio.get_running_loop()
             try:
@@ -388,28 +355,6 @@ class VirtualLog:
             self._checkpointed = (seg.seq, position)
         finally:
             self._checkpointing = False
-
-
-def _settle(pending: deque[tuple[int, Callable[[bool], None]]], lsn: int) -> None:
-    """Call the callbacks waiting for LSNs up to ``lsn`` (all of them, failed, when -1)."""
-    if lsn < 0:
-        while pending:
-            pending.popleft()[1](False)
-        return
-    while pending and pending[0][0] <= lsn:
-        pending.popleft()[1](True)
-
-
-def _finish_direct(seg: Segment) -> None:
-    # Cut the sealed segment's padding: recovery treats a segment that ends short of its file
-    # as torn unless the rest is padding, and the seal's fdatasync makes the cut durable.
-    seg.finish_direct()
-
-
-def _seal_written(seg: Segment) -> None:
-    _finish_direct(seg)
-    seg.sync()
-    os.fdatasync(seg.index_fd)
 
 
 def _seal(seg: Segment) -> None:

@@ -66,8 +66,7 @@ def handle_produce(core, req: Request, conn):
                 )
             )
         return encode_produce_response(req.api_version, req.correlation_id, results)
-    # acks=1 waits too, for the write (not the fsync) when the journal writes behind.
-    pending = _Pending(req, results, acks == -1) if acks in (-1, 1) else None
+    pending = _Pending(req, results) if acks == -1 else None
     writes = WriteBatch()
     try:
         produced, spilled, any_error = _append_all(core, body, now, results, pending, writes)
@@ -168,15 +167,12 @@ def _append_all(core, body, now: int, results: list, pending, writes: WriteBatch
             r.base_offset = res.base_offset
             r.log_append_time = res.log_append_time
             r.log_start_offset = p.log_start_offset
-            if pending is None:
-                continue
-            if res.duplicate_of is not None:
-                if p.high_watermark <= res.last_offset and pending.all_acks:
-                    pending.wait_visible(p, res.last_offset)
-            elif pending.all_acks:
-                pending.wait_durable(p, res.lsn, r)
-            elif p.vlog.write_behind:
-                pending.wait_written(p, res.lsn, r)
+            if pending is not None:
+                if res.duplicate_of is not None:
+                    if p.high_watermark <= res.last_offset:
+                        pending.wait_visible(p, res.last_offset)
+                else:
+                    pending.wait_durable(p, res.lsn, r)
     return produced, spilled, any_error
 
 
@@ -186,14 +182,12 @@ async def _after(delay, answer):
 
 
 class _Pending:
-    """A Produce waiting for its partitions: one future for the whole request, completed (with
-    the response) by the last partition to become durable or visible (acks=all) or written
-    (acks=1, when the journal writes behind)."""
+    """An acks=all Produce waiting for its partitions: one future for the whole request,
+    completed (with the response) by the last partition to become durable or visible."""
 
-    __slots__ = ("all_acks", "future", "left", "req", "results")
+    __slots__ = ("future", "left", "req", "results")
 
-    def __init__(self, req: Request, results: list, all_acks: bool) -> None:
-        self.all_acks = all_acks
+    def __init__(self, req: Request, results: list) -> None:
         self.req = req
         self.results = results
         self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
@@ -212,18 +206,6 @@ class _Pending:
             self._one_done()
 
         p.vlog.when_durable(lsn, done)
-
-    def wait_written(self, p: PartitionLog, lsn: int, r: PartitionProduceResult) -> None:
-        self.left += 1
-
-        def done(ok: bool) -> None:
-            if not ok:
-                r.error_code = code("KAFKA_STORAGE_ERROR")
-                r.error_message = "the write failed"
-                r.base_offset = -1
-            self._one_done()
-
-        p.vlog.when_written(lsn, done)
 
     def wait_visible(self, p: PartitionLog, last_offset: int) -> None:
         self.left += 1
