@@ -248,6 +248,10 @@ def test_f_reads_the_topic_into_spark_with_both_formats(quick_run):
         assert all(r["rows"] == f["records"] == 20_000 for r in runs + warm)
         assert all(r["bytes"] == 20_000 * 1024 for r in runs + warm)
         assert sp["first_rows_per_s"] == warm[0]["rows_per_s"]
+        # The one-off job: its own fresh session, the whole topic once.
+        one = sp["one_off"]
+        assert one["rows"] == 20_000 and one["bytes"] == 20_000 * 1024 and one["seconds"] > 0
+        assert one is not warm[0] and one["rows_per_s"] == one["rows"] / one["seconds"]
 
 
 def test_several_runs_are_reported_as_medians():

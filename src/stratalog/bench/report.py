@@ -497,6 +497,13 @@ def markdown(run: dict[str, Any]) -> str:
                         if v.get("warmup")
                         else ")"
                     )
+                    + (
+                        f"; as a one-off job (the only read of a fresh session): "
+                        f"{v['one_off']['rows_per_s']:,.0f} rows/s, "
+                        f"{v['one_off']['seconds']:.1f} s"
+                        if v.get("one_off")
+                        else ""
+                    )
                 )
             if isinstance(x.get("tiers"), dict):
                 t = x["tiers"]

@@ -39,13 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument(
+        "--formats", default="stratalog,kafka", help="formats in the order each round reads them"
+    )
     args = ap.parse_args(argv)
 
     from stratalog.spark import local_session, register
 
     spark = local_session("stratalog-bench-spark", cores=args.cores, kafka_connector=True)
     register(spark)
-    formats = ("stratalog", "kafka")
+    formats = tuple(args.formats.split(","))
     out: dict[str, dict[str, list[dict[str, float]]]] = {
         f: {"warmup": [], "runs": []} for f in formats
     }
