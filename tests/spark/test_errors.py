@@ -84,6 +84,11 @@ def test_negative_max_offsets_per_trigger(spark, bootstrap, topic, tmp_path):
     assert "'-5'" in msg
 
 
+def test_options_not_implemented_are_refused(spark, bootstrap, topic, tmp_path):
+    msg = _stream_error(spark, bootstrap, tmp_path, subscribe=topic, minOffsetsPerTrigger="10")
+    assert "option 'minOffsetsPerTrigger' is not supported" in msg
+
+
 def test_starting_offsets_latest_in_batch(spark, bootstrap, topic):
     msg = _batch_error(spark, bootstrap, subscribe=topic, startingOffsets="latest")
     assert "option 'startingOffsets' can't be 'latest' for batch queries" in msg

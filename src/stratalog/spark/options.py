@@ -126,8 +126,62 @@ def parse_bootstrap(options: Mapping[str, str]) -> str:
     return b
 
 
+# Consumer settings Spark's Kafka source refuses, because the source manages them itself; the
+# same ones are refused here, with the reason.
+_UNSUPPORTED = {
+    "kafka.auto.offset.reset": "set the source option 'startingOffsets' instead",
+    "kafka.key.deserializer": "keys are always read as bytes; cast or decode them in the query",
+    "kafka.value.deserializer": (
+        "values are always read as bytes; cast or decode them in the query"
+    ),
+    "kafka.enable.auto.commit": "the source does not commit offsets; Spark's checkpoint keeps them",
+    "kafka.interceptor.classes": "the source does not run consumer interceptors",
+}
+
+
+# Source options of Spark's Kafka source that this source does not implement: refused, so a
+# query never silently runs without what it asked for.
+_NOT_IMPLEMENTED = ("minOffsetsPerTrigger", "maxTriggerDelay")
+
+
+def _check_unsupported(options: Mapping[str, str]) -> None:
+    for name in _NOT_IMPLEMENTED:
+        if _get(options, name) is not None:
+            raise OptionError(f"option '{name}' is not supported by format(\"stratalog\")")
+    for name, why in _UNSUPPORTED.items():
+        if _get(options, name) is not None:
+            raise OptionError(f"Kafka option '{name[len('kafka.') :]}' is not supported: {why}")
+
+
+def _check_limits(starting, ending, starting_ts, ending_ts, starting_bt, ending_bt) -> None:
+    """A start after the end, both given (Spark's checkOffsetLimitValidity): an error, not an
+    empty read. Only the options that win are compared (a timestamp beats offsets)."""
+    if starting_ts is not None and ending_ts is not None and starting_ts > ending_ts:
+        raise OptionError(
+            f"the specified start timestamp ({starting_ts}) is greater than the end timestamp "
+            f"({ending_ts})"
+        )
+    pairs = []
+    no_global = starting_ts is None and ending_ts is None
+    no_by_ts = starting_bt is None and ending_bt is None
+    if no_global and starting_bt is not None and ending_bt is not None:
+        pairs.append((starting_bt, ending_bt, "timestamp"))
+    elif no_global and no_by_ts and isinstance(starting, dict) and isinstance(ending, dict):
+        pairs.append((starting, ending, "offset"))
+    for start, end, what in pairs:
+        for t, parts in start.items():
+            for p, s in parts.items():
+                e = end.get(t, {}).get(p)
+                if e is not None and s >= 0 and e >= 0 and s > e:
+                    raise OptionError(
+                        f"the specified start {what} {s} is greater than the end {what} {e} "
+                        f"for {t}-{p}"
+                    )
+
+
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     bootstrap = parse_bootstrap(options)
+    _check_unsupported(options)
     given = [n for n in ("subscribe", "subscribePattern", "assign") if _get(options, n)]
     if len(given) != 1:
         raise OptionError(
@@ -142,7 +196,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         if not subscribe:
             raise OptionError("option 'subscribe' names no topic")
     elif given[0] == "subscribePattern":
-        pattern = _get(options, "subscribePattern")
+        pattern = _get(options, "subscribePattern").strip()  # as Spark's Kafka source
         try:
             re.compile(pattern)
         except re.error as e:
@@ -167,20 +221,34 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
             if _get(options, name) is not None:
                 raise OptionError(f"option '{name}' is for batch queries only")
     else:
-        if starting == "latest":
-            raise OptionError("option 'startingOffsets' can't be 'latest' for batch queries")
-        if isinstance(starting, dict) and any(
-            v == LATEST for parts in starting.values() for v in parts.values()
-        ):
-            raise OptionError("option 'startingOffsets' can't use -1 (latest) for batch queries")
-        if ending == "earliest":
-            raise OptionError("option 'endingOffsets' can't be 'earliest' for batch queries")
-        if isinstance(ending, dict) and any(
-            v == EARLIEST for parts in ending.values() for v in parts.values()
-        ):
-            raise OptionError("option 'endingOffsets' can't use -2 (earliest)")
-        if _get(options, "maxOffsetsPerTrigger") is not None:
-            pass  # accepted and ignored in batch, as Spark's Kafka source does
+        # Only the option that wins is checked: a timestamp beats startingOffsets/endingOffsets.
+        if starting_ts is None and starting_bt is None:
+            if starting == "latest":
+                raise OptionError("option 'startingOffsets' can't be 'latest' for batch queries")
+            if isinstance(starting, dict) and any(
+                v == LATEST for parts in starting.values() for v in parts.values()
+            ):
+                raise OptionError(
+                    "option 'startingOffsets' can't use -1 (latest) for batch queries"
+                )
+        if ending_ts is None and ending_bt is None:
+            if ending == "earliest":
+                raise OptionError("option 'endingOffsets' can't be 'earliest' for batch queries")
+            if isinstance(ending, dict) and any(
+                v == EARLIEST for parts in ending.values() for v in parts.values()
+            ):
+                raise OptionError("option 'endingOffsets' can't use -2 (earliest)")
+        # maxOffsetsPerTrigger is accepted and ignored in batch, as Spark's Kafka source does.
+    starting_bt_parsed = (
+        parse_partition_json("startingOffsetsByTimestamp", starting_bt) if starting_bt else None
+    )
+    ending_bt_parsed = (
+        parse_partition_json("endingOffsetsByTimestamp", ending_bt) if ending_bt else None
+    )
+    if not streaming:
+        _check_limits(
+            starting, ending, starting_ts, ending_ts, starting_bt_parsed, ending_bt_parsed
+        )
     return SourceOptions(
         bootstrap=bootstrap,
         subscribe=subscribe,
@@ -190,12 +258,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         ending=ending,
         starting_timestamp=starting_ts,
         ending_timestamp=ending_ts,
-        starting_by_timestamp=(
-            parse_partition_json("startingOffsetsByTimestamp", starting_bt) if starting_bt else None
-        ),
-        ending_by_timestamp=(
-            parse_partition_json("endingOffsetsByTimestamp", ending_bt) if ending_bt else None
-        ),
+        starting_by_timestamp=starting_bt_parsed,
+        ending_by_timestamp=ending_bt_parsed,
         timestamp_strategy=strategy,
         max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger"),
         min_partitions=_positive_int(options, "minPartitions"),

@@ -48,7 +48,7 @@ def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[
         return {
             t: list(range(info.partitions))
             for t, info in sorted(meta.items())
-            if rx.fullmatch(t) and info.error_code == 0
+            if rx.fullmatch(t) and info.error_code == 0 and t != START_LOG_TOPIC
         }
     names = list(opts.subscribe) if opts.subscribe else list(opts.assign)
     meta = client.metadata(names)
@@ -69,6 +69,23 @@ def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[
     return out
 
 
+def _check_exact(name: str, spec: Mapping[str, Mapping[int, int]], tps: dict[str, list[int]]):
+    """A per-partition option must name exactly the assigned partitions (Spark's Kafka source:
+    a partition it names that is not assigned fails the query, as does one it leaves out)."""
+    named = {(t, p) for t, parts in spec.items() for p in parts}
+    assigned = {(t, p) for t, ps in tps.items() for p in ps}
+    if named != assigned:
+
+        def show(tp: set) -> str:
+            return ", ".join(f"{t}-{p}" for t, p in sorted(tp)) or "none"
+
+        raise OptionError(
+            f"partitions in option '{name}' don't match the assigned ones: named but not "
+            f"assigned: {show(named - assigned)}; assigned but not named: "
+            f"{show(assigned - named)}"
+        )
+
+
 def _list(client: WireClient, tps: dict[str, list[int]], ts: int) -> Offsets:
     return {
         t: {p: off for p, (off, _ts) in client.list_offsets(t, ps, ts).items()}
@@ -83,6 +100,8 @@ def resolve_start(
     """Starting offsets: startingTimestamp > startingOffsetsByTimestamp > startingOffsets."""
     earliest = _list(client, tps, EARLIEST)
     latest = _list(client, tps, LATEST)
+    if opts.starting_timestamp is None and opts.starting_by_timestamp is not None:
+        _check_exact("startingOffsetsByTimestamp", opts.starting_by_timestamp, tps)
     if opts.starting_timestamp is not None or opts.starting_by_timestamp is not None:
         out: Offsets = {}
         for t, ps in tps.items():
@@ -113,6 +132,8 @@ def resolve_start(
 def resolve_end(client: WireClient, tps: dict[str, list[int]], opts: SourceOptions) -> Offsets:
     """Ending offsets (batch): endingTimestamp > endingOffsetsByTimestamp > endingOffsets."""
     latest = _list(client, tps, LATEST)
+    if opts.ending_timestamp is None and opts.ending_by_timestamp is not None:
+        _check_exact("endingOffsetsByTimestamp", opts.ending_by_timestamp, tps)
     if opts.ending_timestamp is not None or opts.ending_by_timestamp is not None:
         out: Offsets = {}
         for t, ps in tps.items():
@@ -128,7 +149,30 @@ def resolve_end(client: WireClient, tps: dict[str, list[int]], opts: SourceOptio
                 off, _ = client.list_offsets(t, [p], ts)[p]
                 out[t][p] = latest[t][p] if off < 0 else off
         return out
-    return _apply(opts.ending or "latest", tps, {}, latest, "endingOffsets")
+    end = _apply(opts.ending or "latest", tps, {}, latest, "endingOffsets")
+    for t, parts in end.items():
+        for p, e in parts.items():
+            if e > latest[t][p]:
+                if opts.fail_on_data_loss:
+                    # Spark's Kafka source fails when it reads, finding the offsets missing.
+                    raise OptionError(
+                        f"option 'endingOffsets' asks for offsets up to {e} of {t}-{p}, which "
+                        f"ends at {latest[t][p]}; set failOnDataLoss=false to read what there is"
+                    )
+                parts[p] = latest[t][p]
+    return end
+
+
+def check_batch_ranges(start: Offsets, end: Offsets) -> None:
+    """A resolved start past the resolved end fails a batch query (as Spark's Kafka source
+    does), rather than reading that partition as empty."""
+    for t, parts in end.items():
+        for p, e in parts.items():
+            s = start.get(t, {}).get(p)
+            if s is not None and s > e:
+                raise OptionError(
+                    f"the start offset {s} of {t}-{p} is greater than the resolved end offset {e}"
+                )
 
 
 def _apply(spec, tps, earliest: Offsets, latest: Offsets, name: str) -> Offsets:
@@ -136,15 +180,12 @@ def _apply(spec, tps, earliest: Offsets, latest: Offsets, name: str) -> Offsets:
         return {t: dict(earliest[t]) for t in tps}
     if spec == "latest":
         return {t: dict(latest[t]) for t in tps}
+    _check_exact(name, spec, tps)
     out: Offsets = {}
     for t, ps in tps.items():
-        given = spec.get(t)
-        if given is None:
-            raise OptionError(f"option '{name}' has no offsets for topic {t!r}")
+        given = spec[t]
         out[t] = {}
         for p in ps:
-            if p not in given:
-                raise OptionError(f"option '{name}' has no offset for {t}-{p}")
             v = given[p]
             out[t][p] = (
                 earliest.get(t, {}).get(p, 0)
@@ -156,9 +197,15 @@ def _apply(spec, tps, earliest: Offsets, latest: Offsets, name: str) -> Offsets:
     return out
 
 
+def _part_count(size: int, total: int, min_parts: int) -> int:
+    # Scala's math.round: half away from zero for these positive numbers (not Python's round).
+    return max(math.floor(size / total * min_parts + 0.5), 1)
+
+
 def plan_ranges(start: Offsets, end: Offsets, min_partitions: int | None) -> list[Range]:
     """One range per topic-partition (a start past the end reads nothing), split so that there
-    are at least ``min_partitions`` when asked (Spark's KafkaOffsetRangeCalculator)."""
+    are at least ``min_partitions`` when asked, cut as Spark's KafkaOffsetRangeCalculator cuts
+    them so both sources run the same tasks."""
     ranges = []
     for t in sorted(end):
         for p in sorted(end[t]):
@@ -169,12 +216,26 @@ def plan_ranges(start: Offsets, end: Offsets, min_partitions: int | None) -> lis
     if not min_partitions or len(nonempty) >= min_partitions or not nonempty:
         return nonempty
     total = sum(r.size for r in nonempty)
+    # Ranges too small to split keep one task each, and leave the proportion to the others.
+    unsplit = {
+        (r.topic, r.partition) for r in nonempty if _part_count(r.size, total, min_partitions) == 1
+    }
+    split_total = total - sum(r.size for r in nonempty if (r.topic, r.partition) in unsplit)
+    split_min = max(min_partitions - len(unsplit), 1)
     out = []
     for r in nonempty:
-        parts = max(1, round(r.size * min_partitions / total))
-        step = -(-r.size // parts)
-        for s in range(r.start, r.end, step):
-            out.append(Range(r.topic, r.partition, s, min(r.end, s + step)))
+        if (r.topic, r.partition) in unsplit:
+            parts = 1
+        else:
+            parts = _part_count(r.size, split_total, split_min)
+        remaining, s = r.size, r.start
+        for part in range(parts):
+            this = remaining // (parts - part)  # the last part takes the remainder
+            remaining -= this
+            e = min(s + this, r.end)
+            if e > s:
+                out.append(Range(r.topic, r.partition, s, e))
+            s = e
     return out
 
 

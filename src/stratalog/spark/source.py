@@ -120,6 +120,7 @@ class StratalogBatchReader(DataSourceReader):
             tps = planning.topic_partitions(client, self.opts)
             start = planning.resolve_start(client, tps, self.opts, "earliest")
             end = planning.resolve_end(client, tps, self.opts)
+        planning.check_batch_ranges(start, end)
         ranges = planning.plan_ranges(start, end, self.opts.min_partitions)
         return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
 
@@ -178,17 +179,29 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._available_now if self._available_now is not None else self._latest()
+        latest = {t: dict(parts) for t, parts in latest.items()}  # the snapshot stays as taken
         begin = planning.from_json_offsets(start)
         # Partitions that appeared since the start are read from their beginning.
         for t, parts in latest.items():
             for p in parts:
                 begin.setdefault(t, {}).setdefault(p, 0)
+        ends = {(t, p): e for t, parts in latest.items() for p, e in parts.items()}
+        behind = {tp for tp, e in ends.items() if e < begin[tp[0]][tp[1]]}
+        if behind and self._available_now is not None:
+            # The availableNow snapshot can predate a start resolved after it: only an end
+            # that is behind the start right now too means the start is past the data.
+            live = self._latest()
+            behind = {(t, p) for t, p in behind if live.get(t, {}).get(p, 0) < begin[t][p]}
         if isinstance(limit, ReadMaxRows):
             latest = planning.rate_limit(begin, latest, limit.max_rows)
-        # Never move backwards (a start resolved earlier may exceed a shrunken end).
         for t, parts in latest.items():
             for p in parts:
-                parts[p] = max(parts[p], begin.get(t, {}).get(p, 0))
+                if (t, p) in behind:
+                    # A start past the partition's end: partitions() reports the lost offsets
+                    # (failOnDataLoss) or goes on from the real end, as Spark's Kafka source.
+                    parts[p] = ends[(t, p)]
+                else:
+                    parts[p] = max(parts[p], begin[t][p])
         if (
             self._start_id is not None
             and not self._planned_from_start
@@ -207,9 +220,24 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             earlier = self._start_log().start_planned_with(finish)
             if earlier is not None:
                 begin = earlier
+        else:
+            self._check_data_loss(begin, finish)
         self._first_partitions = False
         ranges = planning.plan_ranges(begin, finish, self.opts.min_partitions)
         return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+    def _check_data_loss(self, begin: planning.Offsets, finish: planning.Offsets) -> None:
+        """An end before the start: the offsets from the end on are gone (Spark's Kafka source
+        calls it data loss). Fail, or read nothing of that partition and go on from its end."""
+        for t, parts in finish.items():
+            for p, e in parts.items():
+                s = begin.get(t, {}).get(p)
+                if s is not None and e < s and self.opts.fail_on_data_loss:
+                    raise WireError(
+                        f"{t}-{p}'s offset went from {s} back to {e}: some data may have been "
+                        "lost (the start is past the partition's end, or the log was cut). "
+                        "Set failOnDataLoss=false to go on from the end instead"
+                    )
 
     def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         yield from self._reading.read(partition)
