@@ -159,7 +159,9 @@ class WireClient:
         return codec.build(cls, **fields)
 
     # -- requests ------------------------------------------------------------------------------
-    def metadata(self, topics: list[str] | None = None) -> dict[str, TopicInfo]:
+    def metadata(
+        self, topics: list[str] | None = None, allow_auto_create: bool = False
+    ) -> dict[str, TopicInfo]:
         req_topics = None
         if topics is not None:
             req_topics = tuple(
@@ -173,7 +175,7 @@ class WireClient:
                 3,
                 METADATA_V,
                 topics=req_topics,
-                allow_auto_topic_creation=False,
+                allow_auto_topic_creation=allow_auto_create,
                 include_topic_authorized_operations=False,
             ),
         )

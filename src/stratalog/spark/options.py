@@ -289,5 +289,15 @@ class SinkOptions:
     topic: str | None
 
 
+_SINK_UNSUPPORTED = {
+    "kafka.key.serializer": "keys are serialized as bytes (a string key as UTF-8)",
+    "kafka.value.serializer": "values are serialized as bytes (a string value as UTF-8)",
+}
+
+
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
-    return SinkOptions(parse_bootstrap(options), _get(options, "topic"))
+    for name, why in _SINK_UNSUPPORTED.items():
+        if _get(options, name) is not None:
+            raise OptionError(f"Kafka option '{name[len('kafka.') :]}' is not supported: {why}")
+    topic = _get(options, "topic")
+    return SinkOptions(parse_bootstrap(options), topic.strip() if topic is not None else None)

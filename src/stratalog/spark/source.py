@@ -280,6 +280,13 @@ class StratalogDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool):
         from stratalog.spark.writer import StratalogBatchWriter
 
+        if overwrite:
+            # A log cannot be overwritten; Spark's Kafka sink refuses the mode too.
+            raise OptionError(
+                'save mode Overwrite is not allowed for format("stratalog"): a topic is '
+                'appended to; use mode("append")'
+            )
+
         return StratalogBatchWriter(self.options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool):

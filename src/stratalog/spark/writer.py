@@ -28,6 +28,7 @@ from pyspark.sql.types import StructType
 
 from stratalog.client.partitioner import kafka_partition
 from stratalog.client.wire import WireClient, WireError
+from stratalog.protocol.errors import code
 from stratalog.records import build_batch
 from stratalog.spark.options import OptionError, parse_sink_options
 from stratalog.storage.producer_state import DETERMINISTIC_PRODUCER_IDS
@@ -50,8 +51,19 @@ class WriteResult(WriterCommitMessage):
     duplicates: int
 
 
+# Column -> the types Spark's Kafka sink accepts for it. Names match exactly, as in Spark's sink:
+# a "KEY" column is just another column.
+_COLUMN_TYPES = {
+    "topic": ("string",),
+    "key": ("string", "binary"),
+    "value": ("string", "binary"),
+    "partition": ("int",),
+    "headers": ("array<struct<key:string,value:binary>>",),
+}
+
+
 def check_schema(schema: StructType, topic_option: str | None) -> None:
-    names = {f.name.lower(): f for f in schema.fields}
+    names = {f.name: f for f in schema.fields}
     if "value" not in names:
         raise OptionError("required attribute 'value' not found in the data to write")
     if topic_option is None and "topic" not in names:
@@ -59,11 +71,14 @@ def check_schema(schema: StructType, topic_option: str | None) -> None:
             "topic option required when no 'topic' attribute is present; use the 'topic' option"
             " or a 'topic' column"
         )
-    for col in ("key", "value"):
-        if col in names and names[col].dataType.typeName() not in ("string", "binary"):
-            raise OptionError(f"{col} attribute type must be a string or binary")
-    if "partition" in names and names["partition"].dataType.typeName() != "integer":
-        raise OptionError("partition attribute type must be an int")
+    for col, allowed in _COLUMN_TYPES.items():
+        if col in names:
+            got = names[col].dataType.simpleString()
+            if got not in allowed:
+                raise OptionError(
+                    f"{col} attribute unsupported type {got}. {col} must be a(n) "
+                    f"{' or '.join(allowed)}"
+                )
 
 
 class _TaskWriter:
@@ -84,14 +99,20 @@ class _TaskWriter:
     def _partition_count(self, topic: str) -> int:
         n = self.partitions.get(topic)
         if n is None:
-            info = self.client.metadata([topic]).get(topic)
+            # As a Kafka producer asks: a broker with auto.create.topics.enable creates it.
+            info = self.client.metadata([topic], allow_auto_create=True).get(topic)
+            for _ in range(50):
+                if info is None or info.error_code != code("LEADER_NOT_AVAILABLE"):
+                    break
+                time.sleep(0.1)  # just created: its partitions are being set up
+                info = self.client.metadata([topic]).get(topic)
             if info is None or info.error_code:
                 raise WireError(f"topic {topic!r} does not exist")
             n = self.partitions[topic] = info.partitions
         return n
 
     def add_arrow(self, batch: pa.RecordBatch) -> None:
-        cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+        cols = {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
         n = batch.num_rows
         values = _as_bytes(cols["value"])
         keys = _as_bytes(cols["key"]) if "key" in cols else [None] * n
