@@ -197,3 +197,15 @@ def consume_all(bootstrap: str, topic: str) -> list[Sent]:
     finally:
         c.close()
     return out
+
+
+def finish(query, timeout: float) -> None:
+    """Wait for a streaming query to end and stop it if it has not; its failure, if any, is
+    left in ``query.exception()`` for the test to inspect."""
+    try:
+        query.awaitTermination(timeout)
+    except Exception:
+        pass  # query.exception() has it
+    finally:
+        if query.isActive:
+            query.stop()

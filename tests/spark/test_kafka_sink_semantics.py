@@ -19,7 +19,7 @@ from stratalog import Broker
 from stratalog.client.partitioner import kafka_partition
 
 from ..conftest import create_topic
-from .conftest import Rec, consume_all, end_offsets, produce, topic_name
+from .conftest import Rec, consume_all, end_offsets, finish, produce, topic_name
 
 pytestmark = pytest.mark.spark
 
@@ -444,13 +444,7 @@ def test_streaming_aggregation_output_modes(spark, bootstrap, tmp_path, mode):
             .trigger(availableNow=True)
             .start()
         )
-        try:
-            q.awaitTermination(QUERY_TIMEOUT)
-        except Exception:
-            pass  # q.exception() has it
-        finally:
-            if q.isActive:
-                q.stop()
+        finish(q, QUERY_TIMEOUT)
         if fmt == "stratalog" and mode == "update":
             # A difference PySpark makes (docs/compatibility.md): a Python data source's
             # streaming sink takes append and complete mode only.

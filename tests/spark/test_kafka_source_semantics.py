@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from ..conftest import create_topic
-from .conftest import Rec, produce, topic_name
+from .conftest import Rec, finish, produce, topic_name
 
 pytestmark = pytest.mark.spark
 
@@ -65,13 +65,7 @@ def _stream(spark, fmt: str, bootstrap: str, ckpt: Path, sink: Path | None = Non
     w = r.load().selectExpr("topic", "partition", "offset", "value").writeStream
     w = w.format("parquet").option("path", str(sink)) if sink else w.format("noop")
     q = w.option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
-    try:
-        q.awaitTermination(QUERY_TIMEOUT)
-    except Exception:
-        pass  # q.exception() has it
-    finally:
-        if q.isActive:
-            q.stop()
+    finish(q, QUERY_TIMEOUT)
     return q
 
 
