@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -24,7 +25,9 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 app.add_typer(topics_app, name="topics")
-console = Console(soft_wrap=True)
+# Piped or captured output has no terminal width; rich would then squeeze tables into 80 columns
+# and cut topic names and times short.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250)
 err_console = Console(stderr=True, soft_wrap=True)
 
 Bootstrap = Annotated[str, typer.Option("--bootstrap", "-b", help="Broker address HOST:PORT.")]
@@ -53,8 +56,11 @@ def _parse_pairs(pairs: list[str], what: str) -> dict[str, str]:
 @app.command()
 def serve(
     data_dir: Annotated[Path, typer.Option("--data-dir", "-d", help="Where data lives.")],
-    port: Annotated[int, typer.Option(help="Kafka listener port (0: any free port).")] = 9092,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[
+        int | None,
+        typer.Option(help="Kafka listener port (0: any free port; default 9092)."),
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="TOML settings file.")
     ] = None,
@@ -70,12 +76,16 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     values: dict = _parse_pairs(set_, "--set")
-    values["port"] = port
-    values["host"] = host
+    # The options win over --set and the file only when given.
+    if port is not None:
+        values["port"] = port
+    if host is not None:
+        values["host"] = host
     try:
         cfg = BrokerConfig(values, config)
     except ConfigError as e:
         fail(str(e))
+    host, port = cfg["host"], cfg["port"]
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     service = BrokerService(data_dir, cfg)
@@ -115,13 +125,16 @@ def _client_config(bootstrap: str, **extra) -> dict:
 def _check_reachable(bootstrap: str) -> None:
     import socket
 
+    from stratalog.client.wire import split_host_port
+
     problems = []
     for addr in bootstrap.split(","):
-        host, _, port = addr.strip().rpartition(":")
-        if not host or not port.isdigit():
+        hp = split_host_port(addr)
+        if hp is None:
             fail(f"--bootstrap {addr!r} is not of the form HOST:PORT")
+        host, port = hp
         try:
-            socket.create_connection((host, int(port)), timeout=5).close()
+            socket.create_connection((host, port), timeout=5).close()
             return
         except OSError as e:
             problems.append(f"{addr}: {e.strerror or e}")
@@ -220,7 +233,8 @@ def topics_describe(name: str, bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
 @topics_app.command("delete")
 def topics_delete(name: str, bootstrap: Bootstrap = "127.0.0.1:9092") -> None:
     """Delete a topic and its data."""
-    fs = _admin(bootstrap).delete_topics([name], request_timeout=TIMEOUT)
+    admin = _admin(bootstrap)  # held until the answer: a dropped client cancels its requests
+    fs = admin.delete_topics([name], request_timeout=TIMEOUT)
     _result(fs[name], f"cannot delete topic {name!r}")
     console.print(f"deleted topic {name}")
 
@@ -235,9 +249,11 @@ def produce(
     ] = None,
     acks: Annotated[str, typer.Option(help="0, 1 or all.")] = "all",
 ) -> None:
-    """Produce each line of standard input as one record."""
+    """Produce each line of standard input as one record (its bytes as they come)."""
     from confluent_kafka import KafkaException, Producer
 
+    if acks not in ("0", "1", "all", "-1"):
+        fail(f"--acks must be 0, 1 or all, not {acks!r}")
     _check_topic(bootstrap, topic)
     errors: list[str] = []
 
@@ -247,18 +263,19 @@ def produce(
 
     p = Producer(_client_config(bootstrap, acks=acks, **{"linger.ms": 5}))
     n = 0
+    sep = key_separator.encode() if key_separator is not None else None
     try:
-        for line in sys.stdin:
-            line = line.rstrip("\n")
+        for raw in sys.stdin.buffer:  # bytes: a record holds whatever the line held
+            line = raw[:-1] if raw.endswith(b"\n") else raw
             key = None
-            if key_separator is not None and key_separator in line:
-                k, line = line.split(key_separator, 1)
-                key = k.encode()
-            p.produce(topic, value=line.encode(), key=key, on_delivery=on_delivery)
+            if sep is not None and sep in line:
+                key, line = line.split(sep, 1)
+            p.produce(topic, value=line, key=key, on_delivery=on_delivery)
             n += 1
             p.poll(0)
     except KafkaException as e:
-        fail(f"cannot produce to {topic!r}: {e.args[0].str() if e.args else e}")
+        p.flush(TIMEOUT)  # what was taken before the failure still goes out
+        fail(f"cannot produce to {topic!r} after {n} record(s): {e.args[0].str() if e.args else e}")
     left = p.flush(TIMEOUT)
     if left:
         fail(f"{left} record(s) not acknowledged within {TIMEOUT:.0f} s")
@@ -281,7 +298,9 @@ def consume(
     from_beginning: Annotated[bool, typer.Option("--from-beginning")] = False,
     group: Annotated[str | None, typer.Option(help="Consumer group (commits offsets).")] = None,
     max_messages: Annotated[int | None, typer.Option(help="Stop after this many.")] = None,
-    timeout: Annotated[float, typer.Option(help="Stop after this many idle seconds.")] = 0.0,
+    timeout: Annotated[
+        float, typer.Option(help="Stop after this many idle seconds (0: keep waiting).")
+    ] = 0.0,
     print_key: Annotated[bool, typer.Option("--print-key")] = False,
 ) -> None:
     """Print records of a topic, one per line."""
@@ -345,6 +364,10 @@ def replay(
     from stratalog.client.replay import replay_table
     from stratalog.client.wire import WireError
 
+    if lateness_ms < 0:
+        fail(f"--lateness-ms must be 0 or more, not {lateness_ms}")
+    if limit is not None and limit < 0:
+        fail(f"--limit must be 0 or more, not {limit}")
     _check_reachable(bootstrap)
     try:
         table = replay_table(bootstrap, topic, from_, to, lateness_ms=lateness_ms)
@@ -455,7 +478,7 @@ def status(
         console.print("cold tier: none configured")
     table = Table()
     for col in ("topic", "tier", "bytes", "segments", "chunks", "oldest", "newest", "offsets"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("oldest", "newest"))
     for name, t in sorted(doc["topics"].items()):
         span = f"{sum(t['log_start_offsets'])}..{sum(t['log_end_offsets'])}"
         for tier in ("hot", "cold"):
@@ -493,7 +516,7 @@ def bench(
         typer.Option("--target", "-t", help="Run only these targets (name or kind); repeatable."),
     ] = [],  # noqa: B006
     quick: Annotated[
-        bool, typer.Option("--quick", help="The workloads' small [profile.quick] sizes.")
+        bool, typer.Option("--quick", help="The workloads' small \\[profile.quick] sizes.")
     ] = False,
     results: Annotated[
         Path | None, typer.Option("--results", "-o", help="Results directory.")
@@ -533,7 +556,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except CliError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, emoji=False)
         sys.exit(1)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
@@ -544,7 +567,9 @@ def main() -> None:
             sys.exit(e.exit_code)
         if type(e).__name__ == "Exit" and hasattr(e, "exit_code"):
             sys.exit(e.exit_code)
-        err_console.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False)
+        err_console.print(
+            f"[red]error:[/red] {type(e).__name__}: {escape(str(e))}", highlight=False, emoji=False
+        )
         sys.exit(1)
 
 

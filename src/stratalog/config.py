@@ -346,6 +346,51 @@ class BrokerConfig:
             raise ConfigError(f"storage.direct_min_bytes must be 0 or more, not {direct_min}")
         if self["group_commit_ms"] < 0 or self["group_commit_bytes"] < 0:
             raise ConfigError("group_commit_ms and group_commit_bytes must not be negative")
+        self._validate_ranges()
+
+    # Settings whose meaning needs at least this value (below it the broker would start and then
+    # misbehave: spin, never acknowledge, or divide by nothing). Settings with special negative
+    # values (retention.ms -1, local.retention.* -2, admin.port -1) are in their own ranges.
+    _AT_LEAST = {
+        "port": 0,
+        "advertised.port": 0,
+        "admin.port": -1,
+        "node.id": 0,
+        "gc.young_threshold": 0,
+        "num.partitions": 1,
+        "fetch.backlog.max_bytes_per_sec": 0,
+        "segment.ms": 1,
+        "cache.tail_bytes_per_partition": 0,
+        "index.checkpoint.interval.ms": 1,
+        "retention.check.interval.ms": 1,
+        "retention.ms": -1,
+        "retention.bytes": -1,
+        "local.retention.ms": -2,
+        "local.retention.bytes": -2,
+        "tiers.hot.capacity": 0,
+        "tiers.migrate.max_bytes_per_sec": 0,
+        "tiers.cold.max_bytes_per_sec": 0,
+        "tiers.migrate.threads": 1,
+        "tiers.migrate.interval.ms": 1,
+        "group.min.session.timeout.ms": 1,
+        "group.max.session.timeout.ms": 1,
+        "group.initial.rebalance.delay.ms": 0,
+    }
+
+    def _validate_ranges(self) -> None:
+        import math
+
+        for name, low in self._AT_LEAST.items():
+            if self[name] < low:
+                raise ConfigError(f"setting {name!r} must be at least {low}, not {self[name]}")
+        for name in ("port", "advertised.port", "admin.port"):
+            if self[name] > 65535:
+                raise ConfigError(
+                    f"setting {name!r} must be a port (at most 65535), not {self[name]}"
+                )
+        for name, s in SETTINGS.items():
+            if s.type is float and not math.isfinite(self[name]):
+                raise ConfigError(f"setting {name!r} must be a finite number, not {self[name]}")
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name]

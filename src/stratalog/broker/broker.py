@@ -74,7 +74,9 @@ class BrokerService:
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.core.advertised_host}:{self.core.advertised_port}"
+        from stratalog.client.wire import join_host_port
+
+        return join_host_port(self.core.advertised_host, self.core.advertised_port)
 
 
 class Broker:

@@ -58,12 +58,26 @@ class TopicInfo:
     error_code: int
 
 
-def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
-    first = bootstrap.split(",")[0].strip()
-    host, _, port = first.rpartition(":")
+def split_host_port(addr: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` -> (host, port); None if it is neither."""
+    host, _, port = addr.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     if not host or not port.isdigit():
-        raise ValueError(f"bootstrap address {bootstrap!r} is not of the form HOST:PORT")
+        return None
     return host, int(port)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """The address clients are given: an IPv6 literal in brackets, as Kafka clients expect."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
+    hp = split_host_port(bootstrap.split(",")[0])
+    if hp is None:
+        raise ValueError(f"bootstrap address {bootstrap!r} is not of the form HOST:PORT")
+    return hp
 
 
 class WireClient:
