@@ -64,6 +64,7 @@ def test_experiment_files_load_by_path():
         ({"name": "x", "acks": "2", "records": 1}, "acks must be"),
         ({"name": "x", "record_size": 4, "records": 1}, "record_size"),
         ({"name": "x", "target": [{"kind": "kafka"}]}, "needs name and kind"),
+        ({}, "set records, or duration_s"),
         ({"name": "x", "profile": {"quick": {"bogus": 1}}}, "profile.quick"),
         ({"name": "x", "records": 1, "producer_client": "kcat"}, "producer_client must be"),
         ({"name": "x", "records": 1, "sweep": {"producer_client": ["rust"]}}, "producer_client"),

@@ -231,7 +231,11 @@ def parse_workload(data: dict[str, Any], profile: str = "full", source: str = ""
     if not targets:
         targets = [TargetSpec("stratalog", "stratalog")]
     merged["name"] = name
-    return Workload(**merged, targets=targets, source=source)
+    w = Workload(**merged, targets=targets, source=source)
+    if w.kind == "plain" and not w.records and not w.duration_s:
+        # Known at load time, not after the targets have been started (an empty file, say).
+        raise WorkloadError(f"workload {name}: set records, or duration_s with a rate")
+    return w
 
 
 def load_workload(path: str | Path, profile: str = "full") -> Workload:
