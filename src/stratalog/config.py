@@ -321,17 +321,6 @@ class BrokerConfig:
                 f"storage.layout must be 'virtual' or 'per-partition', not "
                 f"{self['storage.layout']!r}"
             )
-        for name in (
-            "storage.virtual_logs",
-            "storage.io_threads",
-            "storage.read_threads",
-            "fetch.read_ahead.bytes",
-            "segment.bytes",
-            "max_request_bytes",
-            "message.max.bytes",
-        ):
-            if self[name] < 1:
-                raise ConfigError(f"setting {name!r} must be positive, not {self[name]}")
         if self["tiers.cold.options"]:
             import json
 
@@ -342,16 +331,22 @@ class BrokerConfig:
                 raise ConfigError(f"tiers.cold.options must be a JSON object: {e}") from None
         if self["tiers.cold.path"] and self["tiers.cold.url"]:
             raise ConfigError("set tiers.cold.path or tiers.cold.url, not both")
-        if (direct_min := self["storage.direct_min_bytes"]) < 0:
-            raise ConfigError(f"storage.direct_min_bytes must be 0 or more, not {direct_min}")
-        if self["group_commit_ms"] < 0 or self["group_commit_bytes"] < 0:
-            raise ConfigError("group_commit_ms and group_commit_bytes must not be negative")
         self._validate_ranges()
 
     # Settings whose meaning needs at least this value (below it the broker would start and then
     # misbehave: spin, never acknowledge, or divide by nothing). Settings with special negative
     # values (retention.ms -1, local.retention.* -2, admin.port -1) are in their own ranges.
     _AT_LEAST = {
+        "storage.virtual_logs": 1,
+        "storage.io_threads": 1,
+        "storage.read_threads": 1,
+        "fetch.read_ahead.bytes": 1,
+        "segment.bytes": 1,
+        "max_request_bytes": 1,
+        "message.max.bytes": 1,
+        "storage.direct_min_bytes": 0,
+        "group_commit_ms": 0,
+        "group_commit_bytes": 0,
         "port": 0,
         "advertised.port": 0,
         "admin.port": -1,
@@ -381,8 +376,13 @@ class BrokerConfig:
         import math
 
         for name, low in self._AT_LEAST.items():
-            if self[name] < low:
-                raise ConfigError(f"setting {name!r} must be at least {low}, not {self[name]}")
+            v = self[name]
+            if v < low:
+                if low == 1:
+                    raise ConfigError(f"setting {name!r} must be positive, not {v}")
+                if low == 0:
+                    raise ConfigError(f"{name} must be 0 or more, not {v}")
+                raise ConfigError(f"setting {name!r} must be at least {low}, not {v}")
         for name in ("port", "advertised.port", "admin.port"):
             if self[name] > 65535:
                 raise ConfigError(

@@ -49,6 +49,14 @@ def _topics(bootstrap: str, prefix: str, partitions: int = 3) -> dict[str, str]:
     return out
 
 
+def _write_both(df, bootstrap: str, prefix: str, partitions: int = 3) -> tuple[list, list]:
+    """Write ``df`` through both sinks into fresh topics; what each wrote (reference first)."""
+    topics = _topics(bootstrap, prefix, partitions)
+    for fmt in FORMATS:
+        _write(df, fmt, bootstrap, topic=topics[fmt])
+    return consume_all(bootstrap, topics["kafka"]), consume_all(bootstrap, topics["stratalog"])
+
+
 def _error(fn) -> str:
     with pytest.raises(Exception) as info:
         fn()
@@ -81,11 +89,7 @@ def test_keys_values_headers_and_order_match_kafka(spark, bootstrap):
         hdrs = None if i % 3 else [("h", bytearray(b"x%d" % i)), ("n", None)]
         rows.append((key, value, hdrs))
     df = spark.createDataFrame(rows, f"key string, value string, headers {HEADERS}").coalesce(1)
-    topics = _topics(bootstrap, "values")
-    for fmt in FORMATS:
-        _write(df, fmt, bootstrap, topic=topics[fmt])
-    ref = consume_all(bootstrap, topics["kafka"])
-    got = consume_all(bootstrap, topics["stratalog"])
+    ref, got = _write_both(df, bootstrap, "values")
     assert len(ref) == len(got) == 40
     # Keyed records: the same partition (murmur2 of the key bytes) and order within it.
     assert _by_partition(r for r in got if r.key is not None) == _by_partition(
@@ -103,11 +107,7 @@ def test_keys_values_headers_and_order_match_kafka(spark, bootstrap):
 def test_binary_key_and_value_are_written_as_is(spark, bootstrap):
     rows = [(bytearray(b"\x00\xffk%d" % i), bytearray(b"\x01v%d\x00" % i)) for i in range(10)]
     df = spark.createDataFrame(rows, "key binary, value binary").coalesce(1)
-    topics = _topics(bootstrap, "binary")
-    for fmt in FORMATS:
-        _write(df, fmt, bootstrap, topic=topics[fmt])
-    ref = consume_all(bootstrap, topics["kafka"])
-    got = consume_all(bootstrap, topics["stratalog"])
+    ref, got = _write_both(df, bootstrap, "binary")
     assert _by_partition(got) == _by_partition(ref)
 
 
@@ -115,11 +115,7 @@ def test_partition_column_is_respected(spark, bootstrap):
     # KafkaWriter.partitionExpression: an int column; null means "use the partitioner".
     rows = [(f"k{i}", f"v{i}", None if i % 4 == 0 else i % 3) for i in range(24)]
     df = spark.createDataFrame(rows, "key string, value string, partition int").coalesce(1)
-    topics = _topics(bootstrap, "partcol")
-    for fmt in FORMATS:
-        _write(df, fmt, bootstrap, topic=topics[fmt])
-    ref = consume_all(bootstrap, topics["kafka"])
-    got = consume_all(bootstrap, topics["stratalog"])
+    ref, got = _write_both(df, bootstrap, "partcol")
     assert _by_partition(got) == _by_partition(ref)
     want = {
         f"v{i}".encode(): (kafka_partition(b"k%d" % i, 3) if i % 4 == 0 else i % 3)
@@ -215,23 +211,17 @@ def test_column_names_are_case_sensitive(spark, bootstrap):
     # KafkaWriter.expression: schema.find(_.name == attrName): an exact match only, so a "KEY"
     # column is just an extra column and the records have no key.
     df = spark.createDataFrame([(f"k{i}", f"v{i}") for i in range(6)], "KEY string, value string")
-    topics = _topics(bootstrap, "case", partitions=1)
-    for fmt in FORMATS:
-        _write(df, fmt, bootstrap, topic=topics[fmt])
-    assert [r.key for r in consume_all(bootstrap, topics["kafka"])] == [None] * 6
-    assert [r.key for r in consume_all(bootstrap, topics["stratalog"])] == [None] * 6
+    ref, got = _write_both(df, bootstrap, "case", partitions=1)
+    assert [r.key for r in ref] == [None] * 6
+    assert [r.key for r in got] == [None] * 6
 
 
 def test_extra_columns_are_ignored(spark, bootstrap):
     df = spark.createDataFrame(
         [(f"v{i}", i, "x") for i in range(4)], "value string, extra int, offset string"
     ).coalesce(1)
-    topics = _topics(bootstrap, "extra", partitions=1)
-    for fmt in FORMATS:
-        _write(df, fmt, bootstrap, topic=topics[fmt])
-    assert [r.value for r in consume_all(bootstrap, topics["stratalog"])] == [
-        r.value for r in consume_all(bootstrap, topics["kafka"])
-    ]
+    ref, got = _write_both(df, bootstrap, "extra", partitions=1)
+    assert [r.value for r in got] == [r.value for r in ref]
 
 
 def test_timestamp_column_is_the_record_timestamp(spark, bootstrap):

@@ -144,13 +144,17 @@ _UNSUPPORTED = {
 _NOT_IMPLEMENTED = ("minOffsetsPerTrigger", "maxTriggerDelay")
 
 
+def _refuse_kafka_options(options: Mapping[str, str], refused: Mapping[str, str]) -> None:
+    for name, why in refused.items():
+        if _get(options, name) is not None:
+            raise OptionError(f"Kafka option '{name[len('kafka.') :]}' is not supported: {why}")
+
+
 def _check_unsupported(options: Mapping[str, str]) -> None:
     for name in _NOT_IMPLEMENTED:
         if _get(options, name) is not None:
             raise OptionError(f"option '{name}' is not supported by format(\"stratalog\")")
-    for name, why in _UNSUPPORTED.items():
-        if _get(options, name) is not None:
-            raise OptionError(f"Kafka option '{name[len('kafka.') :]}' is not supported: {why}")
+    _refuse_kafka_options(options, _UNSUPPORTED)
 
 
 def _check_limits(starting, ending, starting_ts, ending_ts, starting_bt, ending_bt) -> None:
@@ -296,8 +300,6 @@ _SINK_UNSUPPORTED = {
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
-    for name, why in _SINK_UNSUPPORTED.items():
-        if _get(options, name) is not None:
-            raise OptionError(f"Kafka option '{name[len('kafka.') :]}' is not supported: {why}")
+    _refuse_kafka_options(options, _SINK_UNSUPPORTED)
     topic = _get(options, "topic")
     return SinkOptions(parse_bootstrap(options), topic.strip() if topic is not None else None)
