@@ -13,7 +13,6 @@ against the Kafka release the project resolves (``stratalog.peers.kafka``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,33 +30,12 @@ MAIN = "LoadProducer"
 
 def compiled_classes() -> tuple[Path, str]:
     """(directory of the compiled class, the Java client's classpath), compiling on first use."""
+    from stratalog.javac import compile_java
     from stratalog.peers import kafka
 
     classpath = kafka.tools_classpath()
-    src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src + classpath.encode()).hexdigest()[:16]
-    cache = Path(classpath.rstrip("*")).parent / "load-producer" / digest
-    if (cache / f"{MAIN}.class").exists():
-        return cache, classpath
-    javac = shutil.which("javac")
-    if javac is None:
-        raise RuntimeError(
-            "javac (a JDK) is needed for the Java producer: apt-get install default-jdk"
-        )
-    partial = cache.with_name(f"{digest}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    proc = subprocess.run(
-        [javac, "-d", str(partial), "-cp", classpath, str(SOURCE)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"javac failed on {SOURCE.name}: {proc.stderr[-800:]}")
-    try:
-        partial.rename(cache)  # atomic: a concurrent compile of the same source may win
-    except OSError:
-        shutil.rmtree(partial, ignore_errors=True)
-    return cache, classpath
+    cache = Path(classpath.rstrip("*")).parent / "load-producer"
+    return compile_java([SOURCE], classpath, cache, "the Java producer"), classpath
 
 
 def _java_config(bootstrap: str, job: Any) -> list[str]:

@@ -18,7 +18,11 @@ def kafka_connector_package() -> str:
 
 
 def local_session(
-    app: str = "stratalog", cores: int | str = 2, kafka_connector: bool = False, **conf: str
+    app: str = "stratalog",
+    cores: int | str = 2,
+    kafka_connector: bool = False,
+    jvm_reader: bool = True,
+    **conf: str,
 ):
     """A local SparkSession on loopback with the settings that suit this project's machines.
 
@@ -45,6 +49,10 @@ def local_session(
     )
     if kafka_connector:
         builder = builder.config("spark.jars.packages", kafka_connector_package())
+    if jvm_reader:
+        from stratalog.spark.jvm import jar_path
+
+        builder = builder.config("spark.jars", str(jar_path()))
     for k, v in conf.items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()

@@ -1,0 +1,68 @@
+package io.stratalog.spark;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.List;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.Scan;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * Builder, scan and batch in one: it keeps only the columns the query reads (so a count or a
+ * sum over values never materialises keys, topics or headers) and plans one task per offset
+ * range on the driver.
+ */
+final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, Scan, Batch {
+  private final ReadOptions opts;
+  private StructType readSchema;
+
+  BatchScan(ReadOptions opts, StructType fullSchema) {
+    this.opts = opts;
+    this.readSchema = fullSchema;
+  }
+
+  @Override
+  public void pruneColumns(StructType requiredSchema) {
+    readSchema = requiredSchema;
+  }
+
+  @Override
+  public Scan build() {
+    return this;
+  }
+
+  @Override
+  public StructType readSchema() {
+    return readSchema;
+  }
+
+  @Override
+  public String description() {
+    return "stratalog-jvm " + (opts.subscribePattern != null ? "pattern " + opts.subscribePattern
+        : opts.subscribe.isEmpty() ? "assign " + opts.assign : "subscribe " + opts.subscribe);
+  }
+
+  @Override
+  public Batch toBatch() {
+    return this;
+  }
+
+  @Override
+  public InputPartition[] planInputPartitions() {
+    try (KafkaWire wire = KafkaWire.connect(opts.bootstrap, opts.pollTimeoutMs)) {
+      List<OffsetRange> ranges = new Planner(opts, wire).plan();
+      return ranges.toArray(new InputPartition[0]);
+    } catch (IOException e) {
+      throw new UncheckedIOException("cannot plan the read on " + opts.bootstrap, e);
+    }
+  }
+
+  @Override
+  public PartitionReaderFactory createReaderFactory() {
+    return new RangeReaderFactory(opts, readSchema);
+  }
+}

@@ -1,0 +1,310 @@
+package io.stratalog.spark;
+
+import java.io.ByteArrayOutputStream;
+import java.io.Closeable;
+import java.io.DataInputStream;
+import java.io.DataOutputStream;
+import java.io.IOException;
+import java.net.InetSocketAddress;
+import java.net.Socket;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * A blocking Kafka-protocol connection for the three requests a batch read needs: Metadata,
+ * ListOffsets and Fetch. Fetch answers are read into one reusable array and their record bytes
+ * are handed out as positions in it, so the decoder copies each value once, into its column.
+ * Versions are fixed at ones every Kafka 2.x-4.x broker and Stratalog accept (non-flexible).
+ */
+final class KafkaWire implements Closeable {
+  static final long EARLIEST = -2L;
+  static final long LATEST = -1L;
+
+  private static final short METADATA = 3;
+  private static final short METADATA_V = 4; // v4: the request can refuse auto-creation
+  private static final short LIST_OFFSETS = 2;
+  private static final short LIST_OFFSETS_V = 1;
+  private static final short FETCH = 1;
+  private static final short FETCH_V = 5; // v5: answers carry the log start offset
+
+  private final String host;
+  private final int port;
+  private final Socket socket;
+  private final DataInputStream in;
+  private final DataOutputStream out;
+  private int correlation = 0;
+  private byte[] frame = new byte[1 << 20];
+
+  KafkaWire(String host, int port, int timeoutMs) throws IOException {
+    this.host = host;
+    this.port = port;
+    socket = new Socket();
+    socket.setTcpNoDelay(true);
+    socket.setReceiveBufferSize(4 << 20);
+    socket.connect(new InetSocketAddress(host, port), timeoutMs);
+    socket.setSoTimeout(timeoutMs);
+    in = new DataInputStream(new java.io.BufferedInputStream(socket.getInputStream(), 1 << 16));
+    out = new DataOutputStream(socket.getOutputStream());
+  }
+
+  /** "host:port" or "[v6]:port", the first of a comma-separated list. */
+  static KafkaWire connect(String bootstrap, int timeoutMs) throws IOException {
+    String first = bootstrap.split(",")[0].trim();
+    int colon = first.lastIndexOf(':');
+    if (colon <= 0) {
+      throw new IllegalArgumentException(
+          "bootstrap address '" + bootstrap + "' is not of the form HOST:PORT");
+    }
+    String h = first.substring(0, colon);
+    if (h.startsWith("[") && h.endsWith("]")) {
+      h = h.substring(1, h.length() - 1);
+    }
+    int p;
+    try {
+      p = Integer.parseInt(first.substring(colon + 1));
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(
+          "bootstrap address '" + bootstrap + "' is not of the form HOST:PORT");
+    }
+    return new KafkaWire(h, p, timeoutMs);
+  }
+
+  String address() {
+    return host + ":" + port;
+  }
+
+  @Override
+  public void close() throws IOException {
+    socket.close();
+  }
+
+  // -- framing ---------------------------------------------------------------------------------
+
+  private static final class Body {
+    final ByteArrayOutputStream bytes = new ByteArrayOutputStream(256);
+    final DataOutputStream w = new DataOutputStream(bytes);
+
+    Body string(String s) throws IOException {
+      byte[] b = s.getBytes(StandardCharsets.UTF_8);
+      w.writeShort(b.length);
+      w.write(b);
+      return this;
+    }
+  }
+
+  private Body header(short api, short version) throws IOException {
+    Body b = new Body();
+    b.w.writeShort(api);
+    b.w.writeShort(version);
+    b.w.writeInt(++correlation);
+    b.string("stratalog-spark-jvm");
+    return b;
+  }
+
+  /** Sends the request and returns a buffer over the answer's body (after the correlation id). */
+  private ByteBuffer call(Body req) throws IOException {
+    byte[] body = req.bytes.toByteArray();
+    out.writeInt(body.length);
+    out.write(body);
+    out.flush();
+    int size = in.readInt();
+    if (size < 4) {
+      throw new IOException("broker " + address() + " sent a frame of " + size + " bytes");
+    }
+    if (frame.length < size) {
+      frame = new byte[Math.max(size, frame.length * 2)];
+    }
+    in.readFully(frame, 0, size);
+    ByteBuffer bb = ByteBuffer.wrap(frame, 0, size);
+    int cid = bb.getInt();
+    if (cid != correlation) {
+      throw new IOException("broker " + address() + " answered request " + correlation
+          + " with correlation id " + cid);
+    }
+    return bb;
+  }
+
+  private static String readString(ByteBuffer bb) {
+    short n = bb.getShort();
+    if (n < 0) {
+      return null;
+    }
+    String s = new String(bb.array(), bb.arrayOffset() + bb.position(), n, StandardCharsets.UTF_8);
+    bb.position(bb.position() + n);
+    return s;
+  }
+
+  // -- Metadata --------------------------------------------------------------------------------
+
+  /** A topic's partitions and each one's leader address. */
+  static final class TopicMeta {
+    final String name;
+    final short error;
+    final Map<Integer, String> leaders = new LinkedHashMap<>();
+
+    TopicMeta(String name, short error) {
+      this.name = name;
+      this.error = error;
+    }
+  }
+
+  /** Metadata for the named topics, or for every topic when {@code topics} is null. */
+  Map<String, TopicMeta> metadata(List<String> topics) throws IOException {
+    Body req = header(METADATA, METADATA_V);
+    if (topics == null) {
+      req.w.writeInt(-1);
+    } else {
+      req.w.writeInt(topics.size());
+      for (String t : topics) {
+        req.string(t);
+      }
+    }
+    req.w.writeBoolean(false); // a read never creates topics
+    ByteBuffer bb = call(req);
+    bb.getInt(); // throttle
+    Map<Integer, String> brokers = new LinkedHashMap<>();
+    for (int i = bb.getInt(); i > 0; i--) {
+      int node = bb.getInt();
+      String h = readString(bb);
+      int p = bb.getInt();
+      readString(bb); // rack
+      brokers.put(node, (h.contains(":") ? "[" + h + "]" : h) + ":" + p);
+    }
+    readString(bb); // cluster id
+    bb.getInt(); // controller
+    Map<String, TopicMeta> result = new LinkedHashMap<>();
+    for (int i = bb.getInt(); i > 0; i--) {
+      short err = bb.getShort();
+      String name = readString(bb);
+      bb.get(); // internal
+      TopicMeta tm = new TopicMeta(name, err);
+      for (int j = bb.getInt(); j > 0; j--) {
+        bb.getShort();
+        int partition = bb.getInt();
+        int leader = bb.getInt();
+        skipInts(bb); // replicas
+        skipInts(bb); // isr
+        tm.leaders.put(partition, brokers.getOrDefault(leader, address()));
+      }
+      result.put(name, tm);
+    }
+    return result;
+  }
+
+  private static void skipInts(ByteBuffer bb) {
+    int n = bb.getInt();
+    bb.position(bb.position() + 4 * Math.max(n, 0));
+  }
+
+  // -- ListOffsets -----------------------------------------------------------------------------
+
+  /**
+   * For each partition the first offset whose timestamp is at or after {@code timestamp} (-1
+   * when there is none), or the earliest/latest offset for {@link #EARLIEST}/{@link #LATEST}.
+   */
+  Map<Integer, Long> listOffsets(String topic, List<Integer> partitions, long timestamp)
+      throws IOException {
+    Body req = header(LIST_OFFSETS, LIST_OFFSETS_V);
+    req.w.writeInt(-1); // replica id: a consumer
+    req.w.writeInt(1);
+    req.string(topic);
+    req.w.writeInt(partitions.size());
+    for (int p : partitions) {
+      req.w.writeInt(p);
+      req.w.writeLong(timestamp);
+    }
+    ByteBuffer bb = call(req);
+    Map<Integer, Long> result = new LinkedHashMap<>();
+    for (int i = bb.getInt(); i > 0; i--) {
+      readString(bb);
+      for (int j = bb.getInt(); j > 0; j--) {
+        int p = bb.getInt();
+        short err = bb.getShort();
+        bb.getLong(); // timestamp
+        long offset = bb.getLong();
+        if (err != 0) {
+          throw new KafkaError(
+              "ListOffsets of " + topic + "-" + p + " on " + address() + " failed", err);
+        }
+        result.put(p, offset);
+      }
+    }
+    return result;
+  }
+
+  // -- Fetch -----------------------------------------------------------------------------------
+
+  /** One partition's part of a Fetch answer; the records are {@code [start, end)} of array. */
+  static final class FetchedPartition {
+    short error;
+    long highWatermark;
+    long logStartOffset;
+    byte[] array;
+    int start;
+    int end;
+  }
+
+  /** Fetches one partition from {@code offset}; the answer is valid until the next call. */
+  FetchedPartition fetch(String topic, int partition, long offset, int maxBytes, int maxWaitMs)
+      throws IOException {
+    Body req = header(FETCH, FETCH_V);
+    req.w.writeInt(-1); // replica id
+    req.w.writeInt(maxWaitMs);
+    req.w.writeInt(1); // min bytes
+    req.w.writeInt(maxBytes);
+    req.w.writeByte(0); // read_uncommitted, as Spark's Kafka source
+    req.w.writeInt(1);
+    req.string(topic);
+    req.w.writeInt(1);
+    req.w.writeInt(partition);
+    req.w.writeLong(offset);
+    req.w.writeLong(-1L); // log start offset: a consumer's is unknown
+    req.w.writeInt(maxBytes);
+    ByteBuffer bb = call(req);
+    bb.getInt(); // throttle
+    FetchedPartition fp = new FetchedPartition();
+    fp.array = frame;
+    for (int i = bb.getInt(); i > 0; i--) {
+      readString(bb);
+      for (int j = bb.getInt(); j > 0; j--) {
+        bb.getInt(); // partition
+        fp.error = bb.getShort();
+        fp.highWatermark = bb.getLong();
+        bb.getLong(); // last stable offset
+        fp.logStartOffset = bb.getLong();
+        int aborted = bb.getInt();
+        if (aborted > 0) {
+          bb.position(bb.position() + 16 * aborted);
+        }
+        int size = bb.getInt();
+        fp.start = bb.position();
+        fp.end = fp.start + Math.max(size, 0);
+        bb.position(fp.end);
+      }
+    }
+    return fp;
+  }
+
+  /** An error code in a broker's answer. */
+  static final class KafkaError extends IOException {
+    private static final long serialVersionUID = 1L;
+    final short code;
+
+    KafkaError(String message, short code) {
+      super(message + " (Kafka error " + code + ")");
+      this.code = code;
+    }
+  }
+
+  static List<Integer> range(int n) {
+    List<Integer> out = new ArrayList<>(n);
+    for (int i = 0; i < n; i++) {
+      out.add(i);
+    }
+    return out;
+  }
+}

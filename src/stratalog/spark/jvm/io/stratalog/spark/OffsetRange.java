@@ -1,0 +1,31 @@
+package io.stratalog.spark;
+
+import org.apache.spark.sql.connector.read.InputPartition;
+
+/** One task's work: the offsets {@code [from, until)} of one topic-partition, and its leader. */
+final class OffsetRange implements InputPartition {
+  private static final long serialVersionUID = 1L;
+
+  final String topic;
+  final int partition;
+  final long from;
+  final long until;
+  final String leader;
+
+  OffsetRange(String topic, int partition, long from, long until, String leader) {
+    this.topic = topic;
+    this.partition = partition;
+    this.from = from;
+    this.until = until;
+    this.leader = leader;
+  }
+
+  long size() {
+    return until - from;
+  }
+
+  @Override
+  public String toString() {
+    return topic + "-" + partition + "[" + from + ", " + until + ")";
+  }
+}

@@ -1,0 +1,268 @@
+package io.stratalog.spark;
+
+import io.stratalog.spark.ReadOptions.PartitionMap;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.TreeSet;
+import java.util.regex.Pattern;
+
+/**
+ * Turns the options into offset ranges on Spark's driver: which topic-partitions, where each
+ * starts and ends (startingTimestamp > startingOffsetsByTimestamp > startingOffsets, and the
+ * same for the end), and how the ranges are cut for minPartitions, as Spark's
+ * KafkaOffsetRangeCalculator cuts them so both sources run the same tasks.
+ */
+final class Planner {
+  /** Internal topic of the Python source's streaming queries; never part of a pattern. */
+  static final String START_LOG_TOPIC = "__stratalog_spark_starts";
+
+  private final ReadOptions opts;
+  private final KafkaWire wire;
+  private final Map<String, Map<Integer, String>> leaders = new TreeMap<>();
+
+  Planner(ReadOptions opts, KafkaWire wire) {
+    this.opts = opts;
+    this.wire = wire;
+  }
+
+  List<OffsetRange> plan() throws IOException {
+    Map<String, List<Integer>> tps = topicPartitions();
+    PartitionMap earliest = list(tps, KafkaWire.EARLIEST);
+    PartitionMap latest = list(tps, KafkaWire.LATEST);
+    PartitionMap start = resolveStart(tps, earliest, latest);
+    PartitionMap end = resolveEnd(tps, earliest, latest);
+    for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
+      for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
+        Long s = start.get(t.getKey()).get(p.getKey());
+        if (s != null && s > p.getValue()) {
+          throw new IllegalArgumentException("the start offset " + s + " of " + t.getKey() + "-"
+              + p.getKey() + " is greater than the resolved end offset " + p.getValue());
+        }
+      }
+    }
+    return split(start, end);
+  }
+
+  private Map<String, List<Integer>> topicPartitions() throws IOException {
+    Map<String, List<Integer>> out = new TreeMap<>();
+    if (opts.subscribePattern != null) {
+      Pattern rx = Pattern.compile(opts.subscribePattern);
+      for (KafkaWire.TopicMeta tm : wire.metadata(null).values()) {
+        if (tm.error == 0 && rx.matcher(tm.name).matches()
+            && !tm.name.equals(START_LOG_TOPIC)) {
+          out.put(tm.name, new ArrayList<>(new TreeSet<>(tm.leaders.keySet())));
+          leaders.put(tm.name, tm.leaders);
+        }
+      }
+      return out;
+    }
+    List<String> names =
+        opts.subscribe.isEmpty() ? new ArrayList<>(opts.assign.keySet()) : opts.subscribe;
+    Map<String, KafkaWire.TopicMeta> meta = wire.metadata(names);
+    for (String t : names) {
+      KafkaWire.TopicMeta tm = meta.get(t);
+      if (tm == null || tm.error != 0) {
+        throw new IllegalArgumentException(
+            "topic '" + t + "' does not exist on " + opts.bootstrap);
+      }
+      leaders.put(t, tm.leaders);
+      int n = tm.leaders.size();
+      if (opts.assign.isEmpty()) {
+        out.put(t, KafkaWire.range(n));
+        continue;
+      }
+      List<Integer> bad = new ArrayList<>();
+      for (int p : opts.assign.get(t)) {
+        if (p < 0 || p >= n) {
+          bad.add(p);
+        }
+      }
+      if (!bad.isEmpty()) {
+        throw new IllegalArgumentException("option 'assign': topic '" + t + "' has " + n
+            + " partitions, no " + bad);
+      }
+      out.put(t, new ArrayList<>(new TreeSet<>(opts.assign.get(t))));
+    }
+    return out;
+  }
+
+  private PartitionMap list(Map<String, List<Integer>> tps, long ts) throws IOException {
+    PartitionMap out = new PartitionMap();
+    for (Map.Entry<String, List<Integer>> t : tps.entrySet()) {
+      if (!t.getValue().isEmpty()) {
+        out.put(t.getKey(), new TreeMap<>(wire.listOffsets(t.getKey(), t.getValue(), ts)));
+      }
+    }
+    return out;
+  }
+
+  /** A per-partition option must name exactly the assigned partitions, as Spark requires. */
+  private static void checkExact(String name, PartitionMap spec, Map<String, List<Integer>> tps) {
+    Set<String> named = new TreeSet<>();
+    spec.forEach((t, parts) -> parts.keySet().forEach(p -> named.add(t + "-" + p)));
+    Set<String> assigned = new TreeSet<>();
+    tps.forEach((t, ps) -> ps.forEach(p -> assigned.add(t + "-" + p)));
+    if (!named.equals(assigned)) {
+      Set<String> extra = new TreeSet<>(named);
+      extra.removeAll(assigned);
+      Set<String> missing = new TreeSet<>(assigned);
+      missing.removeAll(named);
+      throw new IllegalArgumentException("partitions in option '" + name
+          + "' don't match the assigned ones: named but not assigned: " + show(extra)
+          + "; assigned but not named: " + show(missing));
+    }
+  }
+
+  private static String show(Set<String> tps) {
+    return tps.isEmpty() ? "none" : String.join(", ", tps);
+  }
+
+  private PartitionMap byTimestamp(Map<String, List<Integer>> tps, Long global,
+      PartitionMap perPartition, String name, PartitionMap latest, boolean isStart)
+      throws IOException {
+    if (global == null) {
+      checkExact(name, perPartition, tps);
+    }
+    PartitionMap out = new PartitionMap();
+    for (Map.Entry<String, List<Integer>> t : tps.entrySet()) {
+      TreeMap<Integer, Long> parts = new TreeMap<>();
+      for (int p : t.getValue()) {
+        long ts = global != null ? global : perPartition.get(t.getKey()).get(p);
+        long off = wire.listOffsets(t.getKey(), List.of(p), ts).get(p);
+        if (off < 0) {
+          if (isStart && !opts.timestampStrategy.equals("latest")) {
+            throw new IllegalArgumentException("no record at or after timestamp " + ts + " in "
+                + t.getKey() + "-" + p + "; set startingOffsetsByTimestampStrategy=latest to "
+                + "start at the end");
+          }
+          off = latest.get(t.getKey()).get(p);
+        }
+        parts.put(p, off);
+      }
+      out.put(t.getKey(), parts);
+    }
+    return out;
+  }
+
+  private PartitionMap resolveStart(Map<String, List<Integer>> tps, PartitionMap earliest,
+      PartitionMap latest) throws IOException {
+    if (opts.startingTimestamp != null || opts.startingByTimestamp != null) {
+      return byTimestamp(tps, opts.startingTimestamp, opts.startingByTimestamp,
+          "startingOffsetsByTimestamp", latest, true);
+    }
+    Object spec = opts.starting == null ? "earliest" : opts.starting;
+    return apply(spec, tps, earliest, latest, "startingOffsets");
+  }
+
+  private PartitionMap resolveEnd(Map<String, List<Integer>> tps, PartitionMap earliest,
+      PartitionMap latest) throws IOException {
+    if (opts.endingTimestamp != null || opts.endingByTimestamp != null) {
+      return byTimestamp(tps, opts.endingTimestamp, opts.endingByTimestamp,
+          "endingOffsetsByTimestamp", latest, false);
+    }
+    PartitionMap end =
+        apply(opts.ending == null ? "latest" : opts.ending, tps, earliest, latest,
+            "endingOffsets");
+    for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
+      for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
+        long last = latest.get(t.getKey()).get(p.getKey());
+        if (p.getValue() > last) {
+          if (opts.failOnDataLoss) {
+            throw new IllegalArgumentException("option 'endingOffsets' asks for offsets up to "
+                + p.getValue() + " of " + t.getKey() + "-" + p.getKey() + ", which ends at "
+                + last + "; set failOnDataLoss=false to read what there is");
+          }
+          p.setValue(last);
+        }
+      }
+    }
+    return end;
+  }
+
+  private static PartitionMap apply(Object spec, Map<String, List<Integer>> tps,
+      PartitionMap earliest, PartitionMap latest, String name) {
+    PartitionMap out = new PartitionMap();
+    if (spec instanceof String) {
+      PartitionMap from = spec.equals("earliest") ? earliest : latest;
+      for (String t : tps.keySet()) {
+        out.put(t, new TreeMap<>(from.getOrDefault(t, new TreeMap<>())));
+      }
+      return out;
+    }
+    PartitionMap given = (PartitionMap) spec;
+    checkExact(name, given, tps);
+    for (Map.Entry<String, List<Integer>> t : tps.entrySet()) {
+      TreeMap<Integer, Long> parts = new TreeMap<>();
+      for (int p : t.getValue()) {
+        long v = given.get(t.getKey()).get(p);
+        if (v == KafkaWire.EARLIEST) {
+          v = earliest.get(t.getKey()).get(p);
+        } else if (v == KafkaWire.LATEST) {
+          v = latest.get(t.getKey()).get(p);
+        }
+        parts.put(p, v);
+      }
+      out.put(t.getKey(), parts);
+    }
+    return out;
+  }
+
+  private static long partCount(long size, long total, int minParts) {
+    // Scala's math.round, half away from zero, as Spark computes it.
+    return Math.max((long) Math.floor((double) size / total * minParts + 0.5), 1L);
+  }
+
+  private List<OffsetRange> split(PartitionMap start, PartitionMap end) {
+    List<OffsetRange> nonEmpty = new ArrayList<>();
+    for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
+      for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
+        long s = start.get(t.getKey()).getOrDefault(p.getKey(), 0L);
+        long e = Math.max(s, p.getValue());
+        if (e > s) {
+          nonEmpty.add(new OffsetRange(t.getKey(), p.getKey(), s, e,
+              leaders.get(t.getKey()).getOrDefault(p.getKey(), opts.bootstrap)));
+        }
+      }
+    }
+    Integer min = opts.minPartitions;
+    if (min == null || nonEmpty.size() >= min || nonEmpty.isEmpty()) {
+      return nonEmpty;
+    }
+    long total = 0;
+    for (OffsetRange r : nonEmpty) {
+      total += r.size();
+    }
+    // Ranges too small to split keep one task each and leave the proportion to the others.
+    Set<OffsetRange> unsplit = new HashSet<>();
+    long unsplitSize = 0;
+    for (OffsetRange r : nonEmpty) {
+      if (partCount(r.size(), total, min) == 1) {
+        unsplit.add(r);
+        unsplitSize += r.size();
+      }
+    }
+    long splitTotal = total - unsplitSize;
+    int splitMin = Math.max(min - unsplit.size(), 1);
+    List<OffsetRange> out = new ArrayList<>();
+    for (OffsetRange r : nonEmpty) {
+      long parts = unsplit.contains(r) ? 1 : partCount(r.size(), splitTotal, splitMin);
+      long remaining = r.size();
+      long s = r.from;
+      for (long part = 0; part < parts; part++) {
+        long take = remaining / (parts - part);
+        remaining -= take;
+        long e = Math.min(s + take, r.until);
+        if (e > s) {
+          out.add(new OffsetRange(r.topic, r.partition, s, e, r.leader));
+        }
+        s = e;
+      }
+    }
+    return out;
+  }
+}

@@ -1,0 +1,157 @@
+package io.stratalog.spark;
+
+import java.io.IOException;
+import java.util.List;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
+import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+
+/**
+ * Reads one offset range into columnar batches of about {@link #ROWS} rows. Fetches ask for the
+ * range's next offset; the broker answers with whole record batches, which may begin before it
+ * (those records are skipped) and may run past the range's end (cut). Records missing from the
+ * range (deleted by retention, or an end past the data) fail the task unless failOnDataLoss is
+ * false, as in Spark's Kafka source.
+ */
+final class RangeReader implements PartitionReader<ColumnarBatch> {
+  static final int ROWS = 4096;
+  private static final String[] FIELDS = {
+    "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"
+  };
+
+  private final OffsetRange range;
+  private final ReadOptions opts;
+  private final WritableColumnVector[] vectors;
+  private final ColumnarBatch batch;
+  private final RecordDecoder decoder;
+  private KafkaWire wire;
+  private long next;
+  private KafkaWire.FetchedPartition fetched;
+  private int pos;
+
+  RangeReader(OffsetRange range, ReadOptions opts, StructType readSchema) {
+    this.range = range;
+    this.opts = opts;
+    this.next = range.from;
+    vectors = OnHeapColumnVector.allocateColumns(ROWS, readSchema);
+    WritableColumnVector[] byField = new WritableColumnVector[FIELDS.length];
+    StructField[] fields = readSchema.fields();
+    for (int i = 0; i < fields.length; i++) {
+      for (int f = 0; f < FIELDS.length; f++) {
+        if (FIELDS[f].equals(fields[i].name())) {
+          byField[f] = vectors[i];
+        }
+      }
+    }
+    batch = new ColumnarBatch((ColumnVector[]) vectors);
+    decoder = new RecordDecoder(range.topic, range.partition, byField, true);
+  }
+
+  @Override
+  public boolean next() throws IOException {
+    for (WritableColumnVector v : vectors) {
+      v.reset();
+    }
+    decoder.newBatch();
+    int rows = 0;
+    while (rows < ROWS && next < range.until) {
+      if (fetched == null || pos >= fetched.end) {
+        if (!fetch()) {
+          break;
+        }
+        continue;
+      }
+      byte[] b = fetched.array;
+      if (fetched.end - pos < 12
+          || pos + RecordDecoder.batchSize(b, pos) > fetched.end) {
+        pos = fetched.end; // a partial batch at the end of the answer: fetch again from next
+        continue;
+      }
+      int size = RecordDecoder.batchSize(b, pos);
+      long last = RecordDecoder.lastOffset(b, pos);
+      if (last >= next) {
+        rows += decoder.decode(b, pos, next, range.until, rows);
+        next = last + 1;
+      }
+      pos += size;
+    }
+    batch.setNumRows(rows);
+    return rows > 0;
+  }
+
+  /** Fetches from {@code next}; false when the range has nothing more to give. */
+  private boolean fetch() throws IOException {
+    if (wire == null) {
+      wire = KafkaWire.connect(range.leader, opts.pollTimeoutMs);
+    }
+    long deadline = System.currentTimeMillis() + opts.pollTimeoutMs;
+    while (true) {
+      fetched = wire.fetch(range.topic, range.partition, next, opts.fetchMaxBytes, 500);
+      pos = fetched.start;
+      if (fetched.error == 1) { // OFFSET_OUT_OF_RANGE
+        return outOfRange();
+      }
+      if (fetched.error != 0) {
+        throw new KafkaWire.KafkaError(
+            "Fetch of " + range + " from " + wire.address() + " failed", fetched.error);
+      }
+      if (fetched.end - fetched.start >= 12) {
+        return true;
+      }
+      if (fetched.highWatermark <= next) {
+        return lost(next, range.until, "the partition ends at " + fetched.highWatermark);
+      }
+      if (System.currentTimeMillis() > deadline) {
+        throw new IOException("no records of " + range + " at offset " + next + " within "
+            + opts.pollTimeoutMs + " ms (kafkaConsumer.pollTimeoutMs)");
+      }
+    }
+  }
+
+  private boolean outOfRange() throws IOException {
+    List<Integer> p = List.of(range.partition);
+    long earliest = wire.listOffsets(range.topic, p, KafkaWire.EARLIEST).get(range.partition);
+    fetched = null;
+    if (next < earliest) {
+      checkLoss(next, Math.min(earliest, range.until), "the log now starts at " + earliest);
+      next = earliest;
+      return next < range.until && fetch();
+    }
+    long latest = wire.listOffsets(range.topic, p, KafkaWire.LATEST).get(range.partition);
+    return lost(next, range.until, "the partition ends at " + latest);
+  }
+
+  /** The rest of the range is gone: fail, or end the range when allowed. */
+  private boolean lost(long from, long to, String why) throws IOException {
+    checkLoss(from, to, why);
+    next = range.until;
+    fetched = null;
+    return false;
+  }
+
+  /** Records {@code [from, to)} of the range are gone: fail unless failOnDataLoss=false. */
+  private void checkLoss(long from, long to, String why) throws IOException {
+    if (opts.failOnDataLoss) {
+      throw new IOException("records " + from + " to " + (to - 1) + " of " + range.topic + "-"
+          + range.partition + " are gone (" + why + "); some data may have been lost. Set "
+          + "failOnDataLoss=false to skip them");
+    }
+  }
+
+  @Override
+  public ColumnarBatch get() {
+    return batch;
+  }
+
+  @Override
+  public void close() throws IOException {
+    batch.close();
+    if (wire != null) {
+      wire.close();
+    }
+  }
+}

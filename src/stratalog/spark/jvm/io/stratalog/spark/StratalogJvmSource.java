@@ -1,0 +1,87 @@
+package io.stratalog.spark;
+
+import java.util.EnumSet;
+import java.util.Map;
+import java.util.Set;
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.catalog.TableProvider;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.sources.DataSourceRegister;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * {@code format("stratalog-jvm")}: batch reads of Stratalog (or any Kafka broker) decoded on the
+ * JVM straight into Spark's column vectors, with no Python worker in between. The options and
+ * the schema are those of Spark's Kafka source.
+ */
+public final class StratalogJvmSource implements TableProvider, DataSourceRegister {
+  @Override
+  public String shortName() {
+    return "stratalog-jvm";
+  }
+
+  static StructType schema(boolean includeHeaders) {
+    StructType s = new StructType()
+        .add("key", DataTypes.BinaryType)
+        .add("value", DataTypes.BinaryType)
+        .add("topic", DataTypes.StringType)
+        .add("partition", DataTypes.IntegerType)
+        .add("offset", DataTypes.LongType)
+        .add("timestamp", DataTypes.TimestampType)
+        .add("timestampType", DataTypes.IntegerType);
+    if (includeHeaders) {
+      StructType header = new StructType()
+          .add("key", DataTypes.StringType)
+          .add("value", DataTypes.BinaryType);
+      s = s.add("headers", new ArrayType(header, true));
+    }
+    return s;
+  }
+
+  @Override
+  public StructType inferSchema(CaseInsensitiveStringMap options) {
+    return schema(new ReadOptions(options).includeHeaders);
+  }
+
+  @Override
+  public Table getTable(
+      StructType schema, Transform[] partitioning, Map<String, String> properties) {
+    return new ReadTable(schema);
+  }
+
+  /** The topic(s) the options name, as a table that can only be read in batch. */
+  static final class ReadTable implements SupportsRead {
+    private final StructType schema;
+
+    ReadTable(StructType schema) {
+      this.schema = schema;
+    }
+
+    @Override
+    public String name() {
+      return "stratalog-jvm";
+    }
+
+    @Override
+    @SuppressWarnings("deprecation") // columns() is the newer form; Spark still calls schema()
+    public StructType schema() {
+      return schema;
+    }
+
+    @Override
+    public Set<TableCapability> capabilities() {
+      return EnumSet.of(TableCapability.BATCH_READ);
+    }
+
+    @Override
+    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
+      return new BatchScan(new ReadOptions(options), schema);
+    }
+  }
+}
