@@ -1,4 +1,5 @@
-"""Spark reading one topic with ``format("stratalog")`` and with Spark's own ``format("kafka")``.
+"""Spark reading one topic with ``format("stratalog-jvm")``, ``format("stratalog")`` and Spark's
+own ``format("kafka")``.
 
 Run as a child process of the harness (``python -m stratalog.bench.spark_read``), so the JVM of
 Spark lives and dies with it. Each format reads the whole topic in a batch query that touches
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument(
-        "--formats", default="stratalog,kafka", help="formats in the order each round reads them"
+        "--formats",
+        default="stratalog-jvm,stratalog,kafka",
+        help="formats in the order each round reads them",
     )
     args = ap.parse_args(argv)
 
