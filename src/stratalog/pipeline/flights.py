@@ -7,6 +7,7 @@
    per-carrier hourly departure-delay statistics (count, mean, p95) over event-time windows, and
    writes them to topic ``delays_by_hour`` with the exactly-once ``stratalog`` sink.
 4. A batch query replays one day of ``flights`` by ``startingTimestamp``/``endingTimestamp``.
+   The batch reads use ``format("stratalog-jvm")``, the reader that decodes on Spark's JVM.
 5. Everything is checked against pandas on the same data, and the throughput and topic record
    counts are printed.
 
@@ -193,7 +194,7 @@ def read_delays(spark, bootstrap: str) -> pd.DataFrame:
 
     schema = "carrier string, hour string, flights long, mean_delay double, p95_delay double"
     df = (
-        spark.read.format("stratalog")
+        spark.read.format("stratalog-jvm")
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", DELAYS)
         .load()
@@ -210,7 +211,7 @@ def replay_day(spark, bootstrap: str, day: str) -> pd.DataFrame:
     end = start + 24 * 3600 * 1000
     schema = "carrier string, flight int, origin string, dest string, dep_delay double"
     df = (
-        spark.read.format("stratalog")
+        spark.read.format("stratalog-jvm")
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", FLIGHTS)
         .option("startingTimestamp", str(start))
