@@ -214,7 +214,12 @@ def test_assign_of_a_missing_partition_fails_with_its_name(spark, bootstrap, bas
 
 
 # -- 2. streaming: divergences -----------------------------------------------------------------
-def test_stream_start_beyond_the_end_fails_on_data_loss(spark, bootstrap, base, tmp_path):
+# Both of Stratalog's streaming readers: the Python data source and the JVM one.
+READERS = pytest.mark.parametrize("fmt", ["stratalog", "stratalog-jvm"])
+
+
+@READERS
+def test_stream_start_beyond_the_end_fails_on_data_loss(spark, bootstrap, base, tmp_path, fmt):
     # KafkaOffsetReaderAdmin.getOffsetRangesFromResolvedOffsets: untilOffset < fromOffset is
     # reportDataLoss ("Partition ...'s offset was changed from 100 to 10"), which fails the
     # query while failOnDataLoss=true (the default), in KafkaMicroBatchStream.
@@ -222,12 +227,14 @@ def test_stream_start_beyond_the_end_fails_on_data_loss(spark, bootstrap, base, 
     ref = _stream(spark, "kafka", bootstrap, tmp_path / "k", **opts)
     assert ref.exception() is not None
     assert "Some data may have been lost" in str(ref.exception())
-    got = _stream(spark, "stratalog", bootstrap, tmp_path / "s", **opts)
+    got = _stream(spark, fmt, bootstrap, tmp_path / "s", **opts)
     assert got.exception() is not None, f"no failure; rows per batch {_input_rows(got)}"
+    assert "data may have been lost" in str(got.exception())
 
 
+@READERS
 def test_stream_start_beyond_the_end_without_fail_on_data_loss_resumes_at_the_end(
-    spark, bootstrap, tmp_path
+    spark, bootstrap, tmp_path, fmt
 ):
     # Same path with failOnDataLoss=false: the negative range is dropped and the next batch
     # starts at the partition's real end, so records produced after it are read.
@@ -240,16 +247,16 @@ def test_stream_start_beyond_the_end_without_fail_on_data_loss_resumes_at_the_en
         "failOnDataLoss": "false",
     }
     result = {}
-    for fmt in ("kafka", "stratalog"):
-        ckpt = tmp_path / fmt
-        first = _stream(spark, fmt, bootstrap, ckpt, **opts)
+    for reader in ("kafka", fmt):
+        ckpt = tmp_path / reader
+        first = _stream(spark, reader, bootstrap, ckpt, **opts)
         assert first.exception() is None, first.exception()
         produce(bootstrap, topic, [Rec(b"new%d" % i) for i in range(3)])
-        second = _stream(spark, fmt, bootstrap, ckpt, **opts)
+        second = _stream(spark, reader, bootstrap, ckpt, **opts)
         assert second.exception() is None, second.exception()
-        result[fmt] = sum(_input_rows(second))
+        result[reader] = sum(_input_rows(second))
     assert result["kafka"] == 3
-    assert result["stratalog"] == result["kafka"], result
+    assert result[fmt] == result["kafka"], result
 
 
 def test_stream_start_log_is_kept_out_of_pattern_subscriptions(spark, spark_broker, tmp_path):
@@ -397,8 +404,9 @@ def test_log_append_time_and_compressed_batches_match_kafka(spark, bootstrap):
             assert got["stratalog"] == got["kafka"], (codec, headers)
 
 
+@READERS
 def test_max_offsets_per_trigger_batches_and_checkpoint_offsets_match_kafka(
-    spark, bootstrap, tmp_path
+    spark, bootstrap, tmp_path, fmt
 ):
     # KafkaMicroBatchStream.rateLimit (prorated, floor, ceil below one) under
     # Trigger.AvailableNow, and KafkaSourceOffset's JSON {"topic": {"partition": offset}}.
@@ -407,17 +415,18 @@ def test_max_offsets_per_trigger_batches_and_checkpoint_offsets_match_kafka(
     produce(bootstrap, topic, [Rec(b"v%d" % i, partition=i % 3) for i in range(30)])
     opts = {"subscribe": topic, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "7"}
     batches, offsets = {}, {}
-    for fmt in ("kafka", "stratalog"):
-        q = _stream(spark, fmt, bootstrap, tmp_path / fmt, **opts)
+    for reader in ("kafka", fmt):
+        q = _stream(spark, reader, bootstrap, tmp_path / reader, **opts)
         assert q.exception() is None, q.exception()
-        batches[fmt] = _input_rows(q)
-        offsets[fmt] = _checkpoint_offsets(tmp_path / fmt)
+        batches[reader] = _input_rows(q)
+        offsets[reader] = _checkpoint_offsets(tmp_path / reader)
     assert batches["kafka"] == [6, 6, 6, 6, 6]
-    assert batches["stratalog"] == batches["kafka"]
-    assert offsets["stratalog"] == offsets["kafka"]
+    assert batches[fmt] == batches["kafka"]
+    assert offsets[fmt] == offsets["kafka"]
 
 
-def test_kafka_checkpoint_restarts_with_stratalog(spark, bootstrap, tmp_path):
+@READERS
+def test_kafka_checkpoint_restarts_with_stratalog(spark, bootstrap, tmp_path, fmt):
     # Switching format("kafka") to format("stratalog") on a running query's checkpoint:
     # KafkaSourceOffset JSON is read back as this source's start, no record twice or lost.
     topic = topic_name("switch")
@@ -428,8 +437,30 @@ def test_kafka_checkpoint_restarts_with_stratalog(spark, bootstrap, tmp_path):
     q = _stream(spark, "kafka", bootstrap, ckpt, sink, **opts)
     assert q.exception() is None, q.exception()
     produce(bootstrap, topic, [Rec(b"b%d" % i, partition=i % 3) for i in range(9)])
-    q = _stream(spark, "stratalog", bootstrap, ckpt, sink, **opts)
+    q = _stream(spark, fmt, bootstrap, ckpt, sink, **opts)
     assert q.exception() is None, q.exception()
     assert sum(_input_rows(q)) == 9
     rows = [(r.partition, r.offset) for r in spark.read.parquet(str(sink)).collect()]
     assert sorted(rows) == [(p, o) for p in range(3) for o in range(13)]
+
+
+@READERS
+def test_a_restart_before_the_first_batch_keeps_the_first_start(spark, bootstrap, tmp_path, fmt):
+    # KafkaMicroBatchStream.getOrCreateInitialPartitionOffsets: the resolved starting offsets
+    # are written to the checkpoint before any batch, so startingOffsets=latest means the end
+    # when the query first started, not when it restarted.
+    topic = topic_name("first-start")
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, [Rec(b"before%d" % i) for i in range(5)])
+    got = {}
+    for reader in ("kafka", fmt):
+        ckpt = tmp_path / reader
+        first = _stream(spark, reader, bootstrap, ckpt, subscribe=topic)
+        assert first.exception() is None, first.exception()
+        assert sum(_input_rows(first)) == 0
+        produce(bootstrap, topic, [Rec(b"after-%s-%d" % (reader.encode(), i)) for i in range(3)])
+        second = _stream(spark, reader, bootstrap, ckpt, subscribe=topic)
+        assert second.exception() is None, second.exception()
+        got[reader] = sum(_input_rows(second))
+    assert got["kafka"] == 3
+    assert got[fmt] == got["kafka"], got

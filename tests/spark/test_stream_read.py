@@ -1,4 +1,5 @@
-"""Streaming reads: readStream.format("stratalog") with availableNow triggers and a checkpoint."""
+"""Streaming reads: readStream.format("stratalog") and format("stratalog-jvm") with availableNow
+triggers and a checkpoint."""
 
 from __future__ import annotations
 
@@ -15,10 +16,16 @@ pytestmark = pytest.mark.spark
 QUERY_TIMEOUT = 120  # seconds; a query that has not finished by then fails the test
 
 
-def _run(spark, bootstrap, topic, ckpt: Path, out: Path, **options) -> list:
+@pytest.fixture(params=["stratalog", "stratalog-jvm"])
+def fmt(request) -> str:
+    """Every test runs on both streaming readers: the Python data source and the JVM one."""
+    return request.param
+
+
+def _run(fmt, spark, bootstrap, topic, ckpt: Path, out: Path, **options) -> list:
     """One availableNow run into a parquet sink; returns the progress of its micro-batches."""
     reader = (
-        spark.readStream.format("stratalog")
+        spark.readStream.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
     )
@@ -65,18 +72,18 @@ def _input_rows(progress: list) -> list[int]:
     return [p.numInputRows for p in progress]
 
 
-def test_stream_read_then_restart_reads_exactly_the_new_records(spark, bootstrap, tmp_path):
+def test_stream_read_then_restart_reads_exactly_the_new_records(spark, bootstrap, tmp_path, fmt):
     topic = topic_name("stream")
     create_topic(bootstrap, topic, 3)
     first = produce(bootstrap, topic, _recs("a", range(3), 20))
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
 
-    progress = _run(spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
+    progress = _run(fmt, spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
     assert sum(_input_rows(progress)) == 60
     assert sorted(_output(spark, out)) == _expected(first)
 
     second = produce(bootstrap, topic, _recs("b", range(3), 10))
-    progress = _run(spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
+    progress = _run(fmt, spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
     # The restart read exactly the new records: 30 rows, none of the first run's.
     assert sum(_input_rows(progress)) == 30
     rows = _output(spark, out)
@@ -87,12 +94,12 @@ def test_stream_read_then_restart_reads_exactly_the_new_records(spark, bootstrap
         assert sorted(o for q, o in positions if q == p) == list(range(30))
 
     # Nothing new: a third run reads nothing.
-    progress = _run(spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
+    progress = _run(fmt, spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
     assert sum(_input_rows(progress)) == 0
     assert len(_output(spark, out)) == 90
 
 
-def test_max_offsets_per_trigger_limits_batches(spark, bootstrap, tmp_path):
+def test_max_offsets_per_trigger_limits_batches(spark, bootstrap, tmp_path, fmt):
     topic = topic_name("rate")
     create_topic(bootstrap, topic, 4)
     sizes = [40, 25, 10, 5]
@@ -101,6 +108,7 @@ def test_max_offsets_per_trigger_limits_batches(spark, bootstrap, tmp_path):
         sent += produce(bootstrap, topic, _recs("r", range(p, p + 1), n))
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     progress = _run(
+        fmt,
         spark,
         bootstrap,
         topic,
@@ -117,7 +125,7 @@ def test_max_offsets_per_trigger_limits_batches(spark, bootstrap, tmp_path):
 
 
 def test_max_offsets_per_trigger_below_the_partition_count_still_reads_everything(
-    spark, bootstrap, tmp_path
+    spark, bootstrap, tmp_path, fmt
 ):
     # A limit smaller than the number of partitions with data: each batch must still make
     # progress (Spark's Kafka source rounds a partition's share of less than one offset up).
@@ -126,7 +134,14 @@ def test_max_offsets_per_trigger_below_the_partition_count_still_reads_everythin
     sent = produce(bootstrap, topic, _recs("s", range(3), 4))
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     progress = _run(
-        spark, bootstrap, topic, ckpt, out, startingOffsets="earliest", maxOffsetsPerTrigger="2"
+        fmt,
+        spark,
+        bootstrap,
+        topic,
+        ckpt,
+        out,
+        startingOffsets="earliest",
+        maxOffsetsPerTrigger="2",
     )
     rows = _input_rows(progress)
     assert sum(rows) == 12, rows
@@ -134,18 +149,18 @@ def test_max_offsets_per_trigger_below_the_partition_count_still_reads_everythin
     assert sorted(_output(spark, out)) == _expected(sent)
 
 
-def test_partition_added_between_runs_is_read_from_its_start(spark, bootstrap, tmp_path):
+def test_partition_added_between_runs_is_read_from_its_start(spark, bootstrap, tmp_path, fmt):
     topic = topic_name("grow")
     create_topic(bootstrap, topic, 2)
     first = produce(bootstrap, topic, _recs("a", range(2), 5))
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    progress = _run(spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
+    progress = _run(fmt, spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
     assert sum(_input_rows(progress)) == 10
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=15)
     second = produce(bootstrap, topic, _recs("b", range(3), 4))
-    progress = _run(spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
+    progress = _run(fmt, spark, bootstrap, topic, ckpt, out, startingOffsets="earliest")
     assert sum(_input_rows(progress)) == 12
     rows = _output(spark, out)
     assert sorted(rows) == _expected(first + second)
@@ -153,7 +168,7 @@ def test_partition_added_between_runs_is_read_from_its_start(spark, bootstrap, t
 
 
 def test_starting_offsets_latest_for_a_new_checkpoint_starts_at_the_current_end(
-    spark, bootstrap, tmp_path
+    spark, bootstrap, tmp_path, fmt
 ):
     # startingOffsets=latest (the streaming default) takes effect per new checkpoint, as in
     # Spark's Kafka source: a new query starts at the end offsets of the moment it starts.
@@ -161,15 +176,15 @@ def test_starting_offsets_latest_for_a_new_checkpoint_starts_at_the_current_end(
     create_topic(bootstrap, topic, 1)
     produce(bootstrap, topic, _recs("old", range(1), 5))
     ckpt_a, out_a = tmp_path / "ckpt-a", tmp_path / "out-a"
-    assert sum(_input_rows(_run(spark, bootstrap, topic, ckpt_a, out_a))) == 0
+    assert sum(_input_rows(_run(fmt, spark, bootstrap, topic, ckpt_a, out_a))) == 0
 
     newer = produce(bootstrap, topic, _recs("new", range(1), 3))
-    assert sum(_input_rows(_run(spark, bootstrap, topic, ckpt_a, out_a))) == 3
+    assert sum(_input_rows(_run(fmt, spark, bootstrap, topic, ckpt_a, out_a))) == 3
     assert sorted(_output(spark, out_a)) == _expected(newer)
 
     # A second query with its own, new checkpoint and the same options starts at offset 8.
     ckpt_b, out_b = tmp_path / "ckpt-b", tmp_path / "out-b"
-    assert sum(_input_rows(_run(spark, bootstrap, topic, ckpt_b, out_b))) == 0
+    assert sum(_input_rows(_run(fmt, spark, bootstrap, topic, ckpt_b, out_b))) == 0
     latest = produce(bootstrap, topic, _recs("latest", range(1), 2))
-    assert sum(_input_rows(_run(spark, bootstrap, topic, ckpt_b, out_b))) == 2
+    assert sum(_input_rows(_run(fmt, spark, bootstrap, topic, ckpt_b, out_b))) == 2
     assert sorted(_output(spark, out_b)) == _expected(latest)

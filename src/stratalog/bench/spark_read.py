@@ -17,9 +17,18 @@ import json
 import sys
 import time
 
+# Every column of the Kafka schema, touched: what a query that keeps whole rows pays.
+ALL_COLUMNS = (
+    "max(offset)", "max(timestamp)", "count(key)", "count(topic)", "max(partition)",
+    "max(timestampType)",
+)  # fmt: skip
 
-def read_once(spark, fmt: str, bootstrap: str, topic: str) -> tuple[int, int, float]:
+
+def read_once(
+    spark, fmt: str, bootstrap: str, topic: str, all_columns: bool = False
+) -> tuple[int, int, float]:
     t0 = time.perf_counter()
+    extra = ALL_COLUMNS if all_columns else ()
     row = (
         spark.read.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap)
@@ -27,7 +36,7 @@ def read_once(spark, fmt: str, bootstrap: str, topic: str) -> tuple[int, int, fl
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
         .load()
-        .selectExpr("count(*) AS n", "sum(length(value)) AS b")
+        .selectExpr("count(*) AS n", "sum(length(value)) AS b", *extra)
         .collect()[0]
     )
     return int(row["n"]), int(row["b"] or 0), time.perf_counter() - t0
@@ -45,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         default="stratalog-jvm,stratalog,kafka",
         help="formats in the order each round reads them",
     )
+    ap.add_argument(
+        "--all-columns",
+        action="store_true",
+        help="touch every column of the schema, not only the values",
+    )
     args = ap.parse_args(argv)
 
     from stratalog.spark import local_session, register
@@ -59,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         for phase, count in (("warmup", args.warmup), ("runs", args.runs)):
             for _ in range(count):
                 for fmt in formats:
-                    n, b, secs = read_once(spark, fmt, args.bootstrap, args.topic)
+                    n, b, secs = read_once(spark, fmt, args.bootstrap, args.topic, args.all_columns)
                     out[fmt][phase].append(
                         {"rows": n, "bytes": b, "seconds": secs, "rows_per_s": n / secs}
                     )

@@ -9,12 +9,13 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.types.StructType;
 
 /**
  * Builder, scan and batch in one: it keeps only the columns the query reads (so a count or a
  * sum over values never materialises keys, topics or headers) and plans one task per offset
- * range on the driver.
+ * range on the driver; a streaming query gets a {@link MicroBatch} instead.
  */
 final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, Scan, Batch {
   private final ReadOptions opts;
@@ -48,7 +49,14 @@ final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
 
   @Override
   public Batch toBatch() {
+    opts.checkBatch();
     return this;
+  }
+
+  @Override
+  public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+    opts.checkStreaming();
+    return new MicroBatch(opts, readSchema, checkpointLocation);
   }
 
   @Override

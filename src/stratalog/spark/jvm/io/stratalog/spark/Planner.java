@@ -30,11 +30,12 @@ final class Planner {
     this.wire = wire;
   }
 
+  /** A batch query's ranges. */
   List<OffsetRange> plan() throws IOException {
     Map<String, List<Integer>> tps = topicPartitions();
-    PartitionMap earliest = list(tps, KafkaWire.EARLIEST);
-    PartitionMap latest = list(tps, KafkaWire.LATEST);
-    PartitionMap start = resolveStart(tps, earliest, latest);
+    PartitionMap earliest = offsetsAt(tps, KafkaWire.EARLIEST);
+    PartitionMap latest = offsetsAt(tps, KafkaWire.LATEST);
+    PartitionMap start = resolveStart(tps, earliest, latest, "earliest");
     PartitionMap end = resolveEnd(tps, earliest, latest);
     for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
       for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
@@ -48,7 +49,8 @@ final class Planner {
     return split(start, end);
   }
 
-  private Map<String, List<Integer>> topicPartitions() throws IOException {
+  /** The topic-partitions the options select, checked against the broker. */
+  Map<String, List<Integer>> topicPartitions() throws IOException {
     Map<String, List<Integer>> out = new TreeMap<>();
     if (opts.subscribePattern != null) {
       Pattern rx = Pattern.compile(opts.subscribePattern);
@@ -91,7 +93,8 @@ final class Planner {
     return out;
   }
 
-  private PartitionMap list(Map<String, List<Integer>> tps, long ts) throws IOException {
+  /** Each partition's offset for a timestamp, or its earliest or latest offset. */
+  PartitionMap offsetsAt(Map<String, List<Integer>> tps, long ts) throws IOException {
     PartitionMap out = new PartitionMap();
     for (Map.Entry<String, List<Integer>> t : tps.entrySet()) {
       if (!t.getValue().isEmpty()) {
@@ -149,13 +152,14 @@ final class Planner {
     return out;
   }
 
-  private PartitionMap resolveStart(Map<String, List<Integer>> tps, PartitionMap earliest,
-      PartitionMap latest) throws IOException {
+  /** Where a query starts: startingTimestamp > startingOffsetsByTimestamp > startingOffsets. */
+  PartitionMap resolveStart(Map<String, List<Integer>> tps, PartitionMap earliest,
+      PartitionMap latest, String dflt) throws IOException {
     if (opts.startingTimestamp != null || opts.startingByTimestamp != null) {
       return byTimestamp(tps, opts.startingTimestamp, opts.startingByTimestamp,
           "startingOffsetsByTimestamp", latest, true);
     }
-    Object spec = opts.starting == null ? "earliest" : opts.starting;
+    Object spec = opts.starting == null ? dflt : opts.starting;
     return apply(spec, tps, earliest, latest, "startingOffsets");
   }
 
@@ -217,15 +221,16 @@ final class Planner {
     return Math.max((long) Math.floor((double) size / total * minParts + 0.5), 1L);
   }
 
-  private List<OffsetRange> split(PartitionMap start, PartitionMap end) {
+  /** One range per partition with records between start and end, cut for minPartitions. */
+  List<OffsetRange> split(PartitionMap start, PartitionMap end) {
     List<OffsetRange> nonEmpty = new ArrayList<>();
     for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
       for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
-        long s = start.get(t.getKey()).getOrDefault(p.getKey(), 0L);
+        long s = start.getOrDefault(t.getKey(), new TreeMap<>()).getOrDefault(p.getKey(), 0L);
         long e = Math.max(s, p.getValue());
         if (e > s) {
           nonEmpty.add(new OffsetRange(t.getKey(), p.getKey(), s, e,
-              leaders.get(t.getKey()).getOrDefault(p.getKey(), opts.bootstrap)));
+              leaders.getOrDefault(t.getKey(), Map.of()).getOrDefault(p.getKey(), opts.bootstrap)));
         }
       }
     }

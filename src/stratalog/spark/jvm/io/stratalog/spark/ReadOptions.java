@@ -39,6 +39,7 @@ final class ReadOptions implements Serializable {
   final PartitionMap endingByTimestamp;
   final String timestampStrategy;
   final Integer minPartitions;
+  final Integer maxOffsetsPerTrigger;
   final boolean failOnDataLoss;
   final boolean includeHeaders;
   final int pollTimeoutMs;
@@ -130,6 +131,19 @@ final class ReadOptions implements Serializable {
           + "'error' or 'latest', not '" + strategy + "'");
     }
     timestampStrategy = strategy;
+    minPartitions = positiveInt(o, "minPartitions");
+    // In batch, accepted and ignored, as Spark's Kafka source does.
+    maxOffsetsPerTrigger = positiveInt(o, "maxOffsetsPerTrigger");
+    failOnDataLoss = bool(o, "failOnDataLoss", true);
+    includeHeaders = bool(o, "includeHeaders", false);
+    Integer poll = positiveInt(o, "kafkaConsumer.pollTimeoutMs");
+    pollTimeoutMs = poll == null ? 120_000 : poll;
+    Integer maxBytes = positiveInt(o, "kafka.max.partition.fetch.bytes");
+    fetchMaxBytes = maxBytes == null ? 8 << 20 : maxBytes;
+  }
+
+  /** The rules of a batch query: where it starts and ends must make sense together. */
+  void checkBatch() {
     // Only the option that wins is checked: a timestamp beats startingOffsets/endingOffsets.
     if (startingTimestamp == null && startingByTimestamp == null) {
       if ("latest".equals(starting)) {
@@ -151,14 +165,16 @@ final class ReadOptions implements Serializable {
       }
     }
     checkLimits();
-    minPartitions = positiveInt(o, "minPartitions");
-    positiveInt(o, "maxOffsetsPerTrigger"); // accepted and ignored in batch, as Spark does
-    failOnDataLoss = bool(o, "failOnDataLoss", true);
-    includeHeaders = bool(o, "includeHeaders", false);
-    Integer poll = positiveInt(o, "kafkaConsumer.pollTimeoutMs");
-    pollTimeoutMs = poll == null ? 120_000 : poll;
-    Integer maxBytes = positiveInt(o, "kafka.max.partition.fetch.bytes");
-    fetchMaxBytes = maxBytes == null ? 8 << 20 : maxBytes;
+  }
+
+  /** The rules of a streaming query: it has no end. */
+  void checkStreaming() {
+    String name = ending != null ? "endingOffsets"
+        : endingTimestamp != null ? "endingTimestamp"
+        : endingByTimestamp != null ? "endingOffsetsByTimestamp" : null;
+    if (name != null) {
+      throw new IllegalArgumentException("option '" + name + "' is for batch queries only");
+    }
   }
 
   private static boolean contains(PartitionMap m, long v) {

@@ -16,9 +16,9 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
- * {@code format("stratalog-jvm")}: batch reads of Stratalog (or any Kafka broker) decoded on the
- * JVM straight into Spark's column vectors, with no Python worker in between. The options and
- * the schema are those of Spark's Kafka source.
+ * {@code format("stratalog-jvm")}: batch and streaming reads of Stratalog (or any Kafka broker)
+ * decoded on the JVM straight into Spark's column vectors, with no Python worker in between.
+ * The options and the schema are those of Spark's Kafka source.
  */
 public final class StratalogJvmSource implements TableProvider, DataSourceRegister {
   @Override
@@ -76,7 +76,7 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public Set<TableCapability> capabilities() {
-      return EnumSet.of(TableCapability.BATCH_READ);
+      return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
     }
 
     @Override
