@@ -139,9 +139,15 @@ def test_subscribe_pattern(spark, bootstrap):
     create_topic(bootstrap, other, 1)
     sent = produce(bootstrap, a, [Rec(f"a{i}".encode(), partition=i % 2) for i in range(6)])
     sent += produce(bootstrap, b, [Rec(f"b{i}".encode()) for i in range(4)])
-    produce(bootstrap, other, [Rec(b"not me")])
-    df = _reader(spark, bootstrap, subscribePattern=f"{prefix}-.*", includeHeaders="true")
+    sent_other = produce(bootstrap, other, [Rec(b"also me")])
+    # Anchored: only the two topics that start with the prefix.
+    df = _reader(spark, bootstrap, subscribePattern=f"^{prefix}-.*", includeHeaders="true")
     assert sorted(collect_records(df), key=repr) == sorted((sent_tuple(s) for s in sent), key=repr)
+    # Unanchored, the pattern is found anywhere in a name, as in Spark's Kafka source.
+    df = _reader(spark, bootstrap, subscribePattern=f"{prefix}-.*", includeHeaders="true")
+    assert sorted(collect_records(df), key=repr) == sorted(
+        (sent_tuple(s) for s in sent + sent_other), key=repr
+    )
 
 
 def test_assign(spark, bootstrap, produced):

@@ -300,7 +300,8 @@ def test_option_names_and_keywords_are_case_insensitive(spark, bootstrap, base):
 
 def test_subscribe_several_topics_pattern_and_assign_match_kafka(spark, bootstrap):
     # ConsumerStrategy: SubscribeStrategy (comma list, trimmed), SubscribePatternStrategy
-    # (full match), AssignStrategy (JSON of topic -> partitions).
+    # (found anywhere in a name: Regex.findFirstIn), AssignStrategy (JSON of topic ->
+    # partitions).
     prefix = topic_name("multi")
     a, b = f"{prefix}-a", f"{prefix}-b"
     create_topic(bootstrap, a, 2)

@@ -552,11 +552,12 @@ class Runner:
         if not res.ok:
             return res
         self.progress(f"{w.name} · {target.name} · Spark reads", 0, 0, 0)
+        columns = ["--all-columns"] if w.spark_all_columns else []
         cpu0 = process_cpu_s(target.pid)
         proc = subprocess.run(
             [sys.executable, "-m", "stratalog.bench.spark_read", "--bootstrap", target.bootstrap,
              "--topic", topics[0], "--runs", str(w.spark_runs),
-             "--warmup", str(w.spark_warmup)],
+             "--warmup", str(w.spark_warmup), *columns],
             capture_output=True, text=True, timeout=w.max_duration_s * 20 + 600, check=False,
         )  # fmt: skip
         if proc.returncode != 0:
@@ -570,7 +571,7 @@ class Runner:
             single = subprocess.run(
                 [sys.executable, "-m", "stratalog.bench.spark_read", "--bootstrap",
                  target.bootstrap, "--topic", topics[0], "--runs", "1", "--warmup", "0",
-                 "--formats", fmt],
+                 "--formats", fmt, *columns],
                 capture_output=True, text=True, timeout=w.max_duration_s * 4 + 600, check=False,
             )  # fmt: skip
             if single.returncode != 0:

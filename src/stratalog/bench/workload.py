@@ -77,6 +77,7 @@ _TOP_LEVEL = {
     "spark_read",
     "spark_runs",
     "spark_warmup",
+    "spark_all_columns",
     "producer_client",
     "burst",
     "prefill_bytes",
@@ -153,6 +154,7 @@ class Workload:
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
     spark_runs: int = 3
     spark_warmup: int = 1  # untimed reads of each format first (the JVM's compiler warms up)
+    spark_all_columns: bool = False  # the query touches every column, not only the values
     # Pafka's burst case: fill to just under the migration threshold, then produce ``records``
     # at ``rate`` and follow the hot tier's usage until migration has drained it again.
     burst: bool = False

@@ -48,8 +48,8 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     v = _get(options, name)
     if v is None:
         return default
-    if v.strip().lower() in ("true", "false"):
-        return v.strip().lower() == "true"
+    if v.lower() in ("true", "false"):  # as Scala's toBoolean: no spaces around
+        return v.lower() == "true"
     raise OptionError(f"option '{name}' must be 'true' or 'false', not {v!r}")
 
 
@@ -58,7 +58,7 @@ def _positive_int(options: Mapping[str, str], name: str) -> int | None:
     if v is None:
         return None
     try:
-        n = int(v)
+        n = int(v) if v == v.strip() else 0  # as Scala's toInt: no spaces around
     except ValueError:
         raise OptionError(f"option '{name}' must be a positive integer, not {v!r}") from None
     if n <= 0:

@@ -48,7 +48,8 @@ def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[
         return {
             t: list(range(info.partitions))
             for t, info in sorted(meta.items())
-            if rx.fullmatch(t) and info.error_code == 0 and t != START_LOG_TOPIC
+            # Found anywhere in the name, as Spark's Kafka source matches (Regex.findFirstIn).
+            if rx.search(t) and info.error_code == 0 and t != START_LOG_TOPIC
         }
     names = list(opts.subscribe) if opts.subscribe else list(opts.assign)
     meta = client.metadata(names)
@@ -198,32 +199,34 @@ def _apply(spec, tps, earliest: Offsets, latest: Offsets, name: str) -> Offsets:
 
 
 def _part_count(size: int, total: int, min_parts: int) -> int:
+    if total == 0:
+        return 1  # Scala rounds NaN to 0, and a range has at least one part
     # Scala's math.round: half away from zero for these positive numbers (not Python's round).
     return max(math.floor(size / total * min_parts + 0.5), 1)
 
 
 def plan_ranges(start: Offsets, end: Offsets, min_partitions: int | None) -> list[Range]:
-    """One range per topic-partition (a start past the end reads nothing), split so that there
-    are at least ``min_partitions`` when asked, cut as Spark's KafkaOffsetRangeCalculator cuts
-    them so both sources run the same tasks."""
+    """One range per topic-partition, empty ones too (a start past the end reads nothing),
+    split so that there are at least ``min_partitions`` when asked, cut as the installed Spark's
+    (4.2) KafkaOffsetRangeCalculator cuts them, so both sources run the same tasks; when cut,
+    empty parts are dropped."""
     ranges = []
     for t in sorted(end):
         for p in sorted(end[t]):
             s = start.get(t, {}).get(p, 0)
             e = end[t][p]
             ranges.append(Range(t, p, s, max(s, e)))
-    nonempty = [r for r in ranges if r.size > 0]
-    if not min_partitions or len(nonempty) >= min_partitions or not nonempty:
-        return nonempty
-    total = sum(r.size for r in nonempty)
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.size for r in ranges)
     # Ranges too small to split keep one task each, and leave the proportion to the others.
     unsplit = {
-        (r.topic, r.partition) for r in nonempty if _part_count(r.size, total, min_partitions) == 1
+        (r.topic, r.partition) for r in ranges if _part_count(r.size, total, min_partitions) == 1
     }
-    split_total = total - sum(r.size for r in nonempty if (r.topic, r.partition) in unsplit)
+    split_total = total - sum(r.size for r in ranges if (r.topic, r.partition) in unsplit)
     split_min = max(min_partitions - len(unsplit), 1)
     out = []
-    for r in nonempty:
+    for r in ranges:
         if (r.topic, r.partition) in unsplit:
             parts = 1
         else:

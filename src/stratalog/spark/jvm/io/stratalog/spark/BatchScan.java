@@ -10,6 +10,7 @@ import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -19,16 +20,24 @@ import org.apache.spark.sql.types.StructType;
  */
 final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, Scan, Batch {
   private final ReadOptions opts;
+  private final StructType fullSchema;
   private StructType readSchema;
 
   BatchScan(ReadOptions opts, StructType fullSchema) {
     this.opts = opts;
+    this.fullSchema = fullSchema;
     this.readSchema = fullSchema;
   }
 
   @Override
   public void pruneColumns(StructType requiredSchema) {
-    readSchema = requiredSchema;
+    // Whole columns only: a query that reads one field of the headers still gets both (the
+    // decoder writes key and value), and Spark projects the field out.
+    StructType kept = new StructType();
+    for (StructField f : requiredSchema.fields()) {
+      kept = kept.add(fullSchema.apply(f.name()));
+    }
+    readSchema = kept;
   }
 
   @Override

@@ -55,7 +55,7 @@ final class Planner {
     if (opts.subscribePattern != null) {
       Pattern rx = Pattern.compile(opts.subscribePattern);
       for (KafkaWire.TopicMeta tm : wire.metadata(null).values()) {
-        if (tm.error == 0 && rx.matcher(tm.name).matches()
+        if (tm.error == 0 && rx.matcher(tm.name).find()
             && !tm.name.equals(START_LOG_TOPIC)) {
           out.put(tm.name, new ArrayList<>(new TreeSet<>(tm.leaders.keySet())));
           leaders.put(tm.name, tm.leaders);
@@ -217,35 +217,39 @@ final class Planner {
   }
 
   private static long partCount(long size, long total, int minParts) {
+    if (total == 0) {
+      return 1; // Scala's round of NaN is 0, and at least one part
+    }
     // Scala's math.round, half away from zero, as Spark computes it.
     return Math.max((long) Math.floor((double) size / total * minParts + 0.5), 1L);
   }
 
-  /** One range per partition with records between start and end, cut for minPartitions. */
+  /**
+   * One range per partition, cut for minPartitions; when cut, empty parts are dropped. This is
+   * the installed Spark's (4.2) KafkaOffsetRangeCalculator; newer ones drop empty ranges always.
+   */
   List<OffsetRange> split(PartitionMap start, PartitionMap end) {
-    List<OffsetRange> nonEmpty = new ArrayList<>();
+    List<OffsetRange> ranges = new ArrayList<>();
     for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
       for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
         long s = start.getOrDefault(t.getKey(), new TreeMap<>()).getOrDefault(p.getKey(), 0L);
         long e = Math.max(s, p.getValue());
-        if (e > s) {
-          nonEmpty.add(new OffsetRange(t.getKey(), p.getKey(), s, e,
-              leaders.getOrDefault(t.getKey(), Map.of()).getOrDefault(p.getKey(), opts.bootstrap)));
-        }
+        ranges.add(new OffsetRange(t.getKey(), p.getKey(), s, e,
+            leaders.getOrDefault(t.getKey(), Map.of()).getOrDefault(p.getKey(), opts.bootstrap)));
       }
     }
     Integer min = opts.minPartitions;
-    if (min == null || nonEmpty.size() >= min || nonEmpty.isEmpty()) {
-      return nonEmpty;
+    if (min == null || ranges.size() >= min) {
+      return ranges; // empty ranges too: one task each, as Spark 4.2's Kafka source plans them
     }
     long total = 0;
-    for (OffsetRange r : nonEmpty) {
+    for (OffsetRange r : ranges) {
       total += r.size();
     }
     // Ranges too small to split keep one task each and leave the proportion to the others.
     Set<OffsetRange> unsplit = new HashSet<>();
     long unsplitSize = 0;
-    for (OffsetRange r : nonEmpty) {
+    for (OffsetRange r : ranges) {
       if (partCount(r.size(), total, min) == 1) {
         unsplit.add(r);
         unsplitSize += r.size();
@@ -254,7 +258,7 @@ final class Planner {
     long splitTotal = total - unsplitSize;
     int splitMin = Math.max(min - unsplit.size(), 1);
     List<OffsetRange> out = new ArrayList<>();
-    for (OffsetRange r : nonEmpty) {
+    for (OffsetRange r : ranges) {
       long parts = unsplit.contains(r) ? 1 : partCount(r.size(), splitTotal, splitMin);
       long remaining = r.size();
       long s = r.from;

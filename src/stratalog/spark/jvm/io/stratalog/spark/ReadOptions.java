@@ -325,7 +325,7 @@ final class ReadOptions implements Serializable {
     }
     int n;
     try {
-      n = Integer.parseInt(v.trim());
+      n = Integer.parseInt(v); // as Scala's toInt: no spaces around
     } catch (NumberFormatException e) {
       n = 0;
     }
@@ -341,7 +341,7 @@ final class ReadOptions implements Serializable {
     if (v == null) {
       return dflt;
     }
-    String w = v.trim().toLowerCase(Locale.ROOT);
+    String w = v.toLowerCase(Locale.ROOT); // as Scala's toBoolean: no spaces around
     if (!w.equals("true") && !w.equals("false")) {
       throw new IllegalArgumentException(
           "option '" + name + "' must be 'true' or 'false', not '" + v + "'");

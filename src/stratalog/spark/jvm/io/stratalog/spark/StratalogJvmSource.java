@@ -4,11 +4,14 @@ import java.util.EnumSet;
 import java.util.Map;
 import java.util.Set;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.catalog.TableProvider;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.ArrayType;
 import org.apache.spark.sql.types.DataTypes;
@@ -46,7 +49,14 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
 
   @Override
   public StructType inferSchema(CaseInsensitiveStringMap options) {
-    return schema(new ReadOptions(options).includeHeaders);
+    // Only what the schema needs: Spark also asks here before a write, which must fail with
+    // its own message, not with the read options' ones.
+    String headers = options.getOrDefault("includeHeaders", "false");
+    if (!headers.equalsIgnoreCase("true") && !headers.equalsIgnoreCase("false")) {
+      throw new IllegalArgumentException(
+          "option 'includeHeaders' must be 'true' or 'false', not '" + headers + "'");
+    }
+    return schema(headers.equalsIgnoreCase("true"));
   }
 
   @Override
@@ -55,8 +65,12 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
     return new ReadTable(schema);
   }
 
-  /** The topic(s) the options name, as a table that can only be read in batch. */
-  static final class ReadTable implements SupportsRead {
+  /**
+   * The topic(s) the options name, as a table that is read in batch or micro-batches. It says
+   * it can be written in batch only so that a write reaches {@link #newWriteBuilder} and fails
+   * with a message that says what to use instead.
+   */
+  static final class ReadTable implements SupportsRead, SupportsWrite {
     private final StructType schema;
 
     ReadTable(StructType schema) {
@@ -76,7 +90,14 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public Set<TableCapability> capabilities() {
-      return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
+      return EnumSet.of(
+          TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ, TableCapability.BATCH_WRITE);
+    }
+
+    @Override
+    public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
+      throw new UnsupportedOperationException("format(\"stratalog-jvm\") only reads; write "
+          + "with format(\"stratalog\") (exactly once) or format(\"kafka\")");
     }
 
     @Override
