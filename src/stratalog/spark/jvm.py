@@ -4,7 +4,7 @@ A Python data source hands every row through a Python worker and Arrow IPC to th
 reader fetches raw record batches and decodes them on the JVM straight into Spark's column
 vectors (``jvm/io/stratalog/spark``). Its Java sources are compiled on first use against the
 installed PySpark's own jars, into ``~/.cache/stratalog/spark-jvm``, so the jar always matches
-the Spark it runs in. Batch reads only; streaming and writes stay with ``format("stratalog")``.
+the Spark it runs in. Batch and streaming reads; writes stay with ``format("stratalog")``.
 """
 
 from __future__ import annotations
