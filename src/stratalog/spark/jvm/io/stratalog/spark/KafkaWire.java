@@ -30,6 +30,8 @@ final class KafkaWire implements Closeable {
   private static final short LIST_OFFSETS_V = 1;
   private static final short FETCH = 1;
   private static final short FETCH_V = 5; // v5: answers carry the log start offset
+  private static final short PRODUCE = 0;
+  private static final short PRODUCE_V = 7; // v3+: record batches of magic 2
 
   private final String host;
   private final int port;
@@ -154,6 +156,15 @@ final class KafkaWire implements Closeable {
 
   /** Metadata for the named topics, or for every topic when {@code topics} is null. */
   Map<String, TopicMeta> metadata(List<String> topics) throws IOException {
+    return metadata(topics, false);
+  }
+
+  /**
+   * Metadata; with {@code allowAutoCreate} a broker that creates topics on demand creates the
+   * missing ones, as a Kafka producer asks it to.
+   */
+  Map<String, TopicMeta> metadata(List<String> topics, boolean allowAutoCreate)
+      throws IOException {
     Body req = header(METADATA, METADATA_V);
     if (topics == null) {
       req.w.writeInt(-1);
@@ -163,7 +174,7 @@ final class KafkaWire implements Closeable {
         req.string(t);
       }
     }
-    req.w.writeBoolean(false); // a read never creates topics
+    req.w.writeBoolean(allowAutoCreate);
     ByteBuffer bb = call(req);
     bb.getInt(); // throttle
     Map<Integer, String> brokers = new LinkedHashMap<>();
@@ -287,6 +298,36 @@ final class KafkaWire implements Closeable {
       }
     }
     return fp;
+  }
+
+  /**
+   * Produces one record batch to one partition with acks=all; returns the error code and the
+   * base offset (-1 for a batch the broker already had: a duplicate).
+   */
+  long[] produce(String topic, int partition, byte[] batch, int timeoutMs) throws IOException {
+    Body req = header(PRODUCE, PRODUCE_V);
+    req.w.writeShort(-1); // no transactional id
+    req.w.writeShort(-1); // acks=all
+    req.w.writeInt(timeoutMs);
+    req.w.writeInt(1);
+    req.string(topic);
+    req.w.writeInt(1);
+    req.w.writeInt(partition);
+    req.w.writeInt(batch.length);
+    req.w.write(batch);
+    ByteBuffer bb = call(req);
+    long[] result = {-1, -1};
+    for (int i = bb.getInt(); i > 0; i--) {
+      readString(bb);
+      for (int j = bb.getInt(); j > 0; j--) {
+        bb.getInt(); // partition
+        result[0] = bb.getShort();
+        result[1] = bb.getLong();
+        bb.getLong(); // log append time
+        bb.getLong(); // log start offset
+      }
+    }
+    return result;
   }
 
   /** An error code in a broker's answer. */

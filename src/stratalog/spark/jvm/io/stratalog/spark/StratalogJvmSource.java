@@ -20,8 +20,9 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
  * {@code format("stratalog-jvm")}: batch and streaming reads of Stratalog (or any Kafka broker)
- * decoded on the JVM straight into Spark's column vectors, with no Python worker in between.
- * The options and the schema are those of Spark's Kafka source.
+ * decoded on the JVM straight into Spark's column vectors, with no Python worker in between,
+ * and writes that put each record in the log once. The options and the schema are those of
+ * Spark's Kafka source and sink.
  */
 public final class StratalogJvmSource implements TableProvider, DataSourceRegister {
   @Override
@@ -66,9 +67,8 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
   }
 
   /**
-   * The topic(s) the options name, as a table that is read in batch or micro-batches. It says
-   * it can be written in batch only so that a write reaches {@link #newWriteBuilder} and fails
-   * with a message that says what to use instead.
+   * The topic(s) the options name: read in batch or micro-batches, written in batch or
+   * streaming (rows of any schema; the sink picks its columns by name).
    */
   static final class ReadTable implements SupportsRead, SupportsWrite {
     private final StructType schema;
@@ -90,14 +90,14 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public Set<TableCapability> capabilities() {
-      return EnumSet.of(
-          TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ, TableCapability.BATCH_WRITE);
+      return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ,
+          TableCapability.BATCH_WRITE, TableCapability.STREAMING_WRITE,
+          TableCapability.TRUNCATE, TableCapability.ACCEPT_ANY_SCHEMA);
     }
 
     @Override
     public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
-      throw new UnsupportedOperationException("format(\"stratalog-jvm\") only reads; write "
-          + "with format(\"stratalog\") (exactly once) or format(\"kafka\")");
+      return new SinkWrite(info);
     }
 
     @Override
