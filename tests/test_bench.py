@@ -243,8 +243,8 @@ def test_report_files(quick_run):
 def test_f_reads_the_topic_into_spark_with_every_format(quick_run):
     f = _one(quick_run, "f", "stratalog")
     assert f["ok"], f["error"]
-    assert set(f["extra"]["spark"]) == {"stratalog-jvm", "stratalog", "kafka"}
-    for fmt in ("stratalog-jvm", "stratalog", "kafka"):
+    assert set(f["extra"]["spark"]) == {"stratalog", "stratalog-python", "kafka"}
+    for fmt in ("stratalog", "stratalog-python", "kafka"):
         sp = f["extra"]["spark"][fmt]
         runs, warm = sp["runs"], sp["warmup"]
         assert len(runs) == 1 and len(warm) == 1  # the quick profile's counts

@@ -1,7 +1,7 @@
 """Compiling the project's small Java sources once, into a cache keyed by their content.
 
 Two parts of Stratalog run on the JVM: the benchmark's load producer (Kafka's Java client) and
-the Spark reader ``format("stratalog-jvm")``. Both are compiled with the machine's JDK on first
+the Spark connector ``format("stratalog")``. Both are compiled with the machine's JDK on first
 use, against the jars they run with, so nothing prebuilt is checked in.
 """
 

@@ -27,10 +27,10 @@ def spark_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for all Spark tests; it never registers the source itself, so
-    ``format("stratalog")`` resolves through Spark's discovery of ``pyspark_*`` modules."""
+    ``format("stratalog-python")`` resolves through Spark's discovery of ``pyspark_*`` modules."""
     from stratalog.spark import local_session
 
-    # Spark's own Kafka connector too, so format("kafka") runs beside format("stratalog").
+    # Spark's own Kafka connector too, so format("kafka") runs beside format("stratalog-python").
     session = local_session("stratalog-tests", cores="2,3", kafka_connector=True)
     try:
         yield session

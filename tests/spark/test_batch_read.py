@@ -1,4 +1,5 @@
-"""Batch reads: spark.read.format("stratalog") returns exactly what confluent-kafka produced."""
+"""Batch reads: spark.read.format("stratalog-python") returns exactly what confluent-kafka
+produced."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def produced(spark_broker):
 
 
 def _reader(spark, bootstrap, **options):
-    r = spark.read.format("stratalog").option("kafka.bootstrap.servers", bootstrap)
+    r = spark.read.format("stratalog-python").option("kafka.bootstrap.servers", bootstrap)
     for k, v in options.items():
         r = r.option(k, v)
     return r.load()

@@ -21,7 +21,7 @@ def topic(spark_broker):
 
 
 def _batch_error(spark, bootstrap, **options) -> str:
-    r = spark.read.format("stratalog").option("kafka.bootstrap.servers", bootstrap)
+    r = spark.read.format("stratalog-python").option("kafka.bootstrap.servers", bootstrap)
     for k, v in options.items():
         r = r.option(k, v)
     with pytest.raises(Exception) as info:
@@ -30,7 +30,7 @@ def _batch_error(spark, bootstrap, **options) -> str:
 
 
 def _stream_error(spark, bootstrap, tmp_path, **options) -> str:
-    r = spark.readStream.format("stratalog").option("kafka.bootstrap.servers", bootstrap)
+    r = spark.readStream.format("stratalog-python").option("kafka.bootstrap.servers", bootstrap)
     for k, v in options.items():
         r = r.option(k, v)
     query = None
@@ -102,7 +102,7 @@ def test_ending_offsets_in_streaming(spark, bootstrap, topic, tmp_path):
 def test_write_without_value_column(spark, bootstrap, topic):
     df = spark.createDataFrame([("k1", "not-a-value")], "key string, payload string")
     with pytest.raises(Exception) as info:
-        df.write.format("stratalog").mode("append").option(
+        df.write.format("stratalog-python").mode("append").option(
             "kafka.bootstrap.servers", bootstrap
         ).option("topic", topic).save()
     assert "required attribute 'value' not found" in str(info.value)
@@ -111,7 +111,7 @@ def test_write_without_value_column(spark, bootstrap, topic):
 def test_write_without_topic(spark, bootstrap):
     df = spark.createDataFrame([("v",)], "value string")
     with pytest.raises(Exception) as info:
-        df.write.format("stratalog").mode("append").option(
+        df.write.format("stratalog-python").mode("append").option(
             "kafka.bootstrap.servers", bootstrap
         ).save()
     assert "topic option required" in str(info.value)

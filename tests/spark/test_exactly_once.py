@@ -1,4 +1,4 @@
-"""Exactly-once writes through format("stratalog") and format("stratalog-jvm"): a task or
+"""Exactly-once writes through format("stratalog-python") and format("stratalog"): a task or
 micro-batch that fails after its producer already sent part of its records is re-run, and the
 broker drops the repeats.
 
@@ -75,7 +75,7 @@ def _fired(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-SINKS = pytest.mark.parametrize("sink", ["stratalog", "stratalog-jvm"])
+SINKS = pytest.mark.parametrize("sink", ["stratalog-python", "stratalog"])
 
 
 @SINKS
@@ -152,7 +152,7 @@ def test_stream_write_exactly_once_after_a_failed_micro_batch(
 
     def start():
         return (
-            spark.readStream.format("stratalog")
+            spark.readStream.format("stratalog-python")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", source)
             .option("startingOffsets", "earliest")

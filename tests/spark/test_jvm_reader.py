@@ -1,13 +1,13 @@
-"""format("stratalog-jvm") against Spark's own format("kafka") (spark-sql-kafka-0-10) on one broker.
+"""format("stratalog") against Spark's own format("kafka") (spark-sql-kafka-0-10) on one broker.
 
 The JVM reader takes the Kafka source's options and schema, so Spark's Kafka source is the
 specification: every scenario runs the same options through format("kafka") (the reference,
-on the same Stratalog broker) and through format("stratalog-jvm"), and compares what Spark
+on the same Stratalog broker) and through format("stratalog"), and compares what Spark
 returns: the schema, every row (key, value, topic, partition, offset, timestamp in
 microseconds, timestampType, headers), the number of planned partitions where minPartitions
 or offset ranges decide it, and failures (both must fail; the JVM reader's message must name
-the problem). Writes must be refused. (Streaming reads, which the JVM reader also serves, are
-compared in test_stream_read.py and test_kafka_source_semantics.py.)
+the problem). (Streaming reads are compared in test_stream_read.py and
+test_kafka_source_semantics.py, writes in test_kafka_sink_semantics.py, for both connectors.)
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from stratalog.client.wire import WireClient
 from stratalog.spark.planning import START_LOG_TOPIC, StartLog, options_key
 
 from ..conftest import create_topic
-from .conftest import Rec, Sent, end_offsets, produce, topic_name
+from .conftest import Rec, Sent, produce, topic_name
 
 pytestmark = pytest.mark.spark
 
-JVM = "stratalog-jvm"
+JVM = "stratalog"
 # Recent enough to stay inside the broker's retention (records stamped years ago are dropped).
 T0 = (int(time.time()) - 600) * 1000
 # Spark's Kafka source retries a failed offset lookup 3 times, 1 s apart, and waits
 # kafkaConsumer.pollTimeoutMs (120 s) for offsets that do not exist: keep its failures short.
-# format("stratalog-jvm") ignores the fetchOffset options.
+# format("stratalog") ignores the fetchOffset options.
 FAST = {
     "fetchOffset.numRetries": "1",
     "fetchOffset.retryIntervalMs": "10",
@@ -74,8 +74,8 @@ def _diff(ref: list[tuple], got: list[tuple]) -> str:
     only_ref = [r for r in ref if r not in got]
     only_got = [r for r in got if r not in ref]
     return (
-        f"kafka {len(ref)} rows, stratalog-jvm {len(got)} rows; only in kafka (first 5): "
-        f"{only_ref[:5]}; only in stratalog-jvm (first 5): {only_got[:5]}"
+        f"kafka {len(ref)} rows, stratalog {len(got)} rows; only in kafka (first 5): "
+        f"{only_ref[:5]}; only in stratalog (first 5): {only_got[:5]}"
     )
 
 
@@ -93,14 +93,14 @@ def _compare(spark, bootstrap: str, query=None, **options) -> list[tuple]:
 
 
 def _tasks(spark, bootstrap: str, **options) -> tuple[int, int]:
-    """The number of partitions (tasks) each format plans: (kafka, stratalog-jvm)."""
+    """The number of partitions (tasks) each format plans: (kafka, stratalog)."""
     return tuple(
         _read(spark, fmt, bootstrap, **options).rdd.getNumPartitions() for fmt in ("kafka", JVM)
     )
 
 
 def _errors(spark, bootstrap: str, **options) -> tuple[str, str]:
-    """Both formats must fail with these options; their messages (kafka, stratalog-jvm)."""
+    """Both formats must fail with these options; their messages (kafka, stratalog)."""
     msgs = []
     for fmt in ("kafka", JVM):
         with pytest.raises(Exception) as info:
@@ -268,7 +268,7 @@ def test_offsets_json_with_earliest_and_latest_match_kafka(spark, bootstrap, mai
     # KafkaOffsetReaderAdmin.getOffsetRangesFromUnresolvedOffsets: without minPartitions there
     # is one task per assigned partition, empty or not.
     tasks = [_tasks(spark, bootstrap, subscribe=topic, **opts) for opts in cases]
-    assert [j for _, j in tasks] == [k for k, _ in tasks], f"(kafka, stratalog-jvm): {tasks}"
+    assert [j for _, j in tasks] == [k for k, _ in tasks], f"(kafka, stratalog): {tasks}"
 
 
 def test_timestamp_options_match_kafka(spark, bootstrap, main):
@@ -363,13 +363,13 @@ def test_subscribe_pattern_selects_the_topics_kafka_selects(spark, bootstrap, su
 
 
 def test_patterns_never_match_the_start_log_topic(spark, bootstrap):
-    # A deliberate difference (docs/compatibility.md): format("stratalog") streaming queries
+    # A deliberate difference (docs/compatibility.md): format("stratalog-python") streaming queries
     # log their starts in __stratalog_spark_starts, which pattern subscriptions never match;
     # format("kafka") sees it as any other topic.
     topic = topic_name("jvm-startlog")
     create_topic(bootstrap, topic, 1)
     produce(bootstrap, topic, [Rec(b"r%d" % i) for i in range(3)])
-    # What a format("stratalog") streaming query over the topic logs when it starts.
+    # What a format("stratalog-python") streaming query over the topic logs when it starts.
     with WireClient(bootstrap) as client:
         StartLog(client, options_key({"subscribe": topic})).record_start({topic: {0: 0}})
     opts = {"subscribePattern": f"^({topic}|{START_LOG_TOPIC})$"}
@@ -421,7 +421,7 @@ def test_min_partitions_plans_sparks_tasks(spark, bootstrap):
         assert len(_compare(spark, bootstrap, **opts)) == n, opts
     tasks = [_tasks(spark, bootstrap, **opts) for opts, _ in cases]
     assert tasks[0][0] == 4 and tasks[2][0] > tasks[1][0] > 3 and tasks[3][0] == 3, tasks
-    assert [j for _, j in tasks] == [k for k, _ in tasks], f"(kafka, stratalog-jvm): {tasks}"
+    assert [j for _, j in tasks] == [k for k, _ in tasks], f"(kafka, stratalog): {tasks}"
 
 
 @pytest.fixture(scope="module")
@@ -625,26 +625,3 @@ def test_end_past_the_end_without_fail_on_data_loss_reads_what_there_is(spark, b
     assert sorted((r[3], r[4]) for r in ref) == sorted(
         (s.partition, s.offset) for s in sent if s.partition != 1 or s.offset < 5
     )
-
-
-def test_writes_are_refused(spark, bootstrap, main):
-    # With the Kafka sink's options (a topic) and with the reader's (subscribe) as well.
-    topic, _ = main
-    before = end_offsets(bootstrap, topic)
-    df = spark.createDataFrame([(b"k", b"v")], "key binary, value binary")
-    messages = {}
-    for extra in ({}, {"subscribe": topic}):
-        w = df.write.format(JVM).option("kafka.bootstrap.servers", bootstrap)
-        for k, v in {"topic": topic, **extra}.items():
-            w = w.option(k, v)
-        with pytest.raises(Exception) as info:
-            w.mode("append").save()
-            pytest.fail(f"a write to format('stratalog-jvm') succeeded with {extra}")
-        messages[" ".join(["topic", *extra])] = str(info.value).splitlines()[0:2]
-    assert end_offsets(bootstrap, topic) == before
-    unclear = {
-        opts: msg
-        for opts, msg in messages.items()
-        if not any(n in " ".join(msg) for n in (JVM, "StratalogJvmSource"))
-    }
-    assert not unclear, f"the error does not say that stratalog-jvm cannot write: {unclear}"

@@ -1,4 +1,4 @@
-"""format("stratalog-jvm") on a record batch that was corrupted on disk after it was stored.
+"""format("stratalog") on a record batch that was corrupted on disk after it was stored.
 
 The broker checks CRCs when it takes a batch and then serves the stored bytes as they are, so
 a batch damaged later (a bad disk, a stray write) reaches the reader. The reader checks each
@@ -51,12 +51,12 @@ def test_a_batch_corrupted_on_disk_fails_the_read_and_names_it(spark, tmp_path):
         # Enough after them that the marked batch is served from the segment file, not from
         # the partition's in-memory tail cache (4 MiB).
         produce(b.bootstrap, topic, [Rec(b"f" * 1024) for _ in range(6000)])
-        assert len(_read(spark, "stratalog-jvm", b.bootstrap, topic)) == 6020  # intact first
+        assert len(_read(spark, "stratalog", b.bootstrap, topic)) == 6020  # intact first
 
         _flip_a_marked_byte(tmp_path / "broker")
 
         named = r"record batch at offset 0 of corrupt-\w+-0 is corrupt"
         with pytest.raises(Exception, match=named):
-            _read(spark, "stratalog-jvm", b.bootstrap, topic)
+            _read(spark, "stratalog", b.bootstrap, topic)
         with pytest.raises(Exception, match=r"(?i)corrupt"):
             _read(spark, "kafka", b.bootstrap, topic)

@@ -2,7 +2,7 @@
 
 The same batch read, streaming read with a checkpoint (stopped and restarted) and batch write run
 on both brokers through ``format("kafka")``, and the results must be the same; on Stratalog,
-``format("kafka")`` and ``format("stratalog")`` must return the same rows.
+``format("kafka")`` and ``format("stratalog-python")`` must return the same rows.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def test_kafka_and_stratalog_formats_agree(spark, spark_broker):
             .load()
         )
 
-    a, b = load("kafka"), load("stratalog")
+    a, b = load("kafka"), load("stratalog-python")
     assert a.schema == b.schema
     cols = a.columns
     rows = [sorted(tuple(map(repr, r)) for r in df.select(*cols).collect()) for df in (a, b)]

@@ -1,8 +1,8 @@
-"""The "stratalog" sink against Spark's own format("kafka") sink (spark-sql-kafka-0-10), one broker.
+"""Stratalog's Spark sinks against Spark's own format("kafka") sink (spark-sql-kafka-0-10).
 
 Spark's Kafka sink is the specification: each test writes the same DataFrame through
 format("kafka") first (the reference, into its own topic on the same Stratalog broker) and then
-through format("stratalog"), and asserts that Stratalog does what Spark's sink did. What each
+through format("stratalog-python"), and asserts that Stratalog does what Spark's sink did. What each
 sink wrote is read back with confluent-kafka. Scala files are cited by name, under
 connector/kafka-0-10-sql/src/main/scala/org/apache/spark/sql/kafka010/ (the installed connector
 is spark-sql-kafka-0-10_2.13 at the PySpark version).
@@ -25,7 +25,7 @@ from .conftest import Rec, consume_all, end_offsets, finish, produce, topic_name
 pytestmark = pytest.mark.spark
 
 # The sink under test; every test runs for both of Stratalog's sinks (the fixture below).
-SINK = "stratalog"
+SINK = "stratalog-python"
 FORMATS = ("kafka", SINK)
 QUERY_TIMEOUT = 90
 # Spark's producer waits up to max.block.ms for metadata of a missing topic or partition
@@ -33,7 +33,7 @@ QUERY_TIMEOUT = 90
 QUICK_FAIL = {"kafka.max.block.ms": "1000"}
 
 
-@pytest.fixture(autouse=True, params=["stratalog", "stratalog-jvm"])
+@pytest.fixture(autouse=True, params=["stratalog-python", "stratalog"])
 def sink(request, monkeypatch) -> str:
     """The Python data source's sink, then the JVM one's, against Kafka's each time."""
     module = sys.modules[__name__]
@@ -239,7 +239,7 @@ def test_extra_columns_are_ignored(spark, bootstrap):
 def test_timestamp_column_is_the_record_timestamp(spark, bootstrap):
     # A deliberate difference (docs/compatibility.md): KafkaWriter in the installed connector
     # (4.2.0) knows topic/key/value/headers/partition only, so its producer stamps each record
-    # with the time it is sent; format("stratalog") writes a "timestamp" column as the record's
+    # with the time it is sent; Stratalog's sinks write a "timestamp" column as the record's
     # CreateTime (event time survives a copy between topics), as Spark's newer sink does.
     from pyspark.sql import functions as F
 
@@ -447,7 +447,7 @@ def test_streaming_aggregation_output_modes(spark, bootstrap, tmp_path, mode):
             .start()
         )
         finish(q, QUERY_TIMEOUT)
-        if fmt == "stratalog" and mode == "update":
+        if fmt == "stratalog-python" and mode == "update":
             # A difference PySpark makes (docs/compatibility.md): a Python data source's
             # streaming sink takes append and complete mode only.
             assert "does not support Update mode" in str(q.exception())

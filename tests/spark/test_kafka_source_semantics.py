@@ -1,8 +1,8 @@
-"""format("stratalog") against Spark's own format("kafka") (spark-sql-kafka-0-10) on one broker.
+"""Stratalog's Spark sources against Spark's own format("kafka") (spark-sql-kafka-0-10), one broker.
 
 Spark's Kafka source is the specification: every test runs the same options through
 format("kafka") first (the reference, on the same Stratalog broker) and then asserts that
-format("stratalog") behaves the same. The Scala file each behaviour comes from is cited
+format("stratalog-python") behaves the same. The Scala file each behaviour comes from is cited
 (paths under connector/kafka-0-10-sql/src/main/scala/org/apache/spark/sql/kafka010/).
 Deliberate differences are listed in docs/compatibility.md, under Spark.
 """
@@ -21,6 +21,8 @@ from ..conftest import create_topic
 from .conftest import Rec, finish, produce, topic_name
 
 pytestmark = pytest.mark.spark
+
+PY = "stratalog-python"  # the Python data source; "stratalog" is the JVM connector
 
 # Recent enough to stay inside the broker's retention (records stamped years ago are dropped).
 T0 = (int(time.time()) - 600) * 1000
@@ -50,10 +52,11 @@ def _kafka_error(spark, bootstrap: str, **options) -> str:
 
 
 def _stratalog_error(spark, bootstrap: str, **options) -> str:
-    """format("stratalog") must fail with these options (as the reference does); its message."""
+    """format("stratalog-python") must fail with these options (as the reference does); its
+    message."""
     with pytest.raises(Exception) as info:
-        rows = _read(spark, "stratalog", bootstrap, **options).collect()
-        pytest.fail(f"format('stratalog') did not fail; it returned {len(rows)} rows")
+        rows = _read(spark, PY, bootstrap, **options).collect()
+        pytest.fail(f"format('stratalog-python') did not fail; it returned {len(rows)} rows")
     return str(info.value)
 
 
@@ -164,7 +167,7 @@ def test_batch_starting_timestamp_wins_over_starting_offsets(spark, bootstrap, b
     opts = {"subscribe": base, "startingTimestamp": str(T0 + 10_000), "startingOffsets": "latest"}
     ref = _rows(_read(spark, "kafka", bootstrap, **opts))
     assert [(p, o) for _, p, o, _, _ in ref] == [(p, o) for p in (0, 1) for o in range(5, 10)]
-    assert _rows(_read(spark, "stratalog", bootstrap, **opts)) == ref
+    assert _rows(_read(spark, PY, bootstrap, **opts)) == ref
 
 
 @pytest.mark.parametrize(
@@ -183,7 +186,7 @@ def test_min_partitions_gives_sparks_task_count(
     produce(bootstrap, topic, [Rec(b"m%d" % i, partition=i % partitions) for i in range(records)])
     opts = {"subscribe": topic, "minPartitions": str(min_partitions)}
     ref = _read(spark, "kafka", bootstrap, **opts)
-    got = _read(spark, "stratalog", bootstrap, **opts)
+    got = _read(spark, PY, bootstrap, **opts)
     assert _rows(got) == _rows(ref)
     assert got.rdd.getNumPartitions() == ref.rdd.getNumPartitions()
 
@@ -193,7 +196,7 @@ def test_subscribe_pattern_is_trimmed(spark, bootstrap, base):
     opts = {"subscribePattern": f" {base} "}
     ref = _rows(_read(spark, "kafka", bootstrap, **opts))
     assert len(ref) == 20
-    assert _rows(_read(spark, "stratalog", bootstrap, **opts)) == ref
+    assert _rows(_read(spark, PY, bootstrap, **opts)) == ref
 
 
 def test_unsupported_kafka_consumer_options_are_rejected(spark, bootstrap, base):
@@ -207,7 +210,7 @@ def test_unsupported_kafka_consumer_options_are_rejected(spark, bootstrap, base)
 def test_assign_of_a_missing_partition_fails_with_its_name(spark, bootstrap, base):
     # A deliberate difference (docs/compatibility.md): ConsumerStrategy.AssignStrategy does not
     # check partitions against the topic, so format("kafka") reads the others and nothing of
-    # the missing one; format("stratalog") names the partition that does not exist.
+    # the missing one; format("stratalog-python") names the partition that does not exist.
     opts = {"assign": json.dumps({base: [0, 7]}), "fetchOffset.numRetries": "1"}
     assert len(_rows(_read(spark, "kafka", bootstrap, **opts))) == 10
     assert "no [7]" in _stratalog_error(spark, bootstrap, **opts)
@@ -215,7 +218,7 @@ def test_assign_of_a_missing_partition_fails_with_its_name(spark, bootstrap, bas
 
 # -- 2. streaming: divergences -----------------------------------------------------------------
 # Both of Stratalog's streaming readers: the Python data source and the JVM one.
-READERS = pytest.mark.parametrize("fmt", ["stratalog", "stratalog-jvm"])
+READERS = pytest.mark.parametrize("fmt", ["stratalog-python", "stratalog"])
 
 
 @READERS
@@ -262,21 +265,19 @@ def test_stream_start_beyond_the_end_without_fail_on_data_loss_resumes_at_the_en
 def test_stream_start_log_is_kept_out_of_pattern_subscriptions(spark, spark_broker, tmp_path):
     # A deliberate difference (docs/compatibility.md): Spark's Kafka source keeps a query's
     # initial offsets in its checkpoint (sources/0/0); a Python data source cannot reach the
-    # checkpoint, so format("stratalog") logs them in a topic of the broker. That topic must not
-    # show up in anyone's pattern subscription.
+    # checkpoint, so format("stratalog-python") logs them in a topic of the broker. That topic
+    # must not show up in anyone's pattern subscription.
     from stratalog.spark.planning import START_LOG_TOPIC
 
     bootstrap = spark_broker.bootstrap
     topic = topic_name("startlog")
     create_topic(bootstrap, topic, 1)
     produce(bootstrap, topic, [Rec(b"r")])
-    q = _stream(spark, "stratalog", bootstrap, tmp_path / "s", subscribe=topic)
+    q = _stream(spark, PY, bootstrap, tmp_path / "s", subscribe=topic)
     assert q.exception() is None, q.exception()
     admin = AdminClient({"bootstrap.servers": bootstrap})
     assert START_LOG_TOPIC in set(admin.list_topics(timeout=15).topics)
-    topics = {
-        r.topic for r in _read(spark, "stratalog", bootstrap, subscribePattern=".*").collect()
-    }
+    topics = {r.topic for r in _read(spark, PY, bootstrap, subscribePattern=".*").collect()}
     assert topic in topics and START_LOG_TOPIC not in topics
 
 
@@ -292,7 +293,7 @@ def test_option_names_and_keywords_are_case_insensitive(spark, bootstrap, base):
         "MinPartitions": "1",
     }
     ref = _read(spark, "kafka", bootstrap, **opts)
-    got = _read(spark, "stratalog", bootstrap, **opts)
+    got = _read(spark, PY, bootstrap, **opts)
     assert got.schema == ref.schema
     assert len(_rows(ref)) == 14
     assert _rows(got) == _rows(ref)
@@ -321,7 +322,7 @@ def test_subscribe_several_topics_pattern_and_assign_match_kafka(spark, bootstra
     for opts in cases:
         ref = _rows(_read(spark, "kafka", bootstrap, **opts))
         assert ref, opts
-        assert _rows(_read(spark, "stratalog", bootstrap, **opts)) == ref, opts
+        assert _rows(_read(spark, PY, bootstrap, **opts)) == ref, opts
 
 
 def test_timestamp_options_match_kafka(spark, bootstrap, base):
@@ -335,7 +336,7 @@ def test_timestamp_options_match_kafka(spark, bootstrap, base):
     ]
     for opts in cases:
         ref = _rows(_read(spark, "kafka", bootstrap, subscribe=base, **opts))
-        assert _rows(_read(spark, "stratalog", bootstrap, subscribe=base, **opts)) == ref, opts
+        assert _rows(_read(spark, PY, bootstrap, subscribe=base, **opts)) == ref, opts
     opts = {"subscribe": base, "startingTimestamp": str(T0 + 10**9)}
     assert "No offset matched" in _kafka_error(spark, bootstrap, **opts)
     _stratalog_error(spark, bootstrap, **opts)
@@ -346,7 +347,7 @@ def test_more_than_one_strategy_fails_like_kafka(spark, bootstrap, base):
     opts = {"subscribe": base, "subscribePattern": base}
     assert "Only one of the following options" in _kafka_error(spark, bootstrap, **opts)
     with pytest.raises(Exception, match="exactly one of"):
-        _read(spark, "stratalog", bootstrap, **opts).collect()
+        _read(spark, PY, bootstrap, **opts).collect()
 
 
 def test_null_and_empty_keys_values_and_headers_match_kafka(spark, bootstrap):
@@ -368,7 +369,7 @@ def test_null_and_empty_keys_values_and_headers_match_kafka(spark, bootstrap):
 
     ref = load("kafka")
     assert ref[1][1][:2] == (bytearray(b""), bytearray(b""))
-    assert load("stratalog") == ref
+    assert load("stratalog-python") == ref
 
 
 def test_log_append_time_and_compressed_batches_match_kafka(spark, bootstrap):
@@ -379,7 +380,7 @@ def test_log_append_time_and_compressed_batches_match_kafka(spark, bootstrap):
     cols = ["offset", "timestamp", "timestampType"]
     ref = _read(spark, "kafka", bootstrap, subscribe=topic).select(*cols).collect()
     assert ref[0].timestampType == 1
-    assert _read(spark, "stratalog", bootstrap, subscribe=topic).select(*cols).collect() == ref
+    assert _read(spark, PY, bootstrap, subscribe=topic).select(*cols).collect() == ref
     for codec in ("gzip", "zstd"):
         topic = topic_name(codec)
         create_topic(bootstrap, topic, 1)
@@ -399,10 +400,10 @@ def test_log_append_time_and_compressed_batches_match_kafka(spark, bootstrap):
                         ).collect(),
                     )
                 )
-                for fmt in ("kafka", "stratalog")
+                for fmt in ("kafka", "stratalog-python")
             }
             assert len(got["kafka"]) == 50
-            assert got["stratalog"] == got["kafka"], (codec, headers)
+            assert got["stratalog-python"] == got["kafka"], (codec, headers)
 
 
 @READERS
@@ -428,7 +429,7 @@ def test_max_offsets_per_trigger_batches_and_checkpoint_offsets_match_kafka(
 
 @READERS
 def test_kafka_checkpoint_restarts_with_stratalog(spark, bootstrap, tmp_path, fmt):
-    # Switching format("kafka") to format("stratalog") on a running query's checkpoint:
+    # Switching format("kafka") to format("stratalog-python") on a running query's checkpoint:
     # KafkaSourceOffset JSON is read back as this source's start, no record twice or lost.
     topic = topic_name("switch")
     create_topic(bootstrap, topic, 3)

@@ -1,11 +1,12 @@
-"""format("stratalog") resolves without register() (Spark's discovery of pyspark_* modules), and
-``stratalog.spark.register(spark)`` works as well."""
+"""format("stratalog-python") resolves without register() (Spark's discovery of pyspark_*
+modules), and ``stratalog.spark.register(spark)`` works as well."""
 
 from __future__ import annotations
 
 import pytest
 
 import stratalog.spark
+import stratalog.spark.jvm
 from stratalog.spark.source import StratalogDataSource
 
 from ..conftest import create_topic
@@ -39,7 +40,7 @@ def test_format_resolves_without_register_then_with_register(spark, bootstrap):
 
     def read():
         return (
-            spark.read.format("stratalog")
+            spark.read.format("stratalog-python")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("includeHeaders", "true")
@@ -49,17 +50,59 @@ def test_format_resolves_without_register_then_with_register(spark, bootstrap):
     # No test and no fixture calls register(); the name comes from pyspark_stratalog.
     assert sorted(collect_records(read())) == sorted(sent_tuple(s) for s in sent)
     static = _static_sources(spark)
-    assert "stratalog" in static, f"pyspark_stratalog was not discovered: {sorted(static)}"
+    assert "stratalog-python" in static, f"pyspark_stratalog was not discovered: {sorted(static)}"
 
     stratalog.spark.register(spark)
-    assert StratalogDataSource.name() == "stratalog"
+    assert StratalogDataSource.name() == "stratalog-python"
     assert sorted(collect_records(read())) == sorted(sent_tuple(s) for s in sent)
     # Streaming resolves the same name.
     assert read().isStreaming is False
     assert (
-        spark.readStream.format("stratalog")
+        spark.readStream.format("stratalog-python")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .load()
         .isStreaming
     )
+
+
+# A session of its own, in its own process (one SparkContext per process), without the jar.
+_WITHOUT_JAR = """
+import json, sys
+from stratalog.spark import local_session, register
+from stratalog.spark.jvm import on_classpath
+
+spark = local_session("no-jar", cores=1, jvm_connector=False)
+try:
+    before = on_classpath(spark)
+    register(spark)
+    rows = (
+        spark.read.format("stratalog")
+        .option("kafka.bootstrap.servers", sys.argv[1])
+        .option("subscribe", sys.argv[2])
+        .load()
+        .selectExpr("CAST(value AS STRING) AS v")
+        .collect()
+    )
+    print(json.dumps({"on_classpath": before, "values": sorted(r.v for r in rows)}))
+finally:
+    spark.stop()
+"""
+
+
+def test_without_the_jar_register_makes_format_stratalog_the_python_source(spark, bootstrap):
+    import json
+    import subprocess
+    import sys
+
+    topic = topic_name("nojar")
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, [Rec(f"v{i}".encode()) for i in range(3)])
+    assert stratalog.spark.jvm.on_classpath(spark)  # this session has the jar
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_JAR, bootstrap, topic],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"on_classpath": False, "values": ["v0", "v1", "v2"]}

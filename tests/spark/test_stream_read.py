@@ -1,4 +1,4 @@
-"""Streaming reads: readStream.format("stratalog") and format("stratalog-jvm") with availableNow
+"""Streaming reads: readStream.format("stratalog-python") and format("stratalog") with availableNow
 triggers and a checkpoint."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.spark
 QUERY_TIMEOUT = 120  # seconds; a query that has not finished by then fails the test
 
 
-@pytest.fixture(params=["stratalog", "stratalog-jvm"])
+@pytest.fixture(params=["stratalog-python", "stratalog"])
 def fmt(request) -> str:
     """Every test runs on both streaming readers: the Python data source and the JVM one."""
     return request.param

@@ -46,7 +46,7 @@ def timed(spark_broker):
 
 def _read(spark, bootstrap, topic, **options):
     r = (
-        spark.read.format("stratalog")
+        spark.read.format("stratalog-python")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("includeHeaders", "true")

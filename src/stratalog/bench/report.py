@@ -334,7 +334,7 @@ def kafka_goals(results: list[dict]) -> list[Goal]:
         )
     sp = next((r for r in _ok(results, "f", "stratalog") if "spark" in r.get("extra", {})), None)
     spark = sp["extra"]["spark"] if sp else {}
-    for fmt in ("stratalog-jvm", "stratalog"):
+    for fmt in ("stratalog", "stratalog-python"):
         for how, pick in (("", lambda v: v["rows_per_s"]), (" (one-off job)", _one_off_rate)):
             name = f'f: Spark, format("{fmt}") vs format("kafka"){how}'
             mine, ref = spark.get(fmt), spark.get("kafka")

@@ -534,7 +534,7 @@ class Runner:
         return res
 
     def _spark_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
-        """Fill a topic, then read it into Spark with format("stratalog") and format("kafka")."""
+        """Fill a topic, then read it into Spark with each format (spark_read.py)."""
         import json
         import statistics
         import sys

@@ -1,4 +1,4 @@
-"""Spark reading one topic with ``format("stratalog-jvm")``, ``format("stratalog")`` and Spark's
+"""Spark reading one topic with ``format("stratalog")``, ``format("stratalog-python")`` and Spark's
 own ``format("kafka")``.
 
 Run as a child process of the harness (``python -m stratalog.bench.spark_read``), so the JVM of
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument(
         "--formats",
-        default="stratalog-jvm,stratalog,kafka",
+        default="stratalog,stratalog-python,kafka",
         help="formats in the order each round reads them",
     )
     ap.add_argument(

@@ -7,7 +7,7 @@
    departure-delay statistics (count, mean, p95) over event-time windows, and writes them to
    topic ``delays_by_hour`` with the exactly-once sink.
 4. A batch query replays one day of ``flights`` by ``startingTimestamp``/``endingTimestamp``.
-   Every read and write uses ``format("stratalog-jvm")``, the connector on Spark's JVM.
+   Every read and write uses ``format("stratalog")``, the connector on Spark's JVM.
 5. Everything is checked against pandas on the same data, and the throughput and topic record
    counts are printed.
 
@@ -116,7 +116,7 @@ def stream_delays(spark, bootstrap: str, checkpoint: Path, closing_ms: int) -> t
 
     schema = "carrier string, flight int, origin string, dest string, dep_delay double"
     events = (
-        spark.readStream.format("stratalog-jvm")
+        spark.readStream.format("stratalog")
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", FLIGHTS)
         .option("startingOffsets", "earliest")
@@ -154,7 +154,7 @@ def stream_delays(spark, bootstrap: str, checkpoint: Path, closing_ms: int) -> t
     )
     start = time.perf_counter()
     query = (
-        out.writeStream.format("stratalog-jvm")
+        out.writeStream.format("stratalog")
         .option("bootstrap.servers", bootstrap)
         .option("topic", DELAYS)
         .option("checkpointLocation", str(checkpoint))
@@ -194,7 +194,7 @@ def read_delays(spark, bootstrap: str) -> pd.DataFrame:
 
     schema = "carrier string, hour string, flights long, mean_delay double, p95_delay double"
     df = (
-        spark.read.format("stratalog-jvm")
+        spark.read.format("stratalog")
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", DELAYS)
         .load()
@@ -211,7 +211,7 @@ def replay_day(spark, bootstrap: str, day: str) -> pd.DataFrame:
     end = start + 24 * 3600 * 1000
     schema = "carrier string, flight int, origin string, dest string, dep_delay double"
     df = (
-        spark.read.format("stratalog-jvm")
+        spark.read.format("stratalog")
         .option("bootstrap.servers", bootstrap)
         .option("subscribe", FLIGHTS)
         .option("startingTimestamp", str(start))

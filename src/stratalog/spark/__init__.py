@@ -1,13 +1,29 @@
-"""Stratalog for PySpark: ``format("stratalog")`` for reads and writes, batch and streaming."""
+"""Stratalog for PySpark: ``format("stratalog")`` for reads and writes, batch and streaming.
+
+``format("stratalog")`` is the JVM connector (its jar comes from ``stratalog.spark.jvm``;
+``local_session`` adds it); ``format("stratalog-python")`` is the Python data source, which
+needs no jar and which Spark finds by itself once this package is installed.
+"""
 
 from __future__ import annotations
 
 
 def register(spark) -> None:
-    """Register the "stratalog" data source with a SparkSession explicitly."""
+    """Register the Python data source with a SparkSession explicitly, as "stratalog-python"
+    and, when the session cannot load the JVM connector, as "stratalog" too, so that a session
+    without the jar still reads and writes ``format("stratalog")``."""
+    from stratalog.spark.jvm import on_classpath
     from stratalog.spark.source import StratalogDataSource
 
     spark.dataSource.register(StratalogDataSource)
+    if not on_classpath(spark):
+
+        class StratalogFallback(StratalogDataSource):
+            @classmethod
+            def name(cls) -> str:
+                return "stratalog"
+
+        spark.dataSource.register(StratalogFallback)
 
 
 def kafka_connector_package() -> str:
@@ -21,13 +37,15 @@ def local_session(
     app: str = "stratalog",
     cores: int | str = 2,
     kafka_connector: bool = False,
-    jvm_reader: bool = True,
+    jvm_connector: bool = True,
     **conf: str,
 ):
     """A local SparkSession on loopback with the settings that suit this project's machines.
 
     ``kafka_connector=True`` adds Spark's own Kafka connector (resolved from Maven Central by
     Spark on first use, then cached in ~/.ivy2), so ``format("kafka")`` works too.
+    ``jvm_connector`` (on by default) puts Stratalog's JVM connector, ``format("stratalog")``,
+    on the classpath (compiled on first use, see ``stratalog.spark.jvm``).
     """
     import os
     import sys
@@ -49,7 +67,7 @@ def local_session(
     )
     if kafka_connector:
         builder = builder.config("spark.jars.packages", kafka_connector_package())
-    if jvm_reader:
+    if jvm_connector:
         from stratalog.spark.jvm import jar_path
 
         builder = builder.config("spark.jars", str(jar_path()))

@@ -153,7 +153,7 @@ def _refuse_kafka_options(options: Mapping[str, str], refused: Mapping[str, str]
 def _check_unsupported(options: Mapping[str, str]) -> None:
     for name in _NOT_IMPLEMENTED:
         if _get(options, name) is not None:
-            raise OptionError(f"option '{name}' is not supported by format(\"stratalog\")")
+            raise OptionError(f"option '{name}' is not supported by format(\"stratalog-python\")")
     _refuse_kafka_options(options, _UNSUPPORTED)
 
 

@@ -1,4 +1,4 @@
-"""The "stratalog" PySpark data source: Kafka-source options and schema, Arrow-batch reads.
+"""The "stratalog-python" PySpark data source: Kafka-source options and schema, Arrow-batch reads.
 
 Planning (``partitions``, ``initialOffset``, ``latestOffset``) runs in Spark's driver-side Python
 workers and talks to the broker with the wire client; ``read`` runs in executor Python workers,
@@ -258,11 +258,14 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 
 class StratalogDataSource(DataSource):
-    """``spark.read.format("stratalog")`` / ``readStream`` / ``write`` / ``writeStream``."""
+    """``spark.read.format("stratalog-python")`` / ``readStream`` / ``write`` / ``writeStream``.
+
+    The Python data source: it needs no jar, only this package. ``format("stratalog")`` is the
+    JVM connector (``stratalog.spark.jvm``), faster, with the same options and results."""
 
     @classmethod
     def name(cls) -> str:
-        return "stratalog"
+        return "stratalog-python"
 
     def schema(self) -> StructType:
         try:
@@ -283,7 +286,7 @@ class StratalogDataSource(DataSource):
         if overwrite:
             # A log cannot be overwritten; Spark's Kafka sink refuses the mode too.
             raise OptionError(
-                'save mode Overwrite is not allowed for format("stratalog"): a topic is '
+                'save mode Overwrite is not allowed for format("stratalog-python"): a topic is '
                 'appended to; use mode("append")'
             )
 

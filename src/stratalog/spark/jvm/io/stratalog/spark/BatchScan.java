@@ -52,7 +52,7 @@ final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
 
   @Override
   public String description() {
-    return "stratalog-jvm " + (opts.subscribePattern != null ? "pattern " + opts.subscribePattern
+    return "stratalog " + (opts.subscribePattern != null ? "pattern " + opts.subscribePattern
         : opts.subscribe.isEmpty() ? "assign " + opts.assign : "subscribe " + opts.subscribe);
   }
 

@@ -31,6 +31,6 @@ final class RangeReaderFactory implements PartitionReaderFactory {
 
   @Override
   public PartitionReader<InternalRow> createReader(InputPartition partition) {
-    throw new UnsupportedOperationException("stratalog-jvm reads only in columnar batches");
+    throw new UnsupportedOperationException("format(\"stratalog\") reads only in columnar batches");
   }
 }

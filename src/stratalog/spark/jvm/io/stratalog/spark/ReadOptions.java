@@ -15,7 +15,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
  * The batch-read options, with the names, defaults and checks of Spark's Kafka source (and of
- * the Python {@code format("stratalog")}, whose messages these repeat). A bad option fails the
+ * the Python {@code format("stratalog-python")}, whose messages these repeat). A bad option fails the
  * query when it is planned, with a message that names it.
  */
 final class ReadOptions implements Serializable {
@@ -68,7 +68,7 @@ final class ReadOptions implements Serializable {
     for (String name : new String[] {"minOffsetsPerTrigger", "maxTriggerDelay"}) {
       if (o.containsKey(name)) {
         throw new IllegalArgumentException(
-            "option '" + name + "' is not supported by format(\"stratalog-jvm\")");
+            "option '" + name + "' is not supported by format(\"stratalog\")");
       }
     }
     for (String[] u : UNSUPPORTED) {

@@ -153,14 +153,14 @@ final class SinkWrite
 
   @Override
   public String description() {
-    return "stratalog-jvm sink" + (topicOption == null ? "" : " to " + topicOption);
+    return "stratalog sink" + (topicOption == null ? "" : " to " + topicOption);
   }
 
   @Override
   public BatchWrite toBatch() {
     if (truncate) {
       throw new UnsupportedOperationException(
-          "save mode Overwrite is not allowed for format(\"stratalog-jvm\"): a topic is "
+          "save mode Overwrite is not allowed for format(\"stratalog\"): a topic is "
               + "appended to, never replaced; use mode(\"append\")");
     }
     return this;
@@ -232,7 +232,7 @@ final class SinkWrite
       TaskContext ctx = TaskContext.get();
       String query = ctx == null ? null : ctx.getLocalProperty("sql.streaming.queryId");
       if (query == null) {
-        throw new IllegalStateException("the stratalog-jvm stream sink needs Spark's query id");
+        throw new IllegalStateException("the stratalog stream sink needs Spark's query id");
       }
       return open(TopicWriter.producerId("stream", query, epochId, partitionId));
     }

@@ -19,7 +19,7 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
- * {@code format("stratalog-jvm")}: batch and streaming reads of Stratalog (or any Kafka broker)
+ * {@code format("stratalog")}: batch and streaming reads of Stratalog (or any Kafka broker)
  * decoded on the JVM straight into Spark's column vectors, with no Python worker in between,
  * and writes that put each record in the log once. The options and the schema are those of
  * Spark's Kafka source and sink.
@@ -27,7 +27,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 public final class StratalogJvmSource implements TableProvider, DataSourceRegister {
   @Override
   public String shortName() {
-    return "stratalog-jvm";
+    return "stratalog";
   }
 
   static StructType schema(boolean includeHeaders) {
@@ -79,7 +79,7 @@ public final class StratalogJvmSource implements TableProvider, DataSourceRegist
 
     @Override
     public String name() {
-      return "stratalog-jvm";
+      return "stratalog";
     }
 
     @Override
