@@ -625,3 +625,14 @@ def test_end_past_the_end_without_fail_on_data_loss_reads_what_there_is(spark, b
     assert sorted((r[3], r[4]) for r in ref) == sorted(
         (s.partition, s.offset) for s in sent if s.partition != 1 or s.offset < 5
     )
+
+
+def test_batches_larger_than_the_fetch_size_are_read_whole(spark, bootstrap):
+    # kafka.max.partition.fetch.bytes far below one record batch: a broker may answer with the
+    # batch cut at the limit; the reader asks again for more instead of looping or failing.
+    topic = topic_name("jvm-big")
+    create_topic(bootstrap, topic, 1)
+    sent = produce(bootstrap, topic, [Rec(b"%04d" % i + b"x" * 1000) for i in range(300)])
+    df = _read(spark, JVM, bootstrap, subscribe=topic, **{"kafka.max.partition.fetch.bytes": "64"})
+    got = sorted((r.offset, bytes(r.value)) for r in df.select("offset", "value").collect())
+    assert got == sorted((s.offset, s.value) for s in sent)

@@ -19,6 +19,7 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  */
 final class RangeReader implements PartitionReader<ColumnarBatch> {
   static final int ROWS = 4096;
+  private static final int MAX_FETCH_BYTES = 1 << 30;
   private static final String[] FIELDS = {
     "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"
   };
@@ -32,11 +33,13 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   private long next;
   private KafkaWire.FetchedPartition fetched;
   private int pos;
+  private int fetchBytes;
 
   RangeReader(OffsetRange range, ReadOptions opts, StructType readSchema) {
     this.range = range;
     this.opts = opts;
     this.next = range.from;
+    this.fetchBytes = opts.fetchMaxBytes;
     vectors = OnHeapColumnVector.allocateColumns(ROWS, readSchema);
     WritableColumnVector[] byField = new WritableColumnVector[FIELDS.length];
     StructField[] fields = readSchema.fields();
@@ -68,6 +71,11 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
       byte[] b = fetched.array;
       if (fetched.end - pos < 12
           || pos + RecordDecoder.batchSize(b, pos) > fetched.end) {
+        if (pos == fetched.start) {
+          // Not even the first batch came whole: it is larger than what was asked for (a
+          // broker may cut it at the limit). Ask for more, as Kafka's consumer would need to.
+          growFetch(fetched.end - pos < 12 ? 0 : RecordDecoder.batchSize(b, pos));
+        }
         pos = fetched.end; // a partial batch at the end of the answer: fetch again from next
         continue;
       }
@@ -83,6 +91,14 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     return rows > 0;
   }
 
+  private void growFetch(int batchBytes) throws IOException {
+    if (fetchBytes >= MAX_FETCH_BYTES) {
+      throw new IOException("the record batch at offset " + next + " of " + range.topic + "-"
+          + range.partition + " does not fit in " + MAX_FETCH_BYTES + " bytes");
+    }
+    fetchBytes = (int) Math.min(MAX_FETCH_BYTES, Math.max(2L * fetchBytes, batchBytes));
+  }
+
   /** Fetches from {@code next}; false when the range has nothing more to give. */
   private boolean fetch() throws IOException {
     if (wire == null) {
@@ -90,7 +106,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     }
     long deadline = System.currentTimeMillis() + opts.pollTimeoutMs;
     while (true) {
-      fetched = wire.fetch(range.topic, range.partition, next, opts.fetchMaxBytes, 500);
+      fetched = wire.fetch(range.topic, range.partition, next, fetchBytes, 500);
       pos = fetched.start;
       if (fetched.error == 1) { // OFFSET_OUT_OF_RANGE
         return outOfRange();
