@@ -134,6 +134,9 @@ final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow 
 
   @Override
   public void prepareForTriggerAvailableNow() {
+    // Spark calls this before initialOffset: resolve (and keep) the start first, so the end
+    // fixed here is never before it (as Spark's Kafka source does).
+    initialOffset();
     availableNow = withPlanner(p -> p.offsetsAt(p.topicPartitions(), KafkaWire.LATEST));
   }
 

@@ -34,6 +34,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   private KafkaWire.FetchedPartition fetched;
   private int pos;
   private int fetchBytes;
+  private long nextAtFetch = -1; // where the answer being decoded was asked from
 
   RangeReader(OffsetRange range, ReadOptions opts, StructType readSchema) {
     this.range = range;
@@ -63,21 +64,33 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     int rows = 0;
     while (rows < ROWS && next < range.until) {
       if (fetched == null || pos >= fetched.end) {
+        if (fetched != null && next == nextAtFetch) {
+          // A whole answer of batches, none reaching the offset asked for: asking again
+          // would get the same answer.
+          throw new IOException("the broker answered a fetch of " + range.topic + "-"
+              + range.partition + " at offset " + next + " with no record at or after it");
+        }
         if (!fetch()) {
           break;
         }
+        nextAtFetch = next;
         continue;
       }
       byte[] b = fetched.array;
       if (fetched.end - pos < 12
           || pos + RecordDecoder.batchSize(b, pos) > fetched.end) {
-        if (pos == fetched.start) {
-          // Not even the first batch came whole: it is larger than what was asked for (a
-          // broker may cut it at the limit). Ask for more, as Kafka's consumer would need to.
+        if (next == nextAtFetch) {
+          // Nothing at or after the offset came whole: the batch holding it is larger than
+          // what was asked for (a broker may cut it at the limit). Ask for more.
           growFetch(fetched.end - pos < 12 ? 0 : RecordDecoder.batchSize(b, pos));
         }
-        pos = fetched.end; // a partial batch at the end of the answer: fetch again from next
+        fetched = null; // a partial batch at the end of the answer: fetch again from next
         continue;
+      }
+      if (b[pos + 16] != 2) {
+        throw new IOException("record batch at offset " + RecordDecoder.baseOffset(b, pos)
+            + " of " + range.topic + "-" + range.partition + " has magic " + b[pos + 16]
+            + "; only magic 2 (Kafka 0.11 and later) is read");
       }
       int size = RecordDecoder.batchSize(b, pos);
       long last = RecordDecoder.lastOffset(b, pos);
