@@ -87,11 +87,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         fetched = null; // a partial batch at the end of the answer: fetch again from next
         continue;
       }
-      if (b[pos + 16] != 2) {
-        throw new IOException("record batch at offset " + RecordDecoder.baseOffset(b, pos)
-            + " of " + range.topic + "-" + range.partition + " has magic " + b[pos + 16]
-            + "; only magic 2 (Kafka 0.11 and later) is read");
-      }
+      RecordDecoder.requireMagic2(b, pos, range.topic + "-" + range.partition);
       int size = RecordDecoder.batchSize(b, pos);
       long last = RecordDecoder.lastOffset(b, pos);
       if (last >= next) {

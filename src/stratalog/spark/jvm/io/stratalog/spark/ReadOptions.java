@@ -55,7 +55,8 @@ final class ReadOptions implements Serializable {
     {"kafka.interceptor.classes", "the source does not run consumer interceptors"},
   };
 
-  ReadOptions(CaseInsensitiveStringMap o) {
+  /** The broker's address, from 'kafka.bootstrap.servers' or 'bootstrap.servers'. */
+  static String bootstrap(CaseInsensitiveStringMap o) {
     String b = o.get("kafka.bootstrap.servers");
     if (b == null || b.isEmpty()) {
       b = o.get("bootstrap.servers");
@@ -64,7 +65,11 @@ final class ReadOptions implements Serializable {
       throw new IllegalArgumentException("option 'bootstrap.servers' (or "
           + "'kafka.bootstrap.servers') must name the broker, e.g. 127.0.0.1:9092");
     }
-    bootstrap = b;
+    return b;
+  }
+
+  ReadOptions(CaseInsensitiveStringMap o) {
+    bootstrap = bootstrap(o);
     for (String name : new String[] {"minOffsetsPerTrigger", "maxTriggerDelay"}) {
       if (o.containsKey(name)) {
         throw new IllegalArgumentException(

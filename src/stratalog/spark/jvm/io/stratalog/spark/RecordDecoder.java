@@ -61,6 +61,15 @@ final class RecordDecoder {
     return 12 + readInt(b, at + 8);
   }
 
+  /** Fails on a batch of an old message format (magic 0 or 1), naming where it is. */
+  static void requireMagic2(byte[] b, int at, String topicPartition) throws IOException {
+    if (b[at + 16] != 2) {
+      throw new IOException("record batch at offset " + baseOffset(b, at) + " of "
+          + topicPartition + " has magic " + b[at + 16]
+          + "; only magic 2 (Kafka 0.11 and later) is read");
+    }
+  }
+
   static long lastOffset(byte[] b, int at) {
     return readLong(b, at) + readInt(b, at + 23);
   }
@@ -71,12 +80,6 @@ final class RecordDecoder {
    */
   int decode(byte[] b, int at, long from, long until, int row) throws IOException {
     int size = batchSize(b, at);
-    byte magic = b[at + 16];
-    if (magic != 2) {
-      throw new IOException("record batch at offset " + baseOffset(b, at) + " of "
-          + new String(topicBytes, StandardCharsets.UTF_8) + "-" + partition + " has magic "
-          + magic + "; only magic 2 (Kafka 0.11 and later) is read");
-    }
     if (checkCrc) {
       crc.reset();
       crc.update(b, at + 21, size - 21);

@@ -63,15 +63,7 @@ final class SinkWrite
             + "supported: " + s + "s are serialized as bytes (a string " + s + " as UTF-8)");
       }
     }
-    String b = o.get("kafka.bootstrap.servers");
-    if (b == null || b.isEmpty()) {
-      b = o.get("bootstrap.servers");
-    }
-    if (b == null || b.isEmpty()) {
-      throw new IllegalArgumentException("option 'bootstrap.servers' (or "
-          + "'kafka.bootstrap.servers') must name the broker, e.g. 127.0.0.1:9092");
-    }
-    bootstrap = b;
+    bootstrap = ReadOptions.bootstrap(o);
     String t = o.get("topic");
     topicOption = t == null ? null : t.trim();
     cols = columns(info.schema(), topicOption);
