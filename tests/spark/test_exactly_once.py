@@ -1,14 +1,14 @@
 """Exactly-once writes through format("stratalog-python") and format("stratalog"): a task or
 micro-batch that fails after its producer already sent part of its records is re-run, and the
-broker drops the repeats.
+broker drops the repeats. With ``exactlyOnce=sorted`` that holds even when the re-run sees its
+rows in another order (as a task after a shuffle may); with the default it holds when a re-run
+sees the same order (a pipeline without a shuffle); ``exactlyOnce=false`` is at least once.
 
-The failures are injected with a UDF. It runs in the same Spark task as the sink's writer but in
-another Python worker: before raising it waits until the sink has really sent records of that
-task to the output topic, so every failure happens after a partial write. The sink sends in
-batches of 5000 records per target partition, so the failing task gets 12,000 rows and fails at
-row 7,000, with Arrow batches of 1000 rows flowing into the writer; values are padded so that the
-UDF's Python worker flushes its results to Spark while the task runs (small rows sit in its
-output buffer until the task ends).
+The first attempt of every write task fails once the broker acknowledged a set number of its
+records (the sinks' ``testing.failAfterRecords`` option), so every failure follows a partial
+write. The rows reach the sink through ``mapInArrow``, which can shuffle them differently on the
+re-run: without the sinks' ordering, a re-run would send other rows under the sequences the
+broker already has, and those rows would be lost while others were written twice.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import functions as F
 
 from ..conftest import create_topic
 from .conftest import Rec, consume_all, produce, topic_name
@@ -27,170 +26,256 @@ from .conftest import Rec, consume_all, produce, topic_name
 pytestmark = pytest.mark.spark
 
 ROWS_PER_TASK = 12_000
-FAIL_AT = 7_000
-SENT_BEFORE_FAILING = 5_000  # the sink's first batch for the partition
-PAD = "-" + "x" * 50  # 5000 padded records stay below the sink's 512 KiB batch limit
-
-
-@pytest.fixture
-def small_arrow_batches(spark):
-    """Feed the writer 1000-row Arrow batches so it sends while its task still runs."""
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    old = spark.conf.get(key)
-    spark.conf.set(key, "1000")
-    try:
-        yield
-    finally:
-        spark.conf.set(key, old)
-
-
-def _failing_udf(bootstrap: str, topic: str, partition: int, fired: str, should_fail):
-    """A UDF value -> value that, on the row ``FAIL_AT`` of a failing attempt, waits until the
-    output partition holds at least SENT_BEFORE_FAILING records, notes that in ``fired`` and
-    raises. Self-contained: it runs in executor Python workers."""
-    fail_at, needed = FAIL_AT, SENT_BEFORE_FAILING
-
-    def tag(n, value):
-        if n == fail_at and should_fail():
-            import time
-
-            from stratalog.client.wire import LATEST, WireClient
-
-            deadline = time.monotonic() + 60
-            with WireClient(bootstrap) as c:
-                while True:
-                    end = c.list_offsets(topic, [partition], LATEST)[partition][0]
-                    if end >= needed or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
-            with open(fired, "a") as f:
-                f.write(json.dumps({"end_offset_at_failure": end}) + "\n")
-            raise RuntimeError(f"injected failure at row {n} after {end} records were sent")
-        return value
-
-    return F.udf(tag, "string")
-
-
-def _fired(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
+PARTITIONS = 3  # output partitions; a third of the rows have a null key (round-robin)
+FAIL_AFTER = 5_000  # one partition's batch is 4,000 rows: the failure follows two of three
+FAIL = "testing.failAfterRecords"
+FAIL_ATTEMPTS = "testing.failAttempts"  # local[2,3]: three attempts fail the micro-batch
 
 SINKS = pytest.mark.parametrize("sink", ["stratalog-python", "stratalog"])
+# exactlyOnce=true keeps the rows' order and needs a re-run to see the same order; "sorted"
+# orders each task's rows itself, so its re-runs get the rows in another order.
+MODES = pytest.mark.parametrize("mode", ["true", "sorted"])
 
 
-@SINKS
-def test_batch_write_exactly_once_under_a_task_retry(
-    spark, bootstrap, tmp_path, small_arrow_batches, sink
-):
-    out = topic_name("eo-batch")
-    create_topic(bootstrap, out, 2)
-    fired = tmp_path / "fired"
+def _row(i: int) -> tuple[str | None, str]:
+    return (None if i % 3 == 0 else f"k{i % 1000}", f"v{i}")
 
-    def first_attempt_of_task_0() -> bool:
+
+def _shuffling(seen: str, reorder_when):
+    """A mapInArrow function that notes (task, attempt) in ``seen`` and, when
+    ``reorder_when(attempt)``, puts the task's rows in a different order. Self-contained: it runs
+    in executor Python workers."""
+
+    def shuffle(batches):
+        import json
+        import random
+
+        import pyarrow as pa
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        return ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+        table = pa.Table.from_batches(list(batches))
+        rows = table.to_pylist()
+        if reorder_when(ctx.attemptNumber()):
+            random.Random(ctx.attemptNumber() + 7).shuffle(rows)
+        with open(seen, "a") as f:
+            f.write(json.dumps({"task": ctx.partitionId(), "attempt": ctx.attemptNumber()}) + "\n")
+        out = pa.Table.from_pylist(rows, schema=table.schema)
+        yield from out.to_batches(max_chunksize=1000)
 
-    # Task 0 writes ids 0..11999 to partition 0, task 1 writes the rest to partition 1.
-    tag = _failing_udf(bootstrap, out, 0, str(fired), first_attempt_of_task_0)
-    df = (
-        spark.range(0, 2 * ROWS_PER_TASK, numPartitions=2)
-        .withColumn("n", F.col("id") % ROWS_PER_TASK)
-        .select(
-            F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
-            tag(F.col("n"), F.concat(F.lit("v"), F.col("id").cast("string"), F.lit(PAD))).alias(
-                "value"
-            ),
-            (F.col("id") >= ROWS_PER_TASK).cast("int").alias("partition"),
-        )
+    return shuffle
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _rows_df(spark, tasks: int):
+    n = tasks * ROWS_PER_TASK
+    data = [_row(i) for i in range(n)]
+    return spark.createDataFrame(data, "key string, value string").repartition(tasks), data
+
+
+def _assert_exactly(records, expected: list[tuple[str | None, str]]) -> None:
+    got = Counter(
+        (r.key.decode() if r.key is not None else None, r.value.decode()) for r in records
     )
-    df.write.format(sink).mode("append").option("kafka.bootstrap.servers", bootstrap).option(
-        "topic", out
-    ).save()
-
-    failures = _fired(fired)
-    assert len(failures) == 1, failures  # the first attempt failed, its retry succeeded
-    assert failures[0]["end_offset_at_failure"] >= SENT_BEFORE_FAILING, failures
-
-    records = consume_all(bootstrap, out)
-    values = Counter(r.value for r in records)
-    expected = {f"v{i}{PAD}".encode() for i in range(2 * ROWS_PER_TASK)}
-    dupes = {v: c for v, c in values.items() if c > 1}
-    assert not dupes, f"{len(dupes)} values written more than once, e.g. {list(dupes)[:3]}"
-    assert set(values) == expected
-    assert len(records) == 2 * ROWS_PER_TASK
-    for r in records:
-        i = int(r.value[1:].split(b"-")[0])
-        assert r.key == f"k{i}".encode()
-        assert r.partition == (i >= ROWS_PER_TASK)
+    want = Counter(expected)
+    dupes = {k: c for k, c in got.items() if c > 1}
+    assert not dupes, f"{len(dupes)} records written more than once, e.g. {list(dupes)[:3]}"
+    missing = want - got
+    assert not missing, f"{len(missing)} records lost, e.g. {list(missing)[:3]}"
+    assert got == want
 
 
 @SINKS
+@MODES
+def test_batch_write_exactly_once_under_a_task_retry(spark, bootstrap, tmp_path, sink, mode):
+    out = topic_name("eo-batch")
+    create_topic(bootstrap, out, PARTITIONS)
+    seen = tmp_path / "seen"
+    df, expected = _rows_df(spark, 2)
+    reorder = mode == "sorted"
+    df = df.mapInArrow(_shuffling(str(seen), lambda attempt: reorder and attempt > 0), df.schema)
+    (
+        df.write.format(sink)
+        .mode("append")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", out)
+        .option("exactlyOnce", mode)
+        .option(FAIL, str(FAIL_AFTER))
+        .save()
+    )
+    attempts = Counter((s["task"], s["attempt"]) for s in _lines(seen))
+    # Each task ran twice: its first attempt failed after a partial write, its retry wrote it.
+    assert set(attempts) == {(0, 0), (0, 1), (1, 0), (1, 1)}, attempts
+    _assert_exactly(consume_all(bootstrap, out), expected)
+
+
+@SINKS
+def test_batch_write_at_least_once_when_exactly_once_is_off(spark, bootstrap, tmp_path, sink):
+    out = topic_name("alo-batch")
+    create_topic(bootstrap, out, PARTITIONS)
+    df, expected = _rows_df(spark, 1)
+    (
+        df.write.format(sink)
+        .mode("append")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", out)
+        .option("exactlyOnce", "false")
+        .option(FAIL, str(FAIL_AFTER))
+        .save()
+    )
+    got = Counter(
+        (r.key.decode() if r.key is not None else None, r.value.decode())
+        for r in consume_all(bootstrap, out)
+    )
+    assert set(got) == set(expected)  # nothing lost
+    repeated = sum(c - 1 for c in got.values())
+    # The failed attempt's acknowledged records are written again by the retry, under its own
+    # producer id: at least once, as Spark's Kafka sink.
+    assert repeated >= FAIL_AFTER, repeated
+
+
+@SINKS
+@MODES
 def test_stream_write_exactly_once_after_a_failed_micro_batch(
-    spark, bootstrap, tmp_path, small_arrow_batches, sink
+    spark, bootstrap, tmp_path, sink, mode
 ):
     source, out = topic_name("eo-src"), topic_name("eo-out")
-    create_topic(bootstrap, source, 1)
-    create_topic(bootstrap, out, 1)
-    sent = produce(
+    create_topic(bootstrap, source, 1)  # one write task, as in the batch test
+    create_topic(bootstrap, out, PARTITIONS)
+    rows = [_row(i) for i in range(ROWS_PER_TASK)]
+    produce(
         bootstrap,
         source,
-        [Rec(f"v{i}{PAD}".encode(), key=f"k{i}".encode()) for i in range(ROWS_PER_TASK)],
+        [Rec(v.encode(), key=None if k is None else k.encode()) for k, v in rows],
     )
-    marker, fired = tmp_path / "fail-while-this-exists", tmp_path / "fired"
-    marker.touch()
-    marker_path = str(marker)
+    marker, seen = tmp_path / "restarted", tmp_path / "seen"
+    marker_path, reorder = str(marker), mode == "sorted"
 
-    def marker_exists() -> bool:
+    def retried_or_restarted(attempt: int) -> bool:
         import os
 
-        return os.path.exists(marker_path)
+        return reorder and (attempt > 0 or os.path.exists(marker_path))
 
-    tag = _failing_udf(bootstrap, out, 0, str(fired), marker_exists)
     ckpt = tmp_path / "ckpt"
 
-    def start():
-        return (
+    def start(inject: bool):
+        src = (
             spark.readStream.format("stratalog-python")
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", source)
             .option("startingOffsets", "earliest")
             .load()
-            .select("key", tag(F.col("offset"), F.col("value").cast("string")).alias("value"))
+            .selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value")
+        )
+        w = (
+            src.mapInArrow(_shuffling(str(seen), retried_or_restarted), "key string, value string")
             .writeStream.format(sink)
             .option("kafka.bootstrap.servers", bootstrap)
             .option("topic", out)
+            .option("exactlyOnce", mode)
             .option("checkpointLocation", str(ckpt))
             .trigger(availableNow=True)
-            .start()
         )
+        if inject:  # every attempt of the micro-batch's task fails: the query stops
+            w = w.option(FAIL, str(FAIL_AFTER)).option(FAIL_ATTEMPTS, "3")
+        return w.start()
 
-    query = start()
+    query = start(inject=True)
     try:
         with pytest.raises(StreamingQueryException, match="injected failure"):
             query.awaitTermination(120)
     finally:
         if query.isActive:
             query.stop()
-    failures = _fired(fired)
-    assert failures, "the micro-batch did not fail"
-    assert all(f["end_offset_at_failure"] >= SENT_BEFORE_FAILING for f in failures), failures
     partial = consume_all(bootstrap, out)
-    assert SENT_BEFORE_FAILING <= len(partial) < ROWS_PER_TASK  # a partial write is visible
+    assert FAIL_AFTER <= len(partial) < ROWS_PER_TASK, len(partial)  # a partial write
+    # Three attempts (in three orders with "sorted"), each stopped after a partial write
+    assert {s["attempt"] for s in _lines(seen)} == {0, 1, 2}
 
-    marker.unlink()
-    query = start()
+    marker.touch()  # with "sorted", the re-run sees the micro-batch's rows in another order
+    query = start(inject=False)
     try:
         assert query.awaitTermination(120), "the restarted query did not finish"
     finally:
         if query.isActive:
             query.stop()
     assert query.exception() is None
+    _assert_exactly(consume_all(bootstrap, out), rows)
 
-    records = consume_all(bootstrap, out)
-    values = Counter(r.value for r in records)
-    dupes = {v: c for v, c in values.items() if c > 1}
-    assert not dupes, f"{len(dupes)} values written more than once, e.g. {list(dupes)[:3]}"
-    assert len(records) == ROWS_PER_TASK
-    assert sorted((r.key, r.value) for r in records) == sorted((s.key, s.value) for s in sent)
+
+def test_both_sorted_sinks_send_the_same_rows_as_the_same_records_in_the_same_order(
+    spark, bootstrap
+):
+    """A query may move between the two sinks across a restart only if both turn a task's rows
+    into the same records under the same sequences: with exactlyOnce=sorted, the same order
+    whatever the input's."""
+    rows = [
+        ("t", None, "b", None),
+        ("t", "k1", "a", [("h", b"\x00\x01"), ("h", None)]),
+        ("t", "k1", "a", [("h", b"\x00")]),
+        ("t", "k1", "a", [("h", None)]),
+        ("t", "k1", "a", []),
+        ("t", "k1", "a", None),
+        ("t", "k2", "a\u00e9", [("g", b"z")]),
+        ("t", "k2", "a", [("g", b"z"), ("a", b"")]),
+        ("t", "k2", "", None),
+        ("t", None, "", [("h\u00e9", b"\xff")]),
+    ] * 3
+    schema = (
+        "topic string, key string, value string, headers array<struct<key:string,value:binary>>"
+    )
+    df = spark.createDataFrame(rows[::-1] + rows, schema).coalesce(1)
+    orders = {}
+    for sink in ("stratalog-python", "stratalog"):
+        out = topic_name("order-" + sink)
+        create_topic(bootstrap, out, 1)
+        (
+            df.drop("topic")
+            .write.format(sink)
+            .mode("append")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", out)
+            .option("exactlyOnce", "sorted")
+            .save()
+        )
+        recs = sorted(consume_all(bootstrap, out), key=lambda r: r.offset)
+        orders[sink] = [(r.key, r.value, r.headers or ()) for r in recs]
+    assert len(orders["stratalog"]) == 2 * len(rows)
+    assert orders["stratalog-python"] == orders["stratalog"]
+
+
+def test_python_sink_refuses_a_task_larger_than_its_ordering_memory(spark, bootstrap):
+    out = topic_name("eo-cap")
+    create_topic(bootstrap, out, 1)
+    df = spark.range(0, 10_000, numPartitions=1).selectExpr("CAST(id AS STRING) AS value")
+    with pytest.raises(Exception, match=r"exactlyOnce\.maxTaskBytes"):
+        (
+            df.write.format("stratalog-python")
+            .mode("append")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", out)
+            .option("exactlyOnce", "sorted")
+            .option("exactlyOnce.maxTaskBytes", "1000")
+            .save()
+        )
+    assert consume_all(bootstrap, out) == []  # refused before anything was sent
+
+
+@SINKS
+@pytest.mark.parametrize(
+    ("option", "value"), [("exactlyOnce", "yes"), (FAIL, "-1"), (FAIL_ATTEMPTS, "x")]
+)
+def test_sink_options_with_bad_values_are_refused(spark, bootstrap, sink, option, value):
+    df = spark.range(1).selectExpr("CAST(id AS STRING) AS value")
+    with pytest.raises(Exception, match=option.replace(".", r"\.")):
+        (
+            df.write.format(sink)
+            .mode("append")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", topic_name("bad-opt"))
+            .option(option, value)
+            .save()
+        )

@@ -287,10 +287,24 @@ def _assign_json(text: str) -> dict[str, tuple[int, ...]]:
     return {t: tuple(ps) for t, ps in raw.items()}
 
 
+# For tests of re-runs: a write task's attempts numbered below FAIL_ATTEMPTS_OPTION (default 1:
+# the first) fail once FAIL_OPTION records of theirs are acknowledged. The JVM sink reads the
+# same options.
+FAIL_OPTION = "testing.failAfterRecords"
+FAIL_ATTEMPTS_OPTION = "testing.failAttempts"
+# The Python sink orders a task's rows in memory (see writer.py); past this it refuses.
+DEFAULT_MAX_TASK_BYTES = 1 << 30
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     bootstrap: str
     topic: str | None
+    exactly_once: bool = True
+    sorted: bool = False  # exactlyOnce=sorted: a task's rows are ordered by what is written
+    max_task_bytes: int = DEFAULT_MAX_TASK_BYTES
+    fail_after_records: int | None = None
+    fail_attempts: int = 1
 
 
 _SINK_UNSUPPORTED = {
@@ -302,4 +316,18 @@ _SINK_UNSUPPORTED = {
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     _refuse_kafka_options(options, _SINK_UNSUPPORTED)
     topic = _get(options, "topic")
-    return SinkOptions(parse_bootstrap(options), topic.strip() if topic is not None else None)
+    eo = (_get(options, "exactlyOnce") or "true").lower()
+    if eo not in ("true", "false", "sorted"):
+        raise OptionError(
+            "option 'exactlyOnce' must be 'true', 'sorted' or 'false', "
+            f"not {_get(options, 'exactlyOnce')!r}"
+        )
+    return SinkOptions(
+        parse_bootstrap(options),
+        topic.strip() if topic is not None else None,
+        exactly_once=eo != "false",
+        sorted=eo == "sorted",
+        max_task_bytes=_positive_int(options, "exactlyOnce.maxTaskBytes") or DEFAULT_MAX_TASK_BYTES,
+        fail_after_records=_positive_int(options, FAIL_OPTION),
+        fail_attempts=_positive_int(options, FAIL_ATTEMPTS_OPTION) or 1,
+    )

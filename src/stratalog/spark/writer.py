@@ -8,6 +8,15 @@ sequences, and the broker answers the ones it already has as duplicates without 
 again (see storage/producer_state.py, DETERMINISTIC_PRODUCER_IDS). Records with a null key go
 round-robin in a fixed order and keyed records follow Kafka's murmur2 partitioner, so a re-run
 sends every record to the same partition as the first run.
+
+All of that needs a re-run to see its rows in the same order: true without a shuffle (a
+topic-to-topic pipeline) or with sorted data, not after a shuffle whose order varies. With
+``exactlyOnce=sorted`` a task first orders its rows by what it writes (topic, partition, key,
+timestamp, value, headers), as the JVM sink has Spark do: any order of the same rows becomes the
+same records under the same sequences. The Python Data Source API has no way to ask Spark for
+that sort, so this sink holds the task's rows in memory to sort them, up to
+``exactlyOnce.maxTaskBytes``. ``exactlyOnce=false`` gives each attempt a producer id of its own:
+at least once, as Spark's Kafka sink.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -30,7 +40,7 @@ from stratalog.client.partitioner import kafka_partition
 from stratalog.client.wire import WireClient, WireError
 from stratalog.protocol.errors import code
 from stratalog.records import build_batch
-from stratalog.spark.options import OptionError, parse_sink_options
+from stratalog.spark.options import FAIL_OPTION, OptionError, SinkOptions, parse_sink_options
 from stratalog.storage.producer_state import DETERMINISTIC_PRODUCER_IDS
 
 BATCH_RECORDS = 5000
@@ -84,10 +94,17 @@ def check_schema(schema: StructType, topic_option: str | None) -> None:
 class _TaskWriter:
     """One task's producer: buffers per target partition, exact sequences, acks=all."""
 
-    def __init__(self, bootstrap: str, topic_option: str | None, producer_id: int) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic_option: str | None,
+        producer_id: int,
+        fail_after: int | None = None,
+    ) -> None:
         self.client = WireClient(bootstrap, client_id="stratalog-spark-writer")
         self.topic_option = topic_option
         self.producer_id = producer_id
+        self.fail_after = fail_after
         self.partitions: dict[str, int] = {}
         self.buffers: dict[tuple[str, int], list] = {}
         self.buffer_bytes: dict[tuple[str, int], int] = {}
@@ -180,6 +197,9 @@ class _TaskWriter:
             self.duplicates += len(recs)  # written by an earlier attempt
         else:
             self.written += len(recs)
+        acked = self.written + self.duplicates
+        if self.fail_after and acked >= self.fail_after:
+            raise RuntimeError(f"injected failure ({FAIL_OPTION}) after {acked} acked records")
 
     def finish(self) -> WriteResult:
         try:
@@ -201,8 +221,77 @@ def _millis(col: pa.Array) -> list:
     return ints.to_pylist()
 
 
-def _write(bootstrap, topic, producer_id, batches: Iterator[pa.RecordBatch]) -> WriteResult:
-    w = _TaskWriter(bootstrap, topic, producer_id)
+# The columns a record is made of, in the order both sinks sort a task's rows by.
+ORDER_COLUMNS = ("topic", "partition", "key", "timestamp", "value", "headers")
+
+
+def _order_key(value: bytes | None) -> bytes:
+    """An encoding whose byte order is the order of the values (a prefix sorts first)."""
+    if value is None:
+        return b"\x00\x00"  # null first, as Spark's ascending sort
+    return value.replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+
+
+def _headers_order(col: pa.Array) -> pa.Array:
+    """Headers as binary that sorts as Spark sorts array<struct<key, value>>."""
+    out: list[bytes | None] = []
+    for hs in col.to_pylist():
+        if hs is None:
+            out.append(None)
+            continue
+        parts = []
+        for h in hs:
+            k = h["key"]
+            parts.append(_order_key(None if k is None else k.encode()) + _order_key(h["value"]))
+        out.append(b"".join(parts))
+    return pa.array(out, pa.binary())
+
+
+def ordered(batches: Iterator[pa.RecordBatch], max_bytes: int) -> list[pa.RecordBatch]:
+    """The task's rows sorted by what is written (exactlyOnce=sorted), so a re-run sends the
+    same records."""
+    held: list[pa.RecordBatch] = []
+    size = 0
+    for b in batches:
+        size += b.nbytes
+        if size > max_bytes:
+            raise OptionError(
+                f'a write task of format("stratalog-python") holds its rows in memory to order '
+                f"them for exactly-once, and this task has more than {max_bytes} bytes "
+                '(option exactlyOnce.maxTaskBytes); write with format("stratalog"), whose sort '
+                "Spark spills to disk, split the data into more partitions, or sort the data "
+                "yourself and use exactlyOnce=true"
+            )
+        held.append(b)
+    if not held:
+        return []
+    table = pa.Table.from_batches(held).combine_chunks()
+    keys = []
+    for name in ORDER_COLUMNS:
+        if name not in table.schema.names:
+            continue
+        if name == "headers":
+            table = table.append_column("__headers_order", _headers_order(table["headers"]))
+            name = "__headers_order"
+        keys.append((name, "ascending", "at_start"))  # nulls first, as Spark's ascending
+    order = pc.sort_indices(table, sort_keys=keys)
+    table = table.take(order)
+    if "__headers_order" in table.schema.names:
+        table = table.drop_columns(["__headers_order"])
+    return table.to_batches(max_chunksize=BATCH_RECORDS)
+
+
+def _write(opts: SinkOptions, producer_id: int, batches: Iterator[pa.RecordBatch]) -> WriteResult:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    if opts.sorted:
+        batches = iter(ordered(batches, opts.max_task_bytes))
+    elif not opts.exactly_once:
+        producer_id = derived_producer_id("attempt", uuid.uuid4())
+    fail_after = opts.fail_after_records if attempt < opts.fail_attempts else None
+    w = _TaskWriter(opts.bootstrap, opts.topic, producer_id, fail_after)
     try:
         for b in batches:
             w.add_arrow(b)
@@ -227,7 +316,7 @@ class StratalogBatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteResult:
         pid = derived_producer_id("batch", self.job, _task_partition())
-        return _write(self.opts.bootstrap, self.opts.topic, pid, iterator)
+        return _write(self.opts, pid, iterator)
 
     def commit(self, messages: list) -> None:
         return None
@@ -250,7 +339,7 @@ class StratalogStreamWriter(DataSourceStreamArrowWriter):
         if query is None or batch is None:
             raise WireError("the stratalog stream sink needs Spark's query and batch ids")
         pid = derived_producer_id("stream", query, batch, _task_partition())
-        return _write(self.opts.bootstrap, self.opts.topic, pid, iterator)
+        return _write(self.opts, pid, iterator)
 
     def commit(self, messages: list, batchId: int) -> None:
         return None

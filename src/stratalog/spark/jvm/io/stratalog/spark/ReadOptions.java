@@ -341,7 +341,7 @@ final class ReadOptions implements Serializable {
     return n;
   }
 
-  private static boolean bool(CaseInsensitiveStringMap o, String name, boolean dflt) {
+  static boolean bool(CaseInsensitiveStringMap o, String name, boolean dflt) {
     String v = o.get(name);
     if (v == null) {
       return dflt;

@@ -3,14 +3,22 @@ package io.stratalog.spark;
 import java.io.IOException;
 import java.io.Serializable;
 import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.UUID;
 import org.apache.spark.TaskContext;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.connector.distributions.Distribution;
+import org.apache.spark.sql.connector.distributions.Distributions;
+import org.apache.spark.sql.connector.expressions.Expressions;
+import org.apache.spark.sql.connector.expressions.SortDirection;
+import org.apache.spark.sql.connector.expressions.SortOrder;
 import org.apache.spark.sql.connector.write.BatchWrite;
 import org.apache.spark.sql.connector.write.DataWriter;
 import org.apache.spark.sql.connector.write.DataWriterFactory;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
 import org.apache.spark.sql.connector.write.PhysicalWriteInfo;
+import org.apache.spark.sql.connector.write.RequiresDistributionAndOrdering;
 import org.apache.spark.sql.connector.write.SupportsTruncate;
 import org.apache.spark.sql.connector.write.Write;
 import org.apache.spark.sql.connector.write.WriteBuilder;
@@ -30,13 +38,28 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * optional {@code key}, {@code partition}, {@code headers} and {@code timestamp} columns.
  * Streaming output modes append, update and complete all append (as Kafka's sink does); a batch
  * overwrite is refused.
+ *
+ * <p>Option {@code exactlyOnce}. {@code true} (the default): each task's producer id is derived
+ * from the job or micro-batch and the task, and a re-run repeats its records under the same
+ * sequences, which the broker drops as duplicates; rows are written in the order they come, so
+ * this holds when a re-run sees its rows in the same order (a pipeline without a shuffle, or
+ * sorted data). {@code sorted}: the write asks Spark to sort each task's rows by what is written
+ * (topic, partition, key, timestamp, value, headers; {@link #requiredOrdering}), so any order of
+ * the same rows makes the same records: exactly once also after a shuffle whose order varies,
+ * at the cost of a sort and of the input's order. {@code false}: no sort and a producer id per
+ * attempt, so at least once, as Spark's Kafka sink.
  */
 final class SinkWrite
     implements WriteBuilder, SupportsTruncate, SupportsStreamingUpdateAsAppend, Write,
-        BatchWrite, StreamingWrite {
+        BatchWrite, StreamingWrite, RequiresDistributionAndOrdering {
   private final String bootstrap;
   private final String topicOption;
   private final Columns cols;
+  private final List<String> written = new ArrayList<>();
+  private final boolean exactlyOnce;
+  private final boolean sorted;
+  private final long failAfterRecords;
+  private final long failAttempts;
   private final String job = UUID.randomUUID().toString(); // made on the driver, once
   private boolean truncate;
 
@@ -67,7 +90,49 @@ final class SinkWrite
     String t = o.get("topic");
     topicOption = t == null ? null : t.trim();
     cols = columns(info.schema(), topicOption);
+    String eo = o.getOrDefault("exactlyOnce", "true").toLowerCase(java.util.Locale.ROOT);
+    if (!eo.equals("true") && !eo.equals("false") && !eo.equals("sorted")) {
+      throw new IllegalArgumentException("option 'exactlyOnce' must be 'true', 'sorted' or "
+          + "'false', not '" + o.get("exactlyOnce") + "'");
+    }
+    exactlyOnce = !eo.equals("false");
+    sorted = eo.equals("sorted");
+    failAfterRecords = failureInjection(o, FAIL_OPTION);
+    long attempts = failureInjection(o, FAIL_ATTEMPTS_OPTION);
+    failAttempts = attempts == 0 ? 1 : attempts;
+    StructField[] fields = info.schema().fields();
+    // The Python sink sorts by the same columns in the same order (writer.ORDER_COLUMNS).
+    for (int i : new int[] {cols.topic, cols.partition, cols.key, cols.timestamp, cols.value,
+        cols.headers}) {
+      if (i >= 0) {
+        written.add(fields[i].name());
+      }
+    }
   }
+
+  /**
+   * For tests of re-runs: a task attempt numbered below {@code testing.failAttempts} (default
+   * 1: the first) fails once this many of its records are acknowledged (0: never).
+   */
+  static long failureInjection(CaseInsensitiveStringMap o, String name) {
+    String v = o.get(name);
+    if (v == null) {
+      return 0;
+    }
+    try {
+      long n = Long.parseLong(v);
+      if (n > 0) {
+        return n;
+      }
+    } catch (NumberFormatException e) {
+      // reported below
+    }
+    throw new IllegalArgumentException(
+        "option '" + name + "' must be a positive integer, not '" + v + "'");
+  }
+
+  static final String FAIL_OPTION = "testing.failAfterRecords";
+  static final String FAIL_ATTEMPTS_OPTION = "testing.failAttempts";
 
   private static Columns columns(StructType schema, String topicOption) {
     Columns c = new Columns();
@@ -144,6 +209,23 @@ final class SinkWrite
   }
 
   @Override
+  public Distribution requiredDistribution() {
+    return Distributions.unspecified(); // rows stay in their tasks; only their order is asked
+  }
+
+  @Override
+  public SortOrder[] requiredOrdering() {
+    if (!sorted) {
+      return new SortOrder[0];
+    }
+    SortOrder[] order = new SortOrder[written.size()];
+    for (int i = 0; i < order.length; i++) {
+      order[i] = Expressions.sort(Expressions.column(written.get(i)), SortDirection.ASCENDING);
+    }
+    return order;
+  }
+
+  @Override
   public String description() {
     return "stratalog sink" + (topicOption == null ? "" : " to " + topicOption);
   }
@@ -172,7 +254,7 @@ final class SinkWrite
 
   @Override
   public DataWriterFactory createBatchWriterFactory(PhysicalWriteInfo info) {
-    return new Factory(bootstrap, topicOption, cols, job);
+    return new Factory(this, job);
   }
 
   @Override
@@ -189,7 +271,7 @@ final class SinkWrite
 
   @Override
   public StreamingDataWriterFactory createStreamingWriterFactory(PhysicalWriteInfo info) {
-    return new Factory(bootstrap, topicOption, cols, null);
+    return new Factory(this, null);
   }
 
   @Override
@@ -205,11 +287,17 @@ final class SinkWrite
     private final String topicOption;
     private final Columns cols;
     private final String job;
+    private final boolean exactlyOnce;
+    private final long failAfterRecords;
+  private final long failAttempts;
 
-    Factory(String bootstrap, String topicOption, Columns cols, String job) {
-      this.bootstrap = bootstrap;
-      this.topicOption = topicOption;
-      this.cols = cols;
+    Factory(SinkWrite w, String job) {
+      this.bootstrap = w.bootstrap;
+      this.topicOption = w.topicOption;
+      this.cols = w.cols;
+      this.exactlyOnce = w.exactlyOnce;
+      this.failAfterRecords = w.failAfterRecords;
+      this.failAttempts = w.failAttempts;
       this.job = job;
     }
 
@@ -230,8 +318,13 @@ final class SinkWrite
     }
 
     private DataWriter<InternalRow> open(long producerId) {
+      TaskContext ctx = TaskContext.get();
+      long failAfter = ctx != null && ctx.attemptNumber() < failAttempts ? failAfterRecords : 0;
+      if (!exactlyOnce) {
+        producerId = TopicWriter.producerId("attempt", UUID.randomUUID());
+      }
       try {
-        return new TopicWriter(bootstrap, topicOption, cols, producerId);
+        return new TopicWriter(bootstrap, topicOption, cols, producerId, failAfter);
       } catch (IOException e) {
         throw new UncheckedIOException("cannot reach " + bootstrap, e);
       }

@@ -34,6 +34,7 @@ final class TopicWriter implements DataWriter<InternalRow> {
   private final SinkWrite.Columns cols;
   private final String topicOption;
   private final long producerId;
+  private final long failAfter;
   private final KafkaWire wire;
   private final Map<String, Integer> partitionCounts = new HashMap<>();
   private final Map<String, Integer> roundRobin = new HashMap<>();
@@ -43,11 +44,12 @@ final class TopicWriter implements DataWriter<InternalRow> {
   private long written;
   private long duplicates;
 
-  TopicWriter(String bootstrap, String topicOption, SinkWrite.Columns cols, long producerId)
-      throws IOException {
+  TopicWriter(String bootstrap, String topicOption, SinkWrite.Columns cols, long producerId,
+      long failAfter) throws IOException {
     this.cols = cols;
     this.topicOption = topicOption;
     this.producerId = producerId;
+    this.failAfter = failAfter;
     this.wire = KafkaWire.connect(bootstrap, TIMEOUT_MS);
   }
 
@@ -179,6 +181,10 @@ final class TopicWriter implements DataWriter<InternalRow> {
       duplicates += recs.size(); // written by an earlier attempt
     } else {
       written += recs.size();
+    }
+    if (failAfter > 0 && written + duplicates >= failAfter) {
+      throw new IOException("injected failure (" + SinkWrite.FAIL_OPTION + ") after "
+          + (written + duplicates) + " acked records");
     }
   }
 
