@@ -187,3 +187,38 @@ def test_a_paced_backlog_fetch_abandoned_by_its_client_releases_its_segments(tmp
         while b.call(refs) != at_rest and time.monotonic() < deadline:
             time.sleep(0.1)
         assert b.call(refs) == at_rest
+
+
+def test_the_steered_backlog_budget_follows_the_journals_fsyncs():
+    from stratalog.storage.throttle import ByteRate, FsyncGuidedRate
+
+    rate = ByteRate(0)
+    pacer = FsyncGuidedRate(rate, target=0.002, floor=1_000_000, ceiling=3_500_000)
+    assert rate.rate == 1_000_000  # starts at the floor
+    assert pacer.tick(0.0005) == 1_000_000  # no backlog read asked for anything: no growth
+    rate.admitted += 1  # a backlog read asked for bytes
+    assert pacer.tick(0.0005) == 2_000_000
+    rate.admitted += 1
+    assert pacer.tick(None) == 3_000_000  # no fsync at all: nothing to protect
+    rate.admitted += 1
+    assert pacer.tick(0.001) == 3_500_000  # capped
+    rate.admitted += 1
+    assert pacer.tick(0.004) == 1_750_000  # the journal slowed down: halve
+    assert pacer.tick(0.1) == 1_000_000  # never below the floor
+
+
+def test_a_steered_backlog_budget_grows_while_history_is_read(tmp_path):
+    # No producer runs while the backlog is read, so nothing slows the journal: the budget
+    # climbs from its floor, and every record arrives.
+    floor = 200_000
+    config = {
+        "cache.tail_bytes_per_partition": 0,
+        "fetch.backlog.fsync_target_ms": 5.0,
+        "fetch.backlog.min_bytes_per_sec": floor,
+    }
+    with Broker(tmp_path / "d", config=config) as b:
+        create_topic(b.bootstrap, "steered")
+        values = _produce(b.bootstrap, "steered")
+        assert metrics.BACKLOG_RATE._value.get() <= floor * 2
+        assert _consume(b.bootstrap, "steered") == values
+        assert metrics.BACKLOG_RATE._value.get() > floor

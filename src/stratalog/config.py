@@ -130,7 +130,24 @@ SETTINGS: dict[str, Setting] = {
             int,
             0,
             "Bytes per second Fetch serves from segment files, i.e. older than the in-memory "
-            "tail, over all consumers; 0: unlimited. Tail reads are never limited.",
+            "tail, over all consumers; 0: unlimited. Tail reads are never limited. With "
+            "fetch.backlog.fsync_target_ms, the most the steered budget may reach.",
+        ),
+        _S(
+            "fetch.backlog.fsync_target_ms",
+            float,
+            0.0,
+            "Steer the backlog read budget by the journal: every 100 ms it grows while the "
+            "slowest group-commit fsync stays within this many ms and halves when it does not, "
+            "between fetch.backlog.min_bytes_per_sec and fetch.backlog.max_bytes_per_sec "
+            "(0 there: 4 GB/s); 0: a fixed budget.",
+        ),
+        _S(
+            "fetch.backlog.min_bytes_per_sec",
+            int,
+            4_000_000,
+            "The least the steered backlog budget gives history readers, however slow the "
+            "journal's fsyncs: catch-up always makes progress.",
         ),
         _S(
             "fsync",
@@ -354,6 +371,8 @@ class BrokerConfig:
         "gc.young_threshold": 0,
         "num.partitions": 1,
         "fetch.backlog.max_bytes_per_sec": 0,
+        "fetch.backlog.fsync_target_ms": 0,
+        "fetch.backlog.min_bytes_per_sec": 1,
         "segment.ms": 1,
         "cache.tail_bytes_per_partition": 0,
         "index.checkpoint.interval.ms": 1,

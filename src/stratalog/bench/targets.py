@@ -276,6 +276,7 @@ class StratalogTarget(KafkaProtocolTarget):
             "group_commit_ms",
             "tiers.hot.capacity",
             "fetch.backlog.max_bytes_per_sec",
+            "fetch.backlog.fsync_target_ms",
             "storage.read_priority",
         )
         shown = ", ".join(f"{k}={self.settings[k]}" for k in keys if k in self.settings)

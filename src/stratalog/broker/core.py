@@ -14,15 +14,17 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from stratalog.broker import metrics
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
+from stratalog.storage.journal import SLOWEST_SYNC
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.priority import lower_this_thread
-from stratalog.storage.throttle import ByteRate
+from stratalog.storage.throttle import ByteRate, FsyncGuidedRate
 from stratalog.storage.tiering import Migrator, TierSettings
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,15 @@ class BrokerCore:
         # Backlog reads (from segment files) share one budget, so catch-up consumers cannot
         # take the CPU and the disk the tail's producers need (BookKeeper's isolation).
         self.backlog_rate = ByteRate(config["fetch.backlog.max_bytes_per_sec"])
+        self.backlog_pacer: FsyncGuidedRate | None = None
+        if config["fetch.backlog.fsync_target_ms"] > 0:
+            self.backlog_pacer = FsyncGuidedRate(
+                self.backlog_rate,
+                target=config["fetch.backlog.fsync_target_ms"] / 1000,
+                floor=config["fetch.backlog.min_bytes_per_sec"],
+                ceiling=config["fetch.backlog.max_bytes_per_sec"] or 4_000_000_000,
+            )
+        metrics.BACKLOG_RATE.set(self.backlog_rate.rate)
         self.read_executor = ThreadPoolExecutor(
             config["storage.read_threads"],
             thread_name_prefix="stratalog-read",
@@ -119,6 +130,8 @@ class BrokerCore:
     def start_background(self) -> None:
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+        if self.backlog_pacer is not None:
+            self._tasks.append(asyncio.ensure_future(self._backlog_pacer_loop()))
         if self.store.cold is not None:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
 
@@ -155,6 +168,13 @@ class BrokerCore:
                 await self.store.checkpoint()
             except Exception:
                 log.exception("index checkpoint failed")
+
+    async def _backlog_pacer_loop(self) -> None:
+        assert self.backlog_pacer is not None
+        SLOWEST_SYNC.take()  # what came before this broker's loop started does not count
+        while True:
+            await asyncio.sleep(0.1)
+            metrics.BACKLOG_RATE.set(self.backlog_pacer.tick(SLOWEST_SYNC.take()))
 
     async def _retention_loop(self) -> None:
         interval = self.config["retention.check.interval.ms"] / 1000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 REQUESTS = Counter("stratalog_requests", "Kafka requests received", ["api"])
 # Kafka's TotalTimeMs: from a request's last byte read to its response handed to the socket,
@@ -27,4 +27,8 @@ FETCH_MEMORY_BYTES = Counter(
 SPILLED_BYTES = Counter(
     "stratalog_spilled_bytes",
     "Record-batch bytes appended to segments in the cold tier's directory (hot tier full)",
+)
+BACKLOG_RATE = Gauge(
+    "stratalog_backlog_rate_bytes_per_second",
+    "The backlog read budget now (0: unlimited); steered with fetch.backlog.fsync_target_ms",
 )

@@ -33,6 +33,27 @@ SYNC_SECONDS = Histogram(
 )
 
 
+class SlowestSync:
+    """The slowest group-commit fsync since it was last read, over all journals: what the
+    backlog read budget is steered by (throttle.FsyncGuidedRate). Written by the I/O threads;
+    a lost update under a race is one sample, which is harmless here."""
+
+    def __init__(self) -> None:
+        self._slowest: float | None = None
+
+    def note(self, seconds: float) -> None:
+        s = self._slowest
+        if s is None or seconds > s:
+            self._slowest = seconds
+
+    def take(self) -> float | None:
+        s, self._slowest = self._slowest, None
+        return s
+
+
+SLOWEST_SYNC = SlowestSync()
+
+
 @dataclass(frozen=True, slots=True)
 class FsyncPolicy:
     mode: str  # "always" | "interval" | "never"
@@ -224,4 +245,6 @@ def _sync_all(segments: list[Segment]) -> None:
     t0 = time.monotonic()
     for s in segments:
         s.sync()
-    SYNC_SECONDS.observe(time.monotonic() - t0)
+    took = time.monotonic() - t0
+    SYNC_SECONDS.observe(took)
+    SLOWEST_SYNC.note(took)
