@@ -71,10 +71,11 @@ class Rec:
     headers: tuple[tuple[str, bytes | None], ...] | None = None
 
 
-def produce(bootstrap: str, topic: str, records: Sequence[Rec]) -> list[Sent]:
-    """Produce with confluent-kafka, in order, and return what was delivered (with offsets)."""
+def produce(bootstrap: str, topic: str, records: Sequence[Rec], **config) -> list[Sent]:
+    """Produce with confluent-kafka, in order, and return what was delivered (with offsets);
+    ``config`` adds or overrides producer settings."""
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": False}
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": False, **config}
     )
     sent: list[Sent] = []
     errors: list[object] = []

@@ -155,6 +155,19 @@ def _check_unsupported(options: Mapping[str, str]) -> None:
         if _get(options, name) is not None:
             raise OptionError(f"option '{name}' is not supported by format(\"stratalog-python\")")
     _refuse_kafka_options(options, _UNSUPPORTED)
+    check_isolation_level(_get(options, "kafka.isolation.level"))
+
+
+def check_isolation_level(level: str | None) -> None:
+    """The readers fetch read_uncommitted. Stratalog has no transactions, so nothing differs
+    there; on a Kafka broker read_committed would hide aborted records, so it is refused
+    rather than silently ignored. The JVM reader (ReadOptions.java) says the same."""
+    if level is not None and level != "read_uncommitted":
+        raise OptionError(
+            f"Kafka option 'isolation.level' = {level!r} is not supported: the reader returns "
+            "every record (read_uncommitted); Stratalog has no transactions to hide, and on a "
+            "Kafka broker records of aborted transactions would be returned"
+        )
 
 
 def _check_limits(starting, ending, starting_ts, ending_ts, starting_bt, ending_bt) -> None:

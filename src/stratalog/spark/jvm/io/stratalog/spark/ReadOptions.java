@@ -82,6 +82,15 @@ final class ReadOptions implements Serializable {
             + "' is not supported: " + u[1]);
       }
     }
+    // Fetches are read_uncommitted. Nothing differs on Stratalog (no transactions); on Kafka
+    // read_committed would hide aborted records, so it is refused, never silently ignored.
+    String level = o.get("kafka.isolation.level");
+    if (level != null && !level.equals("read_uncommitted")) {
+      throw new IllegalArgumentException("Kafka option 'isolation.level' = '" + level
+          + "' is not supported: the reader returns every record (read_uncommitted); "
+          + "Stratalog has no transactions to hide, and on a Kafka broker records of aborted "
+          + "transactions would be returned");
+    }
     List<String> given = new ArrayList<>();
     for (String n : new String[] {"subscribe", "subscribePattern", "assign"}) {
       String v = o.get(n);
