@@ -41,6 +41,19 @@ def test_toml_file_nested_tables_flatten(tmp_path):
         ({"auto.create.topics.enable": "perhaps"}, "must be bool"),
         ({"storage.direct_io": "maybe"}, "must be bool"),
         ({"storage.direct_min_bytes": -1}, "storage.direct_min_bytes must be 0 or more"),
+        (
+            {"fetch.backlog.fsync_target_ms": 2, "fsync": "interval:100"},
+            "fsync='interval:100' has none",
+        ),
+        (
+            {
+                "fetch.backlog.fsync_target_ms": 2,
+                "fetch.backlog.min_bytes_per_sec": 9_000_000,
+                "fetch.backlog.max_bytes_per_sec": 5_000_000,
+            },
+            "fetch.backlog.min_bytes_per_sec (9000000) is above",
+        ),
+        ({"fetch.backlog.min_bytes_per_sec": 0}, "must be positive"),
     ],
 )
 def test_bad_settings_name_the_problem(values, message):

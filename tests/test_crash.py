@@ -202,6 +202,7 @@ def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
                     acked[int(msg.value())] = (msg.partition(), msg.offset())
 
             base = round_ * 100_000
+            acked_before = len(acked)
             for i in range(20_000):
                 p.produce(
                     "power",
@@ -214,6 +215,11 @@ def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
                 if i == 15_000:
                     # Kill while records still stream in (killing after the last one was sent
                     # sometimes found everything already synced), then lose every unsynced byte.
+                    # On a busy machine all 15,000 can be queued before the first answer: wait
+                    # for one acknowledgement of this round, so every round has one to check.
+                    deadline = time.monotonic() + 10
+                    while len(acked) == acked_before and time.monotonic() < deadline:
+                        p.poll(0.001)
                     bp.kill()
                     break
             p.poll(0.2)

@@ -195,16 +195,30 @@ def test_the_steered_backlog_budget_follows_the_journals_fsyncs():
     rate = ByteRate(0)
     pacer = FsyncGuidedRate(rate, target=0.002, floor=1_000_000, ceiling=3_500_000)
     assert rate.rate == 1_000_000  # starts at the floor
-    assert pacer.tick(0.0005) == 1_000_000  # no backlog read asked for anything: no growth
-    rate.admitted += 1  # a backlog read asked for bytes
-    assert pacer.tick(0.0005) == 2_000_000
-    rate.admitted += 1
-    assert pacer.tick(None) == 3_000_000  # no fsync at all: nothing to protect
-    rate.admitted += 1
-    assert pacer.tick(0.001) == 3_500_000  # capped
-    rate.admitted += 1
-    assert pacer.tick(0.004) == 1_750_000  # the journal slowed down: halve
-    assert pacer.tick(0.1) == 1_000_000  # never below the floor
+    now = 1000.0
+    assert pacer.tick(0.0005, now) == 1_000_000  # nobody waits for the budget: no growth
+    rate._until = now + 1  # backlog reads are queued behind the budget
+    assert pacer.tick(0.0005, now) == 2_000_000
+    assert pacer.tick(None, now) == 3_000_000  # no fsync at all: nothing to protect
+    assert pacer.tick(0.001, now) == 3_500_000  # capped
+    assert pacer.tick(0.004, now) == 1_750_000  # the journal slowed down: halve
+    assert pacer.tick(0.1, now) == 1_000_000  # never below the floor
+    # A tiny floor still grows by a useful step.
+    small = FsyncGuidedRate(ByteRate(0), target=0.002, floor=1, ceiling=10**9)
+    small.rate._until = time.monotonic() + 60
+    assert small.tick(None) == 1 + FsyncGuidedRate.MIN_STEP
+
+
+def test_a_lower_rate_reschedules_what_is_queued():
+    from stratalog.storage.throttle import ByteRate
+
+    r = ByteRate(1_000_000)
+    now = time.monotonic()
+    r._until = now + 2.0  # 2 MB queued at 1 MB/s
+    r.set_rate(4_000_000)
+    assert r._until - now < 0.6  # the same bytes at 4 MB/s
+    r.set_rate(500_000)
+    assert r._until - now > 0.9
 
 
 def test_a_steered_backlog_budget_grows_while_history_is_read(tmp_path):

@@ -348,6 +348,20 @@ class BrokerConfig:
                 raise ConfigError(f"tiers.cold.options must be a JSON object: {e}") from None
         if self["tiers.cold.path"] and self["tiers.cold.url"]:
             raise ConfigError("set tiers.cold.path or tiers.cold.url, not both")
+        if self["fetch.backlog.fsync_target_ms"] > 0:
+            # Steered by the fsyncs acks wait for: with fsync=interval or never there are none.
+            if self["fsync"] != "always":
+                raise ConfigError(
+                    "fetch.backlog.fsync_target_ms steers backlog reads by the fsyncs that "
+                    f"producers wait for, and fsync={self['fsync']!r} has none: use "
+                    "fsync=always, or a fixed fetch.backlog.max_bytes_per_sec"
+                )
+            top = self["fetch.backlog.max_bytes_per_sec"]
+            if 0 < top < self["fetch.backlog.min_bytes_per_sec"]:
+                raise ConfigError(
+                    f"fetch.backlog.min_bytes_per_sec ({self['fetch.backlog.min_bytes_per_sec']}) "
+                    f"is above fetch.backlog.max_bytes_per_sec ({top})"
+                )
         self._validate_ranges()
 
     # Settings whose meaning needs at least this value (below it the broker would start and then

@@ -14,11 +14,13 @@ broker already has, and those rows would be lost while others were written twice
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
 
 from ..conftest import create_topic
 from .conftest import Rec, consume_all, produce, topic_name
@@ -206,45 +208,72 @@ def test_stream_write_exactly_once_after_a_failed_micro_batch(
     _assert_exactly(consume_all(bootstrap, out), rows)
 
 
+def _sorted_sink_records(spark, bootstrap, sink: str, df) -> list[tuple]:
+    out = topic_name("order-" + sink)
+    create_topic(bootstrap, out, 2)
+    (
+        df.write.format(sink)
+        .mode("append")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", out)
+        .option("exactlyOnce", "sorted")
+        .save()
+    )
+    recs = sorted(consume_all(bootstrap, out), key=lambda r: (r.partition, r.offset))
+    # A row without an event time is stamped when sent: only "recent" is comparable.
+    recent = (time.time() - 600) * 1000
+    return [
+        (
+            r.partition,
+            r.key,
+            r.value,
+            r.headers or (),
+            "sent" if r.timestamp > recent else r.timestamp,
+        )
+        for r in recs
+    ]
+
+
 def test_both_sorted_sinks_send_the_same_rows_as_the_same_records_in_the_same_order(
     spark, bootstrap
 ):
     """A query may move between the two sinks across a restart only if both turn a task's rows
     into the same records under the same sequences: with exactlyOnce=sorted, the same order
-    whatever the input's."""
+    whatever the input's. Headers with null names and values, binary keys, an explicit
+    partition for some rows, and event times with microseconds (rounded down to milliseconds)."""
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=UTC)
     rows = [
-        ("t", None, "b", None),
-        ("t", "k1", "a", [("h", b"\x00\x01"), ("h", None)]),
-        ("t", "k1", "a", [("h", b"\x00")]),
-        ("t", "k1", "a", [("h", None)]),
-        ("t", "k1", "a", []),
-        ("t", "k1", "a", None),
-        ("t", "k2", "a\u00e9", [("g", b"z")]),
-        ("t", "k2", "a", [("g", b"z"), ("a", b"")]),
-        ("t", "k2", "", None),
-        ("t", None, "", [("h\u00e9", b"\xff")]),
+        (None, "b", None, None, t0),
+        (b"k1", "a", [("h", b"\x00\x01"), ("h", None)], None, t0),
+        (b"k1", "a", [("h", b"\x00")], 1, t0 + timedelta(microseconds=999)),
+        (b"k1", "a", [("h", None)], None, t0 - timedelta(microseconds=1)),
+        (b"k1", "a", [(None, b"x")], None, t0),
+        (b"k1", "a", [], 0, None),
+        (b"k1", "a", None, None, t0),
+        (b"k2\xff", "a\u00e9", [("g", b"z")], None, t0 - timedelta(days=1)),
+        (b"k2", "a", [("g", b"z"), ("a", b"")], 1, t0),
+        (b"", "", None, None, t0),
+        (None, "", [("h\u00e9", b"\xff")], None, t0),
     ] * 3
     schema = (
-        "topic string, key string, value string, headers array<struct<key:string,value:binary>>"
+        "key binary, value string, headers array<struct<key:string,value:binary>>, "
+        "partition int, timestamp timestamp"
     )
     df = spark.createDataFrame(rows[::-1] + rows, schema).coalesce(1)
-    orders = {}
-    for sink in ("stratalog-python", "stratalog"):
-        out = topic_name("order-" + sink)
-        create_topic(bootstrap, out, 1)
-        (
-            df.drop("topic")
-            .write.format(sink)
-            .mode("append")
-            .option("kafka.bootstrap.servers", bootstrap)
-            .option("topic", out)
-            .option("exactlyOnce", "sorted")
-            .save()
-        )
-        recs = sorted(consume_all(bootstrap, out), key=lambda r: r.offset)
-        orders[sink] = [(r.key, r.value, r.headers or ()) for r in recs]
-    assert len(orders["stratalog"]) == 2 * len(rows)
-    assert orders["stratalog-python"] == orders["stratalog"]
+    py = _sorted_sink_records(spark, bootstrap, "stratalog-python", df)
+    jvm = _sorted_sink_records(spark, bootstrap, "stratalog", df)
+    assert len(jvm) == 2 * len(rows)
+    assert py == jvm
+    stamps = {r[4] for r in jvm}
+    assert int(t0.timestamp() * 1000) in stamps  # 12:00:00.123456 written as .123
+    # A `timestamp` column of another type is neither written nor sorted by, in either sink.
+    df2 = df.withColumn("timestamp", F.lit(7).cast("long"))
+    py2 = _sorted_sink_records(spark, bootstrap, "stratalog-python", df2)
+    jvm2 = _sorted_sink_records(spark, bootstrap, "stratalog", df2)
+    assert [r[:4] for r in py2] == [r[:4] for r in jvm2]
+    assert {r[4] for r in py2 + jvm2} == {"sent"}
 
 
 def test_python_sink_refuses_a_task_larger_than_its_ordering_memory(spark, bootstrap):
@@ -277,5 +306,21 @@ def test_sink_options_with_bad_values_are_refused(spark, bootstrap, sink, option
             .option("kafka.bootstrap.servers", bootstrap)
             .option("topic", topic_name("bad-opt"))
             .option(option, value)
+            .save()
+        )
+
+
+def test_sorted_jvm_sink_refuses_a_column_that_differs_from_a_sorted_one_only_by_case(
+    spark, bootstrap
+):
+    # Spark would resolve the sort by `key` case-insensitively and find `KEY` too.
+    df = spark.range(3).selectExpr("CAST(id AS STRING) AS key", "'x' AS KEY", "'v' AS value")
+    with pytest.raises(Exception, match="cannot tell it from the column 'KEY'"):
+        (
+            df.write.format("stratalog")
+            .mode("append")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", topic_name("case"))
+            .option("exactlyOnce", "sorted")
             .save()
         )

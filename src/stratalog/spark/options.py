@@ -329,7 +329,8 @@ _SINK_UNSUPPORTED = {
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     _refuse_kafka_options(options, _SINK_UNSUPPORTED)
     topic = _get(options, "topic")
-    eo = (_get(options, "exactlyOnce") or "true").lower()
+    given = _get(options, "exactlyOnce")
+    eo = "true" if given is None else given.lower()
     if eo not in ("true", "false", "sorted"):
         raise OptionError(
             "option 'exactlyOnce' must be 'true', 'sorted' or 'false', "

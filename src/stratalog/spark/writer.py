@@ -136,7 +136,7 @@ class _TaskWriter:
         topics = cols["topic"].to_pylist() if "topic" in cols and not self.topic_option else None
         parts = cols["partition"].to_pylist() if "partition" in cols else [None] * n
         headers = cols["headers"].to_pylist() if "headers" in cols else None
-        stamps = _millis(cols["timestamp"]) if "timestamp" in cols else None
+        stamps = _millis(cols["timestamp"]) if _event_time(batch) else None
         now = int(time.time() * 1000)
         for i in range(n):
             topic = self.topic_option or (topics[i] if topics else None)
@@ -154,7 +154,10 @@ class _TaskWriter:
                     p = kafka_partition(key, count)
             elif not 0 <= p < count:
                 raise WireError(f"partition {p} does not exist in {topic} ({count} partitions)")
-            hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers and headers[i] else []
+            hdrs = (
+                # A null header name is written empty, as the JVM sink writes it.
+                [(h["key"] or "", h["value"]) for h in headers[i]] if headers and headers[i] else []
+            )
             ts = stamps[i] if stamps is not None and stamps[i] is not None else now
             tp = (topic, p)
             buf = self.buffers.setdefault(tp, [])
@@ -217,8 +220,20 @@ def _as_bytes(col: pa.Array) -> list:
 
 
 def _millis(col: pa.Array) -> list:
-    ints = col.cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-    return ints.to_pylist()
+    # Rounded down to the millisecond, as the JVM sink does (floorDiv of Spark's microseconds).
+    micros = col.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+    return [None if v is None else v // 1000 for v in micros]
+
+
+def _event_time(batch: pa.RecordBatch) -> bool:
+    """Whether the rows carry a ``timestamp`` column the sinks write as CreateTime: Spark's
+    TimestampType only (an Arrow timestamp with a time zone), as in the JVM sink; a column of
+    another type by that name is neither written nor sorted by."""
+    i = batch.schema.get_field_index("timestamp")
+    if i < 0:
+        return False
+    t = batch.schema.field(i).type
+    return pa.types.is_timestamp(t) and t.tz is not None
 
 
 # The columns a record is made of, in the order both sinks sort a task's rows by.
@@ -269,6 +284,8 @@ def ordered(batches: Iterator[pa.RecordBatch], max_bytes: int) -> list[pa.Record
     keys = []
     for name in ORDER_COLUMNS:
         if name not in table.schema.names:
+            continue
+        if name == "timestamp" and not _event_time(held[0]):
             continue
         if name == "headers":
             table = table.append_column("__headers_order", _headers_order(table["headers"]))

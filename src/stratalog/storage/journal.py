@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -34,20 +35,22 @@ SYNC_SECONDS = Histogram(
 
 
 class SlowestSync:
-    """The slowest group-commit fsync since it was last read, over all journals: what the
-    backlog read budget is steered by (throttle.FsyncGuidedRate). Written by the I/O threads;
-    a lost update under a race is one sample, which is harmless here."""
+    """The slowest group-commit fsync (one that acks=all waits for) since it was last read,
+    over all journals of the process: what the backlog read budget is steered by
+    (throttle.FsyncGuidedRate). Written by the I/O threads."""
 
     def __init__(self) -> None:
         self._slowest: float | None = None
+        self._lock = threading.Lock()  # the sample a race would lose is the slow one
 
     def note(self, seconds: float) -> None:
-        s = self._slowest
-        if s is None or seconds > s:
-            self._slowest = seconds
+        with self._lock:
+            if self._slowest is None or seconds > self._slowest:
+                self._slowest = seconds
 
     def take(self) -> float | None:
-        s, self._slowest = self._slowest, None
+        with self._lock:
+            s, self._slowest = self._slowest, None
         return s
 
 

@@ -15,11 +15,22 @@ class ByteRate:
     def __init__(self, rate: int) -> None:
         self.rate = rate
         self._until = 0.0
-        self.admitted = 0  # bytes asked for so far, limited or not
+
+    def waiting(self, now: float) -> bool:
+        """Whether bytes admitted so far are still waiting for their time: the limit holds
+        its callers back."""
+        return self.rate > 0 and self._until > now
+
+    def set_rate(self, rate: int) -> None:
+        """A new rate; what is already scheduled is rescheduled at it, so a lower rate slows
+        the queue at once and a higher one lets it go sooner (callers already asleep keep their
+        wake-up, which only the queue behind them feels)."""
+        now = time.monotonic()
+        if self.rate > 0 and rate > 0 and self._until > now:
+            self._until = now + (self._until - now) * self.rate / rate
+        self.rate = rate
 
     async def admit(self, nbytes: int) -> None:
-        if nbytes > 0:
-            self.admitted += nbytes
         if self.rate <= 0 or nbytes <= 0:
             return
         now = time.monotonic()
@@ -29,35 +40,35 @@ class ByteRate:
 
 class FsyncGuidedRate:
     """Steers a ByteRate between ``floor`` and ``ceiling`` by the journal's fsync latency:
-    additive increase while backlog reads want more and the slowest fsync of the last interval
-    met ``target`` seconds, multiplicative decrease when it did not (TCP's AIMD).
+    additive increase while the budget holds backlog reads back and the slowest fsync of the
+    last interval met ``target`` seconds, multiplicative decrease when it did not (TCP's AIMD).
 
     Backlog reads delay producers through the disk: the journal's fsyncs queue behind them. A
     fixed byte rate has to be chosen for the slowest disk and the busiest hour; this one finds
     the rate the disk can serve beside the journal now, and gives it back when the journal
-    slows down.
+    slows down. It grows only while readers are waiting for the budget, so a trickle of reads
+    cannot lift it far above what is read, and a halving takes effect at once.
     """
 
     DECREASE = 0.5
+    MIN_STEP = 1_000_000  # bytes/s per interval, whatever the floor
 
     def __init__(self, rate: ByteRate, target: float, floor: int, ceiling: int) -> None:
         self.rate = rate
         self.target = target
         self.floor = floor
         self.ceiling = max(ceiling, floor)
-        self.step = floor  # per interval: from the floor to 100 MB/s in a few seconds
-        self._seen = rate.admitted
+        self.step = max(floor, self.MIN_STEP)
         rate.rate = floor
 
-    def tick(self, slowest_fsync: float | None) -> int:
+    def tick(self, slowest_fsync: float | None, now: float | None = None) -> int:
         """One interval passed; ``slowest_fsync`` is its slowest group-commit fsync (None: no
-        fsync happened). Returns the new rate."""
-        wanted = self.rate.admitted > self._seen
-        self._seen = self.rate.admitted
+        fsync happened, nothing to protect). Returns the new rate."""
+        held_back = self.rate.waiting(time.monotonic() if now is None else now)
         r = self.rate.rate
         if slowest_fsync is not None and slowest_fsync > self.target:
             r = max(self.floor, int(r * self.DECREASE))
-        elif wanted:
+        elif held_back:
             r = min(self.ceiling, r + self.step)
-        self.rate.rate = r
+        self.rate.set_rate(r)
         return r

@@ -108,6 +108,18 @@ final class SinkWrite
         written.add(fields[i].name());
       }
     }
+    if (sorted) {
+      // Spark resolves the sort's column names case-insensitively; the sink matches exactly.
+      for (StructField f : fields) {
+        for (String w : written) {
+          if (!f.name().equals(w) && f.name().equalsIgnoreCase(w)) {
+            throw new IllegalArgumentException("exactlyOnce=sorted sorts by the column '" + w
+                + "' and cannot tell it from the column '" + f.name() + "': rename or drop '"
+                + f.name() + "'");
+          }
+        }
+      }
+    }
   }
 
   /**
@@ -289,7 +301,7 @@ final class SinkWrite
     private final String job;
     private final boolean exactlyOnce;
     private final long failAfterRecords;
-  private final long failAttempts;
+    private final long failAttempts;
 
     Factory(SinkWrite w, String job) {
       this.bootstrap = w.bootstrap;
