@@ -137,10 +137,10 @@ SETTINGS: dict[str, Setting] = {
             "fetch.backlog.fsync_target_ms",
             float,
             0.0,
-            "Steer the backlog read budget by the journal: every 100 ms it grows while the "
-            "slowest group-commit fsync stays within this many ms and halves when it does not, "
-            "between fetch.backlog.min_bytes_per_sec and fetch.backlog.max_bytes_per_sec "
-            "(0 there: 4 GB/s); 0: a fixed budget.",
+            "Steer the backlog read budget by the journal (needs fsync=always): every 100 ms it "
+            "grows while readers wait for it and the slowest group-commit fsync stayed within "
+            "this many ms, and halves when it did not, between fetch.backlog.min_bytes_per_sec "
+            "and fetch.backlog.max_bytes_per_sec (0 there: 4 GB/s); 0: a fixed budget.",
         ),
         _S(
             "fetch.backlog.min_bytes_per_sec",
