@@ -134,6 +134,15 @@ SETTINGS: dict[str, Setting] = {
             "fetch.backlog.fsync_target_ms, the most the steered budget may reach.",
         ),
         _S(
+            "producer.id.expiration.ms",
+            int,
+            86_400_000,
+            "An idempotent producer that appended nothing to a partition for this long is "
+            "forgotten there (Kafka's setting): a retry of its older batches is then appended "
+            "again. Bounds the memory of the Spark sinks' per-task producer ids; a micro-batch "
+            "re-run after longer than this is no longer deduplicated.",
+        ),
+        _S(
             "fetch.backlog.fsync_target_ms",
             float,
             0.0,
@@ -387,6 +396,7 @@ class BrokerConfig:
         "fetch.backlog.max_bytes_per_sec": 0,
         "fetch.backlog.fsync_target_ms": 0,
         "fetch.backlog.min_bytes_per_sec": 1,
+        "producer.id.expiration.ms": 1,
         "segment.ms": 1,
         "cache.tail_bytes_per_partition": 0,
         "index.checkpoint.interval.ms": 1,

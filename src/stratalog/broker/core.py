@@ -182,8 +182,14 @@ class BrokerCore:
             await asyncio.sleep(interval)
             try:
                 self.run_retention()
+                self.expire_producers()
             except Exception:
                 log.exception("retention failed")
+
+    def expire_producers(self, now_ms: int | None = None) -> int:
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        after = self.config["producer.id.expiration.ms"]
+        return sum(p.producers.expire(now, after) for p in self.store.partitions.values())
 
     def run_retention(self, now_ms: int | None = None) -> int:
         policies: dict[int, RetentionPolicy] = {}

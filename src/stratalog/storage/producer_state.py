@@ -9,6 +9,7 @@ is rebuilt at start from the chunk index (every entry carries the batch's produc
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,6 +44,9 @@ class BatchMeta:
 class ProducerEntry:
     epoch: int
     batches: deque[BatchMeta] = field(default_factory=lambda: deque(maxlen=RETAINED_BATCHES))
+    # Wall-clock ms of the last append (or of the rebuild at start): what expiry counts from.
+    # Not the batch's timestamp, which a writer may set years back (a copy of old events).
+    touched_ms: int = 0
 
     @property
     def last_seq(self) -> int:
@@ -117,6 +121,17 @@ class ProducerStateTable:
         elif epoch < entry.epoch:
             return
         last_seq = (base_sequence + count - 1) & _INT32_MAX
+        entry.touched_ms = int(time.time() * 1000)
         entry.batches.append(
             BatchMeta(base_sequence, last_seq, base_offset, base_offset + count - 1, timestamp)
         )
+
+    def expire(self, now_ms: int, after_ms: int) -> int:
+        """Forget producers that appended nothing for ``after_ms`` (Kafka's
+        producer.id.expiration.ms); returns how many. A retry from one of them is then appended
+        again, as in Kafka. Without this the table grows by one entry per Spark write task and
+        target partition, for ever."""
+        old = [pid for pid, e in self.producers.items() if now_ms - e.touched_ms >= after_ms]
+        for pid in old:
+            del self.producers[pid]
+        return len(old)
