@@ -173,6 +173,13 @@ class WireClient:
         return codec.build(cls, **fields)
 
     # -- requests ------------------------------------------------------------------------------
+    def api_keys(self) -> set[int]:
+        """The API keys the broker serves (ApiVersions v0)."""
+        resp = self.request(18, 0, self._new(18, 0))
+        if resp.error_code:
+            raise WireError(f"ApiVersions failed with error {resp.error_code}", resp.error_code)
+        return {k.api_key for k in resp.api_keys}
+
     def metadata(
         self, topics: list[str] | None = None, allow_auto_create: bool = False
     ) -> dict[str, TopicInfo]:

@@ -37,6 +37,7 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    read_committed: bool = False  # checked against the broker when planning
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -159,14 +160,10 @@ def _check_unsupported(options: Mapping[str, str]) -> None:
 
 
 def check_isolation_level(level: str | None) -> None:
-    """The readers fetch read_uncommitted. Stratalog has no transactions, so nothing differs
-    there; on a Kafka broker read_committed would hide aborted records, so it is refused
-    rather than silently ignored. The JVM reader (ReadOptions.java) says the same."""
-    if level is not None and level != "read_uncommitted":
+    if level is not None and level not in ("read_uncommitted", "read_committed"):
         raise OptionError(
-            f"Kafka option 'isolation.level' = {level!r} is not supported: the reader returns "
-            "every record (read_uncommitted); Stratalog has no transactions to hide, and on a "
-            "Kafka broker records of aborted transactions would be returned"
+            "Kafka option 'isolation.level' must be 'read_uncommitted' or 'read_committed', "
+            f"not {level!r}"
         )
 
 
@@ -282,6 +279,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         min_partitions=_positive_int(options, "minPartitions"),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         include_headers=_bool(options, "includeHeaders", False),
+        read_committed=_get(options, "kafka.isolation.level") == "read_committed",
     )
 
 

@@ -40,8 +40,26 @@ def from_json_offsets(raw: Mapping | None) -> Offsets:
     return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
 
 
+END_TXN = 26
+
+
+def check_read_committed(client: WireClient, opts: SourceOptions) -> None:
+    """The reader fetches read_uncommitted. A broker without transactions (no EndTxn, as
+    Stratalog) has nothing for read_committed to hide, so it means the same there; on a broker
+    with transactions it would hide aborted records, which this reader does not: refused. The
+    JVM reader (Planner.java) does the same."""
+    if opts.read_committed and END_TXN in client.api_keys():
+        raise OptionError(
+            "Kafka option 'isolation.level' = 'read_committed' is not supported on a broker "
+            f"with transactions ({opts.bootstrap}): the reader returns every record, so records "
+            "of aborted transactions would be returned; leave the option out or use "
+            'format("kafka")'
+        )
+
+
 def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[int]]:
     """The topic-partitions the options select, checked against the broker."""
+    check_read_committed(client, opts)
     if opts.subscribe_pattern is not None:
         rx = re.compile(opts.subscribe_pattern)
         meta = client.metadata(None)

@@ -32,6 +32,8 @@ final class KafkaWire implements Closeable {
   private static final short FETCH_V = 5; // v5: answers carry the log start offset
   private static final short PRODUCE = 0;
   private static final short PRODUCE_V = 7; // v3+: record batches of magic 2
+  private static final short API_VERSIONS = 18;
+  static final short END_TXN = 26;
 
   private final String host;
   private final int port;
@@ -163,6 +165,22 @@ final class KafkaWire implements Closeable {
    * Metadata; with {@code allowAutoCreate} a broker that creates topics on demand creates the
    * missing ones, as a Kafka producer asks it to.
    */
+  /** The API keys the broker serves (ApiVersions v0). */
+  java.util.Set<Short> apiKeys() throws IOException {
+    ByteBuffer bb = call(header(API_VERSIONS, (short) 0));
+    short err = bb.getShort();
+    if (err != 0) {
+      throw new KafkaError("ApiVersions to " + address() + " failed", err);
+    }
+    java.util.Set<Short> keys = new java.util.TreeSet<>();
+    for (int i = bb.getInt(); i > 0; i--) {
+      keys.add(bb.getShort());
+      bb.getShort(); // min version
+      bb.getShort(); // max version
+    }
+    return keys;
+  }
+
   Map<String, TopicMeta> metadata(List<String> topics, boolean allowAutoCreate)
       throws IOException {
     Body req = header(METADATA, METADATA_V);

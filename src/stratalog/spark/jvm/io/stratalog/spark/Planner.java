@@ -51,6 +51,7 @@ final class Planner {
 
   /** The topic-partitions the options select, checked against the broker. */
   Map<String, List<Integer>> topicPartitions() throws IOException {
+    checkIsolation();
     Map<String, List<Integer>> out = new TreeMap<>();
     if (opts.subscribePattern != null) {
       Pattern rx = Pattern.compile(opts.subscribePattern);
@@ -91,6 +92,20 @@ final class Planner {
       out.put(t, new ArrayList<>(new TreeSet<>(opts.assign.get(t))));
     }
     return out;
+  }
+
+  /**
+   * The reader fetches read_uncommitted. A broker without transactions (no EndTxn, as
+   * Stratalog) has nothing for read_committed to hide, so it means the same there; on a broker
+   * with transactions it would hide aborted records, which this reader does not do: refused.
+   */
+  private void checkIsolation() throws IOException {
+    if (opts.readCommitted && wire.apiKeys().contains(KafkaWire.END_TXN)) {
+      throw new IllegalArgumentException("Kafka option 'isolation.level' = 'read_committed' "
+          + "is not supported on a broker with transactions (" + opts.bootstrap + "): the "
+          + "reader returns every record, so records of aborted transactions would be "
+          + "returned; leave the option out or use format(\"kafka\")");
+    }
   }
 
   /** Each partition's offset for a timestamp, or its earliest or latest offset. */

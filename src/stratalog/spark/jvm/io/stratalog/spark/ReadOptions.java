@@ -44,6 +44,7 @@ final class ReadOptions implements Serializable {
   final boolean includeHeaders;
   final int pollTimeoutMs;
   final int fetchMaxBytes;
+  final boolean readCommitted;
 
   private static final String[][] UNSUPPORTED = {
     {"kafka.auto.offset.reset", "set the source option 'startingOffsets' instead"},
@@ -82,15 +83,13 @@ final class ReadOptions implements Serializable {
             + "' is not supported: " + u[1]);
       }
     }
-    // Fetches are read_uncommitted. Nothing differs on Stratalog (no transactions); on Kafka
-    // read_committed would hide aborted records, so it is refused, never silently ignored.
+    // Fetches are read_uncommitted; read_committed is checked against the broker (Planner).
     String level = o.get("kafka.isolation.level");
-    if (level != null && !level.equals("read_uncommitted")) {
-      throw new IllegalArgumentException("Kafka option 'isolation.level' = '" + level
-          + "' is not supported: the reader returns every record (read_uncommitted); "
-          + "Stratalog has no transactions to hide, and on a Kafka broker records of aborted "
-          + "transactions would be returned");
+    if (level != null && !level.equals("read_uncommitted") && !level.equals("read_committed")) {
+      throw new IllegalArgumentException("Kafka option 'isolation.level' must be "
+          + "'read_uncommitted' or 'read_committed', not '" + level + "'");
     }
+    readCommitted = "read_committed".equals(level);
     List<String> given = new ArrayList<>();
     for (String n : new String[] {"subscribe", "subscribePattern", "assign"}) {
       String v = o.get(n);
