@@ -324,3 +324,31 @@ def test_sorted_jvm_sink_refuses_a_column_that_differs_from_a_sorted_one_only_by
             .option("exactlyOnce", "sorted")
             .save()
         )
+
+
+def test_sorted_jvm_sink_is_refused_under_a_continuous_trigger(spark, bootstrap, tmp_path):
+    # Spark sorts a write's rows for batch and micro-batch plans only, and refuses a sink that
+    # asks for an ordering under a continuous trigger: "sorted" never silently fails to hold.
+    out = topic_name("continuous")
+    create_topic(bootstrap, out, 1)
+    writer = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", "10")
+        .option("numPartitions", "1")
+        .load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.format("stratalog")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", out)
+        .option("exactlyOnce", "sorted")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(continuous="1 second")
+    )
+    query = None
+    try:
+        with pytest.raises(Exception, match="cannot request distribution and ordering"):
+            query = writer.start()
+            query.awaitTermination(60)
+    finally:
+        if query is not None and query.isActive:
+            query.stop()
