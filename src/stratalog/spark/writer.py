@@ -280,7 +280,7 @@ def ordered(batches: Iterator[pa.RecordBatch], max_bytes: int) -> list[pa.Record
         held.append(b)
     if not held:
         return []
-    table = pa.Table.from_batches(held).combine_chunks()
+    table = pa.Table.from_batches(held)
     keys = []
     for name in ORDER_COLUMNS:
         if name not in table.schema.names:
