@@ -69,7 +69,7 @@ def test_tail_reads_come_from_memory():
 
 
 def test_page_cache_reads_use_sendfile_and_cold_reads_the_read_pool(tmp_path):
-    cfg = {"cache.tail_bytes_per_partition": 0, "storage.read_priority": "low"}
+    cfg = {"cache.tail_bytes": 0, "storage.read_priority": "low"}
     with Broker(tmp_path / "d", config=cfg) as b:
         create_topic(b.bootstrap, "warm")
         values = _produce(b.bootstrap, "warm")
@@ -96,7 +96,7 @@ def test_large_fetches_stay_zero_copy_when_the_socket_fills(tmp_path):
     # A Fetch over several partitions is many MB: the socket fills in the middle of a slice.
     # The rest must still go out with sendfile once the socket drains, never be read into memory.
     parts, n = 4, 20000
-    with Broker(tmp_path / "d", config={"cache.tail_bytes_per_partition": 0}) as b:
+    with Broker(tmp_path / "d", config={"cache.tail_bytes": 0}) as b:
         create_topic(b.bootstrap, "big", partitions=parts)
         p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5, "batch.size": 1000000})
         values = [b"%06d" % i + os.urandom(1000) for i in range(n)]
@@ -128,7 +128,7 @@ def test_backlog_reads_are_held_to_their_budget_and_tail_reads_are_not(tmp_path)
     # 1.5 MB of backlog at 0.5 MB/s: reading it back from the segment files takes >= 2 s
     # (the first 0.5 MB may pass at once), and every record still arrives.
     rate = 500_000
-    config = {"cache.tail_bytes_per_partition": 0, "fetch.backlog.max_bytes_per_sec": rate}
+    config = {"cache.tail_bytes": 0, "fetch.backlog.max_bytes_per_sec": rate}
     with Broker(tmp_path / "d", config=config) as b:
         create_topic(b.bootstrap, "slow")
         values = _produce(b.bootstrap, "slow")
@@ -159,7 +159,7 @@ def test_a_paced_backlog_fetch_abandoned_by_its_client_releases_its_segments(tmp
     # With a budget, a backlog fetch waits for its bytes' turn partition by partition. A client
     # that leaves meanwhile must not leave the fetch's segment references behind (a held
     # segment can never be deleted by retention or migration).
-    config = {"cache.tail_bytes_per_partition": 0, "fetch.backlog.max_bytes_per_sec": 200_000}
+    config = {"cache.tail_bytes": 0, "fetch.backlog.max_bytes_per_sec": 200_000}
     with Broker(tmp_path / "d", config=config) as b:
         create_topic(b.bootstrap, "paced", partitions=4)
         p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5})
@@ -226,7 +226,7 @@ def test_a_steered_backlog_budget_grows_while_history_is_read(tmp_path):
     # climbs from its floor, and every record arrives.
     floor = 200_000
     config = {
-        "cache.tail_bytes_per_partition": 0,
+        "cache.tail_bytes": 0,
         "fetch.backlog.fsync_target_ms": 5.0,
         "fetch.backlog.min_bytes_per_sec": floor,
     }

@@ -170,10 +170,11 @@ SETTINGS: dict[str, Setting] = {
         _S("segment.bytes", int, 128 * 1024 * 1024, "Roll a log's segment at this size."),
         _S("segment.ms", int, 7 * 24 * 3600 * 1000, "Roll a log's segment at this age."),
         _S(
-            "cache.tail_bytes_per_partition",
+            "cache.tail_bytes",
             int,
-            4 * 1024 * 1024,
-            "Newest chunks per partition kept in memory so tail reads never touch disk.",
+            512 * 1024 * 1024,
+            "Memory for the newest chunks of all partitions together (oldest evicted first), "
+            "so consumers at or near the tail never touch a file; 0 turns it off.",
         ),
         _S(
             "index.checkpoint.interval.ms",
@@ -398,7 +399,7 @@ class BrokerConfig:
         "fetch.backlog.min_bytes_per_sec": 1,
         "producer.id.expiration.ms": 1,
         "segment.ms": 1,
-        "cache.tail_bytes_per_partition": 0,
+        "cache.tail_bytes": 0,
         "index.checkpoint.interval.ms": 1,
         "retention.check.interval.ms": 1,
         "retention.ms": -1,

@@ -59,7 +59,7 @@ class BrokerCore:
                 group_commit_bytes=config["group_commit_bytes"],
                 segment_bytes=config["segment.bytes"],
                 segment_ms=config["segment.ms"],
-                tail_cache_bytes=config["cache.tail_bytes_per_partition"],
+                tail_cache_bytes=config["cache.tail_bytes"],
                 io_threads=config["storage.io_threads"],
                 direct_io=config["storage.direct_io"],
                 direct_min_bytes=config["storage.direct_min_bytes"],

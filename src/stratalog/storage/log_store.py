@@ -24,6 +24,7 @@ from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
 from stratalog.storage.segment import DIRECT_MIN_BYTES, IndexEntry, fsync_dir
+from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class StorageConfig:
     group_commit_bytes: int = 512 * 1024
     segment_bytes: int = 128 * 1024 * 1024
     segment_ms: int = 7 * 24 * 3600 * 1000
-    tail_cache_bytes: int = 4 * 1024 * 1024
+    tail_cache_bytes: int = 512 * 1024 * 1024  # the whole broker's (TailCache)
     io_threads: int = 8
     direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
     direct_min_bytes: int = DIRECT_MIN_BYTES  # ... writes of at least this many bytes
@@ -68,6 +69,7 @@ class LogStore:
     def __init__(self, config: StorageConfig) -> None:
         self.config = config
         self.root = Path(config.hot_path) if config.hot_path else Path(config.data_dir) / "logs"
+        self.tail_cache = TailCache(config.tail_cache_bytes)
         self.cold = (
             ColdStore(config.cold_location, config.cold_options) if config.cold_location else None
         )
@@ -217,7 +219,7 @@ class LogStore:
     def _make_partition(self, topic: str, idx: int, uid: int) -> PartitionLog:
         name = self._log_name(uid)
         vlog = self._make_log(name)
-        p = PartitionLog(topic, idx, uid, vlog, tail_cache_bytes=self.config.tail_cache_bytes)
+        p = PartitionLog(topic, idx, uid, vlog, tail_cache=self.tail_cache)
         p.on_append = self._note_append
         self.partitions[uid] = p
         self._state.setdefault(str(uid), {})["log"] = name
@@ -238,6 +240,7 @@ class LogStore:
         if p is None:
             return
         p.deleted = True
+        self.tail_cache.drop_partition(uid)
         live = self._live[p.vlog.name]
         for seq, n in p.chunks.count_by_segment().items():
             live[seq] = live.get(seq, 0) - n

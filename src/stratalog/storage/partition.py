@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import os
 import struct
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from stratalog.storage.batch import (
 from stratalog.storage.chunk_index import ChunkIndex
 from stratalog.storage.producer_state import BatchMeta, ProducerStateTable, SequenceError
 from stratalog.storage.segment import Segment
+from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog
 
 _OFF = struct.Struct(">q")
@@ -107,7 +107,7 @@ class PartitionLog:
         uid: int,
         vlog: VirtualLog,
         *,
-        tail_cache_bytes: int,
+        tail_cache: TailCache,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -120,10 +120,7 @@ class PartitionLog:
         self.next_offset = 0
         self.high_watermark = 0
         self.producers = ProducerStateTable()
-        self._tail: dict[int, tuple[bytes, memoryview]] = {}
-        self._tail_order: deque[tuple[int, int]] = deque()
-        self._tail_bytes = 0
-        self._tail_cap = tail_cache_bytes
+        self._tail = tail_cache  # the broker's, shared by every partition
         self._waiters: list[asyncio.Future[None]] = []
         self.deleted = False
         self.size_bytes = 0
@@ -191,6 +188,8 @@ class PartitionLog:
         seq = seg.seq
         chunks_append = self.chunks.append
         record = self.producers.record
+        tail_put = self._tail.put
+        uid = self.uid
         for (off8, batch, h, b), p in zip(items, positions, strict=True):
             size = h.batch_length + LOG_OVERHEAD
             chunks_append(b, b + h.last_offset_delta, seq, p, size, h.max_timestamp)
@@ -203,7 +202,7 @@ class PartitionLog:
                     b,
                     h.max_timestamp,
                 )
-            self._cache(b, off8, batch[8:])
+            tail_put(uid, b, off8, batch[8:])
             self.size_bytes += size
         if self.on_append is not None:
             self.on_append(self, seq, len(items))
@@ -231,18 +230,6 @@ class PartitionLog:
             return None
         except SequenceError as e:
             raise AppendError(e.error, str(e)) from None
-
-    def _cache(self, base: int, off8: bytes, rest: memoryview) -> None:
-        if self._tail_cap <= 0:
-            return
-        self._tail[base] = (off8, rest)
-        size = len(rest) + 8
-        self._tail_order.append((base, size))
-        self._tail_bytes += size
-        while self._tail_bytes > self._tail_cap and len(self._tail_order) > 1:
-            b, s = self._tail_order.popleft()
-            self._tail.pop(b, None)
-            self._tail_bytes -= s
 
     def advance_high_watermark(self, offset: int) -> None:
         if offset > self.high_watermark:
@@ -281,6 +268,8 @@ class PartitionLog:
         n = len(chunks)
         i = chunks.locate(offset)
         hwm = self.high_watermark
+        tail_get = self._tail.get
+        uid = self.uid
         while i < n:
             base = chunks.base_of(i)
             if chunks.last_of(i) >= hwm:
@@ -288,7 +277,7 @@ class PartitionLog:
             s = chunks.size_of(i)
             if size + s > max_bytes and (size > 0 or not min_one):
                 break
-            cached = self._tail.get(base)
+            cached = tail_get(uid, base)
             if cached is not None:
                 parts.append(cached[0])
                 parts.append(cached[1])
@@ -341,7 +330,7 @@ class PartitionLog:
         """Forget the first ``count`` hot chunks: they now live in the cold tier. Unlike
         retention this moves no offsets: the data is still there, one tier down."""
         for i in range(count):
-            self._tail.pop(self.chunks.base_of(i), None)
+            self._tail.drop(self.uid, self.chunks.base_of(i))
             self.size_bytes -= self.chunks.size_of(i)
         self.chunks.drop_front(count)
 
@@ -382,7 +371,7 @@ class PartitionLog:
         for i in range(keep_from):
             s = self.chunks.segment_of(i)
             dropped[s] = dropped.get(s, 0) + 1
-            self._tail.pop(self.chunks.base_of(i), None)
+            self._tail.drop(self.uid, self.chunks.base_of(i))
         if keep_from < len(self.chunks):
             self.log_start_offset = max(self.log_start_offset, self.chunks.base_of(keep_from))
         else:
