@@ -159,6 +159,7 @@ def test_plain_cases_count_every_record(quick_run):
     every = find_workloads(["b"], "quick")[0].latency_sample_every
     assert b["records"] // every <= b["end_to_end"]["count"] <= b["consumed"]
     assert b["extra"]["kcat"]["records"] == b["records"]
+    assert b["extra"]["kcat"]["first_read"]["records"] == b["records"]
     # Stratalog's own histograms over the load: its produce time, and the group commits' fsync
     # (fsync=always); a peer has neither.
     assert 0 < b["extra"]["broker_produce_p99_ms"] < 60_000

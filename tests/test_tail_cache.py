@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from prometheus_client import REGISTRY
+
 from stratalog import Broker
 from stratalog.storage.tail_cache import TailCache
 
@@ -23,6 +25,10 @@ def _chunk(size: int) -> tuple[bytes, memoryview]:
     return os.urandom(8), memoryview(os.urandom(size - 8))
 
 
+def _cached_bytes() -> float:
+    return REGISTRY.get_sample_value("stratalog_tail_cache_bytes")
+
+
 def test_the_oldest_chunk_of_the_broker_goes_first():
     cache = TailCache(1000)
     for base in range(3):
@@ -33,8 +39,8 @@ def test_the_oldest_chunk_of_the_broker_goes_first():
     assert cache.bytes == 900
     assert cache.get(1, 0) is None and cache.get(1, 1) is None
     assert cache.get(1, 2) is not None and cache.get(2, 0) is not None
-    off8, rest, size = cache.get(2, 1)
-    assert size == 400 and len(off8) + len(rest) == 400
+    chunk = cache.get(2, 1)
+    assert isinstance(chunk, bytes) and len(chunk) == 400
 
     cache.put(3, 0, *_chunk(1001))  # larger than the whole budget: not cached, nothing evicted
     assert cache.get(3, 0) is None and cache.bytes == 900
@@ -53,6 +59,7 @@ def test_direct_appends_are_read_back_from_the_cache(tmp_path):
     with Broker(tmp_path / "d", config={**DIRECT, "cache.tail_bytes": 64 << 20}) as b:
         create_topic(b.bootstrap, "t")
         values = _produce(b.bootstrap, "t")
+        assert _cached_bytes() >= N * 500
         before = _counters()
         assert _consume(b.bootstrap, "t") == values
         memory, sendfile, copied = _delta(before, _counters())
@@ -72,6 +79,7 @@ def test_one_budget_for_all_partitions(tmp_path):
         assert sendfile + copied == 0, (memory, sendfile, copied)
 
         second = _produce(b.bootstrap, "second")
+        assert N * 500 < _cached_bytes() <= 2 << 20
         before = _counters()
         assert _consume(b.bootstrap, "first") == first
         memory, sendfile, copied = _delta(before, _counters())

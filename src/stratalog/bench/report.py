@@ -536,9 +536,15 @@ def markdown(run: dict[str, Any]) -> str:
             if isinstance(x.get("kcat"), dict) and "mb_per_s" in x["kcat"]:
                 k = x["kcat"]
                 lines.append("")
+                first = k.get("first_read") or {}
                 lines.append(
                     f"- {r['target']}: kcat read {k['records']:,} records back in "
                     f"{k['seconds']:.2f} s: {k['mb_per_s']:,.0f} MB/s"
+                    + (
+                        f" (warm; the first read {first['mb_per_s']:,.0f} MB/s)"
+                        if "mb_per_s" in first
+                        else ""
+                    )
                 )
         lines.append("")
     return "\n".join(lines)

@@ -93,6 +93,8 @@ class BrokerCore:
                 ceiling=config["fetch.backlog.max_bytes_per_sec"] or 4_000_000_000,
             )
         metrics.BACKLOG_RATE.set(self.backlog_rate.rate)
+        cache = self.store.tail_cache
+        metrics.TAIL_CACHE_BYTES.set_function(lambda: cache.bytes)
         self.read_executor = ThreadPoolExecutor(
             config["storage.read_threads"],
             thread_name_prefix="stratalog-read",

@@ -279,8 +279,7 @@ class PartitionLog:
                 break
             cached = tail_get(uid, base)
             if cached is not None:
-                parts.append(cached[0])
-                parts.append(cached[1])
+                parts.append(cached)
             else:
                 seg = self.vlog.segment(chunks.segment_of(i))
                 if seg is None:
