@@ -164,6 +164,8 @@ def test_plain_cases_count_every_record(quick_run):
     # (fsync=always); a peer has neither.
     assert 0 < b["extra"]["broker_produce_p99_ms"] < 60_000
     assert 0 < b["extra"]["fsync_p99_ms"] < 60_000
+    # Its collector's pauses (a serving broker collects under any load).
+    assert 0 < b["extra"]["gc_pause_p99_ms"] <= b["extra"]["gc_pause_max_ms"] < 60_000
     assert "broker_produce_p99_ms" not in _one(quick_run, "b", "kafka")["extra"]
     # Kafka's own producer (the Java client) drove both brokers too, all records acknowledged.
     for workload, target in (("a", "stratalog"), ("a", "kafka"), ("b", "stratalog")):

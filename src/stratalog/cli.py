@@ -68,7 +68,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then shut down cleanly."""
-    from stratalog.broker import gc_policy
+    from stratalog.broker import gc_policy, metrics
     from stratalog.broker.broker import BrokerService, new_event_loop
     from stratalog.config import BrokerConfig, ConfigError
 
@@ -104,6 +104,7 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gc_policy.apply(cfg["gc.freeze"], cfg["gc.young_threshold"])
+        gc_policy.observe_pauses(metrics.GC_PAUSE_SECONDS.observe)
         print(f"Stratalog ready at {service.bootstrap}", flush=True)
         await stop.wait()
         logging.getLogger("stratalog").info("shutting down")

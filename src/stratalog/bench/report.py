@@ -521,6 +521,12 @@ def markdown(run: dict[str, Any]) -> str:
                     + f": the broker's own produce p99 (request received to response written) "
                     f"{x['broker_produce_p99_ms']:.2f} ms, its group-commit fsync p99 "
                     f"{_f(x.get('fsync_p99_ms'), 2)} ms"
+                    + (
+                        f", its collector's pauses p99 {x['gc_pause_p99_ms']:.2f} ms "
+                        f"(the longest under {_f(x.get('gc_pause_max_ms'), 1)} ms)"
+                        if x.get("gc_pause_p99_ms") is not None
+                        else ""
+                    )
                 )
             pt = x.get("perf_test")
             if isinstance(pt, dict) and "records_per_s" in pt:

@@ -495,6 +495,8 @@ class Runner:
             p99 = broker_p99_since(target, before)
             res.extra["broker_produce_p99_ms"] = p99.get("produce")
             res.extra["fsync_p99_ms"] = p99.get("fsync")
+            res.extra["gc_pause_p99_ms"] = p99.get("gc")
+            res.extra["gc_pause_max_ms"] = p99.get("gc_max")
         if rate:
             res.extra["target_rate"] = rate
         res.stored = target.count_records(topics, w.partitions)
@@ -787,6 +789,7 @@ def broker_buckets(target: Target) -> dict[str, dict[float, float]]:
     return {
         "produce": target.histogram_buckets("stratalog_request_seconds", api="produce"),
         "fsync": target.histogram_buckets("stratalog_fsync_seconds"),
+        "gc": target.histogram_buckets("stratalog_gc_pause_seconds"),
     }
 
 
@@ -796,6 +799,9 @@ def broker_p99_since(target: Target, before: dict[str, dict[float, float]]) -> d
     for what, b in broker_buckets(target).items():
         q = hist.bucket_quantile(before.get(what, {}), b, 0.99)
         out[what] = q * 1000 if q is not None else None
+        if what == "gc":  # a stall of the event loop: the longest one matters too
+            top = hist.bucket_quantile(before.get(what, {}), b, 1.0)
+            out["gc_max"] = top * 1000 if top is not None else None
     return out
 
 

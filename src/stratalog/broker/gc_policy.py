@@ -15,6 +15,8 @@ Not applied to an embedded ``Broker``: the collector is the host process's to se
 from __future__ import annotations
 
 import gc
+import time
+from collections.abc import Callable
 
 
 def apply(freeze: bool, young_threshold: int) -> None:
@@ -26,3 +28,17 @@ def apply(freeze: bool, young_threshold: int) -> None:
     if young_threshold > 0:
         _, middle, old = gc.get_threshold()
         gc.set_threshold(young_threshold, middle, old)
+
+
+def observe_pauses(observe: Callable[[float], None]) -> None:
+    """Report every collection's duration (each one stops the event loop) to ``observe``."""
+    started = 0.0
+
+    def on_collection(phase: str, _info: dict) -> None:
+        nonlocal started
+        if phase == "start":
+            started = time.perf_counter()
+        else:
+            observe(time.perf_counter() - started)
+
+    gc.callbacks.append(on_collection)

@@ -35,3 +35,10 @@ BACKLOG_RATE = Gauge(
 TAIL_CACHE_BYTES = Gauge(
     "stratalog_tail_cache_bytes", "Bytes of chunks in the broker-wide tail cache (cache.tail_bytes)"
 )
+# Each collection of Python's collector stops the event loop (a serving broker only: the
+# embedded one leaves the host process's collector alone).
+GC_PAUSE_SECONDS = Histogram(
+    "stratalog_gc_pause_seconds",
+    "Duration of each garbage collection in a serving broker",
+    buckets=[round(0.00025 * 1.5**i, 6) for i in range(27)],
+)
