@@ -159,7 +159,7 @@ def test_serve_refuses_bad_setting(tmp_path, setting, needle):
 @pytest.mark.parametrize(
     "setting",
     [
-        "cache.tail_bytes=-1",  # a negative size
+        "cache.tail_bytes=-2",  # below -1 (automatic)
         "tiers.hot.capacity=-1",  # a negative size (0 is 'no limit')
         "group_commit_ms=inf",  # acks=all is never answered
         "group_commit_ms=nan",

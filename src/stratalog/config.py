@@ -94,7 +94,8 @@ SETTINGS: dict[str, Setting] = {
             bool,
             False,
             "Append to segments through O_DIRECT instead of the page cache (less CPU per byte "
-            "while the disk writes back; fresh reads come from the tail cache). Off by default: "
+            "while the disk writes back; fresh reads come from the tail cache, cache.tail_bytes). "
+            "Off by default: "
             "consumers that lag read from the disk instead of the page cache.",
         ),
         _S(
@@ -172,9 +173,10 @@ SETTINGS: dict[str, Setting] = {
         _S(
             "cache.tail_bytes",
             int,
-            512 * 1024 * 1024,
+            -1,
             "Memory for the newest chunks of all partitions together (oldest evicted first), "
-            "so consumers at or near the tail never touch a file; 0 turns it off.",
+            "so consumers at or near the tail never touch a file. -1: 512 MiB with "
+            "storage.direct_io, 0 (off) without, where the page cache holds fresh data.",
         ),
         _S(
             "index.checkpoint.interval.ms",
@@ -399,7 +401,7 @@ class BrokerConfig:
         "fetch.backlog.min_bytes_per_sec": 1,
         "producer.id.expiration.ms": 1,
         "segment.ms": 1,
-        "cache.tail_bytes": 0,
+        "cache.tail_bytes": -1,
         "index.checkpoint.interval.ms": 1,
         "retention.check.interval.ms": 1,
         "retention.ms": -1,

@@ -37,6 +37,19 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+# With appends through the page cache, fresh chunks are already in memory there and go out by
+# sendfile without a copy; a cache of our own costs a copy per append and, in workload c, doubled
+# the broker's produce p99 (docs/benchmarks.md). Direct appends leave nothing in the page cache.
+DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
+
+
+def tail_cache_bytes(config: BrokerConfig) -> int:
+    size = config["cache.tail_bytes"]
+    if size >= 0:
+        return size
+    return DIRECT_IO_TAIL_CACHE if config["storage.direct_io"] else 0
+
+
 class BrokerCore:
     def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
         self.data_dir = Path(data_dir)
@@ -59,7 +72,7 @@ class BrokerCore:
                 group_commit_bytes=config["group_commit_bytes"],
                 segment_bytes=config["segment.bytes"],
                 segment_ms=config["segment.ms"],
-                tail_cache_bytes=config["cache.tail_bytes"],
+                tail_cache_bytes=tail_cache_bytes(config),
                 io_threads=config["storage.io_threads"],
                 direct_io=config["storage.direct_io"],
                 direct_min_bytes=config["storage.direct_min_bytes"],

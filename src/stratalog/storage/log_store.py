@@ -42,7 +42,7 @@ class StorageConfig:
     group_commit_bytes: int = 512 * 1024
     segment_bytes: int = 128 * 1024 * 1024
     segment_ms: int = 7 * 24 * 3600 * 1000
-    tail_cache_bytes: int = 512 * 1024 * 1024  # the whole broker's (TailCache)
+    tail_cache_bytes: int = 0  # the whole broker's (TailCache); 0: none
     io_threads: int = 8
     direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
     direct_min_bytes: int = DIRECT_MIN_BYTES  # ... writes of at least this many bytes

@@ -1,8 +1,8 @@
 """One topic-partition's view of storage: offsets, chunk index, tail cache, producer state.
 
 The partition assigns offsets, appends its chunks to the virtual log it maps to, and answers
-reads with whole batches. The freshest chunks are served from memory (the tail cache holds the
-very buffers the producer's request arrived in); older ones are file slices of segments.
+reads with whole batches: chunks in the broker's tail cache (if it has one) from memory, the
+others as file slices of segments (fresh ones are in the page cache and go out by sendfile).
 ``high_watermark`` is what consumers may see: under ``fsync=always`` it moves only once a chunk is
 durable, so no consumer ever reads a record a crash could take back.
 """

@@ -145,7 +145,7 @@ class Segment:
         so between appends the file may be up to one block longer than ``size``: the padding is
         cut at seal and close, and recovery knows it. Reads keep using the buffered descriptor
         (the kernel drops cached pages a direct write replaces); fresh data is served from the
-        partitions' tail caches. Returns False, leaving buffered writes, where the file system
+        broker's tail cache. Returns False, leaving buffered writes, where the file system
         refuses O_DIRECT (tmpfs).
         """
         if self._dfd is not None:
