@@ -127,6 +127,14 @@ SETTINGS: dict[str, Setting] = {
             "(posix_fadvise WILLNEED); the span a fetch touches counts up to this much again.",
         ),
         _S(
+            "fetch.backlog.direct_reads",
+            bool,
+            False,
+            "Read backlog (not page-cached) slices with O_DIRECT in windows of "
+            "fetch.read_ahead.bytes, kept for the next reads, instead of through the page cache "
+            "and its read-ahead; with storage.read_priority=low they run in the idle I/O class.",
+        ),
+        _S(
             "fetch.backlog.max_bytes_per_sec",
             int,
             0,

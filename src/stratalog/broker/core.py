@@ -20,6 +20,7 @@ from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
+from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.journal import SLOWEST_SYNC
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
@@ -108,6 +109,11 @@ class BrokerCore:
         metrics.BACKLOG_RATE.set(self.backlog_rate.rate)
         cache = self.store.tail_cache
         metrics.TAIL_CACHE_BYTES.set_function(lambda: cache.bytes)
+        self.direct_reader = (
+            DirectReader(config["fetch.read_ahead.bytes"])
+            if config["fetch.backlog.direct_reads"]
+            else None
+        )
         self.read_executor = ThreadPoolExecutor(
             config["storage.read_threads"],
             thread_name_prefix="stratalog-read",

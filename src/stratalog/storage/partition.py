@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stratalog.storage import page_cache
 from stratalog.storage.batch import (
     CONTROL_MASK,
     LOG_OVERHEAD,
@@ -32,7 +32,6 @@ from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog
 
 _OFF = struct.Struct(">q")
-_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class AppendError(Exception):
@@ -60,20 +59,15 @@ class FileSlice:
         return data
 
     def resident(self) -> bool:
-        """Whether the slice is (probably) in the page cache: its first and last byte are.
+        """Whether the slice is in the page cache (storage/page_cache.py).
 
         Reads of resident data may run on the event loop (and go out with sendfile); the rest
         go to the read pool so a cold read never stalls the loop.
         """
-        buf = bytearray(1)
         try:
-            fd = self.segment.fd
-            for at in (self.position, self.position + self.size - 1):
-                if os.preadv(fd, [buf], at, _RWF_NOWAIT) != 1:
-                    return False
-        except (BlockingIOError, OSError):
+            return page_cache.resident(self.segment.fd, self.position, self.size)
+        except (OSError, ValueError):
             return False
-        return True
 
     def release(self) -> None:
         self.segment.release()

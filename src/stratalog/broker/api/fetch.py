@@ -20,6 +20,7 @@ from stratalog.broker import metrics
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
+from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
 
 _ZERO_UUID = uuid.UUID(int=0)
@@ -109,16 +110,20 @@ def _read_ahead(parts: list, ahead: int) -> None:
             pass  # a hint only: the reads below still work without it
 
 
-def _read_cold(parts: list, ahead: int) -> str | None:
+def _read_cold(parts: list, ahead: int, direct: DirectReader | None) -> str | None:
     """Replace the slices of one partition's answer that are not in the page cache by their
     bytes (on the read pool); return an error text instead if the storage fails."""
     failure = None
-    _read_ahead(parts, ahead)
+    if direct is None:
+        _read_ahead(parts, ahead)
     for i, p in enumerate(parts):
         if isinstance(p, FileSlice) and (failure is not None or not p.resident()):
             try:
                 if failure is None:
-                    parts[i] = p.read()
+                    if direct is None:
+                        parts[i] = p.read()
+                    else:
+                        parts[i] = direct.read(p.segment, p.position, p.size)
                     metrics.FETCH_COPIED_BYTES.inc(p.size)
             except OSError as e:
                 failure = str(e)
@@ -174,7 +179,7 @@ async def handle_fetch(core, req: Request, conn):
     started: list[concurrent.futures.Future] = []
 
     def read(parts: list) -> asyncio.Future:
-        started.append(core.read_executor.submit(_read_cold, parts, ahead))
+        started.append(core.read_executor.submit(_read_cold, parts, ahead, core.direct_reader))
         return asyncio.wrap_future(started[-1])
 
     try:
