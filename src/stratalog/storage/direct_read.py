@@ -28,7 +28,7 @@ BLOCK = 4096
 
 
 class DirectReader:
-    def __init__(self, window_bytes: int, windows: int = 8) -> None:
+    def __init__(self, window_bytes: int, windows: int = 32) -> None:
         self.window = max(BLOCK, -(-window_bytes // BLOCK) * BLOCK)
         self.windows = windows
         self._lock = threading.Lock()
