@@ -138,6 +138,7 @@ def _one(run: dict, workload: str, target: str, **params) -> dict:
 
 def test_plain_cases_count_every_record(quick_run):
     quick = {w.name: w for w in find_workloads(None, "quick")}
+    server_cpu = 0.0
     for workload, target in (
         ("a", "stratalog"),
         ("a", "kafka"),
@@ -152,7 +153,10 @@ def test_plain_cases_count_every_record(quick_run):
         assert r["records_per_s"] > 0 and r["mb_per_s"] > 0
         assert r["publish"]["count"] > 0
         assert r["publish"]["p50"] <= r["publish"]["p99"] <= r["publish"]["max"]
-        assert r["server_cpu_s"] > 0
+        # CPU time is counted in clock ticks (10 ms): a quick case of 30 ms may show none.
+        assert r["server_cpu_s"] >= 0
+        server_cpu += r["server_cpu_s"]
+    assert server_cpu > 0
     b = _one(quick_run, "b", "stratalog")
     assert b["consumed"] >= b["records"]
     # End-to-end latency of every latency_sample_every-th record each consumer read.
