@@ -139,9 +139,6 @@ class ClientConnection(asyncio.Protocol):
     def _flush(self) -> None:
         queue = self._queue
         transport = self.transport
-        # Responses ready together (every acks=all Produce a group commit made durable) go out
-        # in one writev rather than a send each.
-        ready: list[bytes] = []
         while queue and not self._closed and self._unsent is None:
             head = queue[0]
             if isinstance(head, asyncio.Future):
@@ -164,15 +161,9 @@ class ClientConnection(asyncio.Protocol):
                 continue
             assert transport is not None
             if isinstance(head, bytes):
-                ready.append(head)
-                continue
-            if ready:
-                transport.writelines(ready)
-                ready = []
-            self._send_parts(head)
-        if ready and not self._closed:
-            assert transport is not None
-            transport.writelines(ready)
+                transport.write(head)
+            else:
+                self._send_parts(head)
         self._update_reading()
 
     def _done_one(self) -> None:
