@@ -274,7 +274,8 @@ def ordered(batches: Iterator[pa.RecordBatch], max_bytes: int) -> list[pa.Record
                 f'a write task of format("stratalog-python") holds its rows in memory to order '
                 f"them for exactly-once, and this task has more than {max_bytes} bytes "
                 '(option exactlyOnce.maxTaskBytes); write with format("stratalog"), whose sort '
-                "Spark spills to disk, split the data into more partitions, or sort the data "
+                "Spark spills to disk, split the data into more partitions (in a stream, bound "
+                "each micro-batch with the source's maxOffsetsPerTrigger), or sort the data "
                 "yourself and use exactlyOnce=true"
             )
         held.append(b)
