@@ -325,3 +325,28 @@ def test_h_follows_a_burst_into_a_small_hot_tier_and_its_drain(quick_run):
     for goal in (filled, "drain to the threshold"):
         assert verdicts[f"h: {goal} (stratalog-tiered)"] in ("met", "missed")
         assert f"h: {goal} (stratalog-hot-only)" not in verdicts
+
+
+@pytest.mark.parametrize(
+    ("client_rise", "broker_alone", "broker_busy", "verdict"),
+    [
+        (-0.31, 6.19, 38.09, "missed"),  # the full run's case: the clients' "alone" p99 a spike
+        (0.10, 6.0, 7.0, "met"),
+        (0.10, None, None, "met"),  # a peer reports no broker histogram: the clients decide
+        (0.40, 6.0, 6.5, "missed"),
+    ],
+)
+def test_catch_up_goal_needs_the_brokers_own_p99_too(
+    client_rise, broker_alone, broker_busy, verdict
+):
+    extra = {"p99_increase": client_rise}
+    if broker_alone is not None:
+        extra |= {
+            "broker_produce_p99_alone_ms": broker_alone,
+            "broker_produce_p99_with_backlog_ms": broker_busy,
+        }
+    row = {"workload": "e", "ok": True, "kind": "stratalog", "target": "stratalog", "extra": extra}
+    (goal,) = [g for g in report.goals([row], None) if g.name.startswith("e: produce p99")]
+    assert goal.verdict == verdict
+    if broker_alone is not None:
+        assert "the broker's own" in goal.measured

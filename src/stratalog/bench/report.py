@@ -179,14 +179,22 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
         out.append(Goal("d: virtual vs per-partition at 1,000 topics", "≥ 4x", "-", None))
     es = _ok(results, "e", "stratalog") or [{"target": "stratalog", "extra": {}}]
     for e in es:
-        inc = e["extra"].get("p99_increase")
+        x = e["extra"]
+        inc = x.get("p99_increase")
+        measured = f"{inc:+.0%}" if inc is not None else "-"
+        met = None if inc is None else inc < 0.25
+        # The clients' p99 "alone" can itself be a spike (a busy machine), which makes any rise
+        # look small; where the broker reports its own produce p99, that must hold too.
+        alone, busy = (
+            x.get("broker_produce_p99_alone_ms"),
+            x.get("broker_produce_p99_with_backlog_ms"),
+        )
+        if inc is not None and alone and busy is not None:
+            own = busy / alone - 1
+            measured += f" (the broker's own {own:+.0%})"
+            met = met and own < 0.25
         out.append(
-            Goal(
-                f"e: produce p99 with backlog readers ({e['target']})",
-                "< +25%",
-                f"{inc:+.0%}" if inc is not None else "-",
-                None if inc is None else inc < 0.25,
-            )
+            Goal(f"e: produce p99 with backlog readers ({e['target']})", "< +25%", measured, met)
         )
     seq_read = (limits or {}).get("seq_read", {}).get("mb_per_s")
     tiered = [r for r in _ok(results, "e") if "tiers.hot.capacity" in r.get("describe", "")]
