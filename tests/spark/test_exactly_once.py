@@ -2,7 +2,9 @@
 micro-batch that fails after its producer already sent part of its records is re-run, and the
 broker drops the repeats. With ``exactlyOnce=sorted`` that holds even when the re-run sees its
 rows in another order (as a task after a shuffle may); with the default it holds when a re-run
-sees the same order (a pipeline without a shuffle); ``exactlyOnce=false`` is at least once.
+sees the same order (a pipeline without a shuffle), and when it does not the broker sees other
+rows under the sequences it has and the sink goes on at least once, losing nothing;
+``exactlyOnce=false`` is at least once.
 
 The first attempt of every write task fails once the broker acknowledged a set number of its
 records (the sinks' ``testing.failAfterRecords`` option), so every failure follows a partial
@@ -112,6 +114,37 @@ def test_batch_write_exactly_once_under_a_task_retry(spark, bootstrap, tmp_path,
     # Each task ran twice: its first attempt failed after a partial write, its retry wrote it.
     assert set(attempts) == {(0, 0), (0, 1), (1, 0), (1, 1)}, attempts
     _assert_exactly(consume_all(bootstrap, out), expected)
+
+
+@SINKS
+def test_a_rerun_in_another_order_under_the_default_loses_nothing(spark, bootstrap, tmp_path, sink):
+    """exactlyOnce=true after a shuffle whose order varies: the re-run sends other rows under the
+    sequences the first attempt wrote. The broker compares them with what it has and refuses
+    them, and the sink writes the rest of those partitions at least once: nothing lost, and the
+    only repeats are rows the failed attempt had written."""
+    out = topic_name("eo-reorder")
+    create_topic(bootstrap, out, PARTITIONS)
+    seen = tmp_path / "seen"
+    df, expected = _rows_df(spark, 1)
+    df = df.mapInArrow(_shuffling(str(seen), lambda attempt: attempt > 0), df.schema)
+    (
+        df.write.format(sink)
+        .mode("append")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", out)
+        .option(FAIL, str(FAIL_AFTER))
+        .save()
+    )
+    assert {s["attempt"] for s in _lines(seen)} == {0, 1}
+    got = Counter(
+        (r.key.decode() if r.key is not None else None, r.value.decode())
+        for r in consume_all(bootstrap, out)
+    )
+    missing = Counter(expected) - got
+    assert not missing, f"{len(missing)} records lost, e.g. {list(missing)[:3]}"
+    repeated = sum(got.values()) - len(expected)
+    # Only rows the failed attempt had written (two of three partitions' batches) come twice.
+    assert FAIL_AFTER <= repeated < ROWS_PER_TASK, repeated
 
 
 @SINKS

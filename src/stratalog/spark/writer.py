@@ -10,7 +10,10 @@ round-robin in a fixed order and keyed records follow Kafka's murmur2 partitione
 sends every record to the same partition as the first run.
 
 All of that needs a re-run to see its rows in the same order: true without a shuffle (a
-topic-to-topic pipeline) or with sorted data, not after a shuffle whose order varies. With
+topic-to-topic pipeline) or with sorted data, not after a shuffle whose order varies. The broker
+checks: a repeat that holds other rows than the first run wrote under those sequences is refused
+(INVALID_RECORD), and this sink writes the rest of that partition under a fresh producer id, at
+least once, rather than dropping rows the first run never wrote. With
 ``exactlyOnce=sorted`` a task first orders its rows by what it writes (topic, partition, key,
 timestamp, value, headers), as the JVM sink has Spark do: any order of the same rows becomes the
 same records under the same sequences. The Python Data Source API has no way to ask Spark for
@@ -22,6 +25,7 @@ at least once, as Spark's Kafka sink.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,7 +49,9 @@ from stratalog.storage.producer_state import DETERMINISTIC_PRODUCER_IDS
 
 BATCH_RECORDS = 5000
 OUT_OF_ORDER_SEQUENCE = 45
+INVALID_RECORD = 87
 BATCH_BYTES = 512 * 1024
+log = logging.getLogger(__name__)
 
 
 def derived_producer_id(*parts: object) -> int:
@@ -110,6 +116,9 @@ class _TaskWriter:
         self.buffer_bytes: dict[tuple[str, int], int] = {}
         self.sequence: dict[tuple[str, int], int] = {}
         self.round_robin: dict[str, int] = {}
+        # Target partitions where a re-run found other rows under sequences it repeats: their
+        # rows go on under a producer id of their own, from the sequence where that was found.
+        self.fallback: dict[tuple[str, int], tuple[int, int]] = {}
         self.written = 0
         self.duplicates = 0
 
@@ -177,15 +186,32 @@ class _TaskWriter:
         self.sequence[tp] = seq + len(recs)
 
     def _produce(self, tp: tuple[str, int], recs: list, seq: int) -> None:
+        producer_id, first = self.fallback.get(tp, (self.producer_id, 0))
         raw = build_batch(
             [(k, v, ts) for k, v, ts, _ in recs],
             headers=[h for *_, h in recs] if any(h for *_, h in recs) else None,
-            producer_id=self.producer_id,
+            producer_id=producer_id,
             producer_epoch=0,
-            base_sequence=seq,
+            base_sequence=seq - first,
         )
         topic, p = tp
         err, base = self.client.produce(topic, {p: raw}, acks=-1)[p]
+        if err == INVALID_RECORD and tp not in self.fallback:
+            # An earlier attempt wrote other rows under these sequences: this re-run sees its
+            # rows in another order (a shuffle). Which of its rows are in the log already cannot
+            # be told from the sequences any more, so from here on this partition's rows go out
+            # under a fresh producer id: some may be written twice, none is lost (at least once,
+            # as Spark's own sink; exactlyOnce=sorted avoids this).
+            log.warning(
+                "%s-%d: a re-run of this write task sees its rows in another order; writing "
+                "the rest at least once from sequence %d (exactlyOnce=sorted keeps it exact)",
+                topic,
+                p,
+                seq,
+            )
+            self.fallback[tp] = (derived_producer_id("fallback", uuid.uuid4()), seq)
+            self._produce(tp, recs, seq)
+            return
         if err == OUT_OF_ORDER_SEQUENCE and len(recs) > 1:
             # An earlier attempt of this task stopped part-way through this batch: the broker
             # has its head but not its tail. Halve until every piece is either wholly written

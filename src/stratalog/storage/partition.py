@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stratalog.storage import page_cache
 from stratalog.storage.batch import (
@@ -26,12 +28,24 @@ from stratalog.storage.batch import (
     stamp_log_append_time,
 )
 from stratalog.storage.chunk_index import ChunkIndex
-from stratalog.storage.producer_state import BatchMeta, ProducerStateTable, SequenceError
+from stratalog.storage.producer_state import (
+    DETERMINISTIC_PRODUCER_IDS,
+    BatchMeta,
+    ProducerStateTable,
+    SequenceError,
+)
 from stratalog.storage.segment import Segment
 from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog
 
+if TYPE_CHECKING:
+    from stratalog.records import Record
+
 _OFF = struct.Struct(">q")
+
+
+def _row(r: Record) -> tuple:
+    return r.key, r.value, r.headers
 
 
 class AppendError(Exception):
@@ -156,6 +170,8 @@ class PartitionLog:
                 restamp.add(n)
         duplicate = self._check_sequences(found)
         if duplicate is not None:
+            if found[0][1].producer_id >= DETERMINISTIC_PRODUCER_IDS:
+                self._check_repeat(mv, *found[0])
             return AppendResult(duplicate.base_offset, duplicate.last_offset, -1, 0, duplicate)
 
         items: list[tuple[bytes, memoryview, BatchHeader, int]] = []
@@ -224,6 +240,46 @@ class PartitionLog:
             return None
         except SequenceError as e:
             raise AppendError(e.error, str(e)) from None
+
+    def _check_repeat(self, mv: memoryview, pos: int, h: BatchHeader) -> None:
+        """A deterministic producer (a Spark write task) repeats sequences it wrote before: its
+        records must be the ones it wrote then. They differ when a re-run sees its rows in
+        another order (after a shuffle); dropping the batch as a duplicate would then lose some
+        rows and repeat others, so it is refused with INVALID_RECORD and the sink goes on at
+        least once. When every record the batch repeats can be read back, the same rows in
+        another order are still the duplicate (each row is in the log once), so a batch
+        that holds the same rows as before stays exact. Rows count as the same by key, value
+        and headers: a sink stamps rows that have no event time when it sends them. What
+        retention removed cannot be compared and is taken as the duplicate its sequence says."""
+        from stratalog.records import iter_records
+
+        wrote: dict[int, Record] = {}
+        for meta in self.producers.originals(h.producer_id, h.base_sequence, h.last_sequence):
+            if meta.base_offset < self.log_start_offset or meta.last_offset >= self.high_watermark:
+                continue
+            try:
+                for rec in iter_records(self._chunk_bytes(meta.base_offset)):
+                    seq = meta.first_seq + rec.offset - meta.base_offset
+                    if h.base_sequence <= seq <= h.last_sequence:
+                        wrote[seq] = rec
+            except CorruptBatchError:
+                continue
+        batch = mv[pos : pos + h.batch_length + LOG_OVERHEAD]
+        sent = {h.base_sequence + r.offset - h.base_offset: r for r in iter_records(batch, h)}
+        if len(wrote) == len(sent):
+            if Counter(map(_row, wrote.values())) == Counter(map(_row, sent.values())):
+                return
+            differ = next(s for s in sorted(sent) if _row(sent[s]) != _row(wrote[s]))
+        else:
+            differ = next((s for s, r in wrote.items() if _row(r) != _row(sent[s])), None)
+            if differ is None:
+                return
+        raise AppendError(
+            "INVALID_RECORD",
+            f"producer {h.producer_id} repeats sequences {h.base_sequence}..{h.last_sequence} "
+            f"of {self.topic}-{self.index} with other records than it wrote (sequence "
+            f"{differ} was offset {wrote[differ].offset}): a re-run that saw other rows",
+        )
 
     def advance_high_watermark(self, offset: int) -> None:
         if offset > self.high_watermark:

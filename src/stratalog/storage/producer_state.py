@@ -10,6 +10,7 @@ is rebuilt at start from the chunk index (every entry carries the batch's produc
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -20,7 +21,9 @@ _INT32_MAX = 0x7FFFFFFF
 # Producer ids from here up are chosen by writers themselves, derived from what they write
 # (Stratalog's exactly-once Spark sink: query, batch and task). For them any batch whose
 # sequence range is already behind the last one is a retry, not only one of the last five, so
-# a task re-run from its first record appends only what is missing. The broker hands out ids
+# a task re-run from its first record appends only what is missing. Their batches are all kept
+# (until the producer expires) so that a repeat can be compared with the records it repeats
+# (PartitionLog._check_repeat). The broker hands out ids
 # from 0 and never gets near this range.
 DETERMINISTIC_PRODUCER_IDS = 1 << 62
 
@@ -47,6 +50,9 @@ class ProducerEntry:
     # Wall-clock ms of the last append (or of the rebuild at start): what expiry counts from.
     # Not the batch's timestamp, which a writer may set years back (a copy of old events).
     touched_ms: int = 0
+    # Deterministic producers only: every batch in sequence order, so a re-run's batch can be
+    # checked against the records it claims to repeat (see originals()).
+    history: list[BatchMeta] | None = None
 
     @property
     def last_seq(self) -> int:
@@ -122,9 +128,28 @@ class ProducerStateTable:
             return
         last_seq = (base_sequence + count - 1) & _INT32_MAX
         entry.touched_ms = int(time.time() * 1000)
-        entry.batches.append(
-            BatchMeta(base_sequence, last_seq, base_offset, base_offset + count - 1, timestamp)
-        )
+        meta = BatchMeta(base_sequence, last_seq, base_offset, base_offset + count - 1, timestamp)
+        entry.batches.append(meta)
+        if producer_id >= DETERMINISTIC_PRODUCER_IDS:
+            if entry.history is None:
+                entry.history = []
+            entry.history.append(meta)
+
+    def originals(self, producer_id: int, first_seq: int, last_seq: int) -> list[BatchMeta]:
+        """The batches a deterministic producer appended that hold sequences first..last: what a
+        re-run's batch under those sequences repeats. A Spark task numbers its records from 0
+        and never wraps, so the history is sorted by sequence."""
+        entry = self.producers.get(producer_id)
+        history = entry.history if entry is not None else None
+        if not history:
+            return []
+        i = max(bisect_right(history, first_seq, key=lambda b: b.first_seq) - 1, 0)
+        out = []
+        while i < len(history) and history[i].first_seq <= last_seq:
+            if history[i].last_seq >= first_seq:
+                out.append(history[i])
+            i += 1
+        return out
 
     def expire(self, now_ms: int, after_ms: int) -> int:
         """Forget producers that appended nothing for ``after_ms`` (Kafka's

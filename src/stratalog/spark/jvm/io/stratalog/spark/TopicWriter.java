@@ -11,6 +11,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.UUID;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.sql.connector.write.DataWriter;
@@ -21,13 +22,16 @@ import org.apache.spark.sql.types.DataTypes;
  * One write task: an idempotent producer whose id is derived from what the task writes (see
  * {@link #producerId}), numbering its batches per partition from sequence 0. A retried task or
  * a re-run micro-batch repeats the same records under the same id and sequences, and the broker
- * answers the ones it has as duplicates. The ids are the Python sink's, so a query may switch
+ * answers the ones it has as duplicates. A re-run whose rows changed order so that other rows
+ * fall under those sequences is refused (INVALID_RECORD), and the rest of that partition is
+ * written under a fresh producer id: at least once, nothing lost. The ids are the Python sink's, so a query may switch
  * between the two sinks across a restart and still write each record once.
  */
 final class TopicWriter implements DataWriter<InternalRow> {
   static final int BATCH_RECORDS = 5000;
   static final int BATCH_BYTES = 512 * 1024;
   private static final short OUT_OF_ORDER_SEQUENCE = 45;
+  private static final short INVALID_RECORD = 87;
   private static final short LEADER_NOT_AVAILABLE = 5;
   private static final int TIMEOUT_MS = 30_000;
 
@@ -41,6 +45,9 @@ final class TopicWriter implements DataWriter<InternalRow> {
   private final TreeMap<String, List<Rec>> buffers = new TreeMap<>();
   private final Map<String, Integer> bufferBytes = new HashMap<>();
   private final Map<String, Integer> sequences = new HashMap<>();
+  // Target partitions where a re-run found other rows under sequences it repeats: their rows go
+  // on under a producer id of their own, {id, first sequence}.
+  private final Map<String, long[]> fallback = new HashMap<>();
   private long written;
   private long duplicates;
 
@@ -163,8 +170,21 @@ final class TopicWriter implements DataWriter<InternalRow> {
     int cut = tp.indexOf('\u0000');
     String topic = tp.substring(0, cut);
     int partition = Integer.parseInt(tp.substring(cut + 1));
-    long[] answer = wire.produce(
-        topic, partition, RecordBatchBuilder.build(recs, producerId, seq), TIMEOUT_MS);
+    long[] own = fallback.getOrDefault(tp, new long[] {producerId, 0});
+    long[] answer = wire.produce(topic, partition,
+        RecordBatchBuilder.build(recs, own[0], seq - (int) own[1]), TIMEOUT_MS);
+    if (answer[0] == INVALID_RECORD && !fallback.containsKey(tp)) {
+      // An earlier attempt wrote other rows under these sequences: this re-run sees its rows in
+      // another order (a shuffle). Which of its rows are in the log cannot be told from the
+      // sequences any more, so the rest of this partition's rows go out under a fresh producer
+      // id: some may be written twice, none is lost (exactlyOnce=sorted avoids this).
+      System.err.println("stratalog sink: " + topic + "-" + partition + ": a re-run of this "
+          + "write task sees its rows in another order; writing the rest at least once from "
+          + "sequence " + seq + " (exactlyOnce=sorted keeps it exact)");
+      fallback.put(tp, new long[] {producerId("fallback", UUID.randomUUID()), seq});
+      produce(tp, recs, seq);
+      return;
+    }
     if (answer[0] == OUT_OF_ORDER_SEQUENCE && recs.size() > 1) {
       // An earlier attempt of this task stopped part-way through this batch: the broker has
       // its head but not its tail. Halve until each piece is wholly a duplicate or wholly new.
