@@ -32,7 +32,14 @@ def _params(r: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in r.get("params", {}).items())
 
 
-_MEDIAN_KEYS = ("records_per_s", "mb_per_s", "consume_mb_per_s", "server_cores", "cpu_s_per_mb")
+_MEDIAN_KEYS = (
+    "records_per_s",
+    "mb_per_s",
+    "consume_mb_per_s",
+    "server_cores",
+    "client_cores",
+    "cpu_s_per_mb",
+)
 
 
 def aggregate(results: list[dict]) -> list[dict]:
@@ -113,6 +120,29 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
         )
     else:
         out.append(Goal("b vs disk", "≥ 70% of fdatasync-every-1 MiB", "-", None))
+    # The harness's ceiling: the same clients against a broker that stores nothing. Where it is
+    # below the disk, the clients bound b, and b is judged against what they can reach.
+    ceiling_b = _ceiling(results, "b")
+    limit = min(x for x in (disk, ceiling_b) if x) if (disk or ceiling_b) else None
+    if b_mb and disk and ceiling_b and limit:
+        out.append(
+            Goal(
+                "b vs the set-up's limit",
+                "≥ 70% of the lower of the disk and the harness's ceiling",
+                f"{b_mb / limit:.0%} ({b_mb:,.0f} of {limit:,.0f} MB/s; disk {disk:,.0f}, "
+                f"memory-only broker {ceiling_b:,.0f})",
+                b_mb >= 0.7 * limit,
+            )
+        )
+    else:
+        out.append(
+            Goal(
+                "b vs the set-up's limit",
+                "≥ 70% of the lower of the disk and the harness's ceiling",
+                "-",
+                None,
+            )
+        )
     redis_always = [
         r
         for r in _ok(results, "b")
@@ -121,13 +151,12 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
     if b_mb and redis_always:
         best = max(redis_always, key=lambda r: r["mb_per_s"])
         ratio = b_mb / best["mb_per_s"] if best["mb_per_s"] else math.inf
+        measured = f"{ratio:.2f}x ({best['target']})"
+        if limit and 3 * best["mb_per_s"] > limit:
+            # Say so when 3x is more than any broker could show on this set-up.
+            measured += f"; 3x is {3 * best['mb_per_s']:,.0f} MB/s, above the limit of {limit:,.0f}"
         out.append(
-            Goal(
-                "b vs Redis (appendfsync always, best client)",
-                "≥ 3x",
-                f"{ratio:.2f}x ({best['target']})",
-                ratio >= 3,
-            )
+            Goal("b vs Redis (appendfsync always, best client)", "≥ 3x", measured, ratio >= 3)
         )
     else:
         out.append(Goal("b vs Redis (appendfsync always, best client)", "≥ 3x", "-", None))
@@ -147,11 +176,23 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
     c = _ok(results, "c", "stratalog")
     if c and c[0].get("publish"):
         p = c[0]["publish"]
+        measured = f"p99 {p['p99']:.2f} ms, p99.9 {p['p99.9']:.2f} ms"
+        own = [
+            r for r in _ok(results, "c") if r["kind"] == "tansu" and r.get("publish")
+        ]  # fmt: skip
+        if own:
+            # What the machine adds by itself: the same clients at the same rate against a
+            # broker that stores nothing.
+            q = own[0]["publish"]
+            measured += (
+                f" (memory-only broker at {own[0]['records_per_s']:,.0f} rec/s: "
+                f"p99 {q['p99']:.2f} ms, p99.9 {q['p99.9']:.2f} ms)"
+            )
         out.append(
             Goal(
                 "c: publish latency at 50% of max",
                 "p99 ≤ 5 ms, p99.9 ≤ 20 ms",
-                f"p99 {p['p99']:.2f} ms, p99.9 {p['p99.9']:.2f} ms",
+                measured,
                 p["p99"] <= 5 and p["p99.9"] <= 20,
             )
         )
@@ -224,6 +265,12 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
     else:
         out.append(Goal("kcat consume from page cache", "≥ 500 MB/s", "-", None))
     return out
+
+
+def _ceiling(results: list[dict], workload: str) -> float | None:
+    """MB/s the harness's clients reached against the memory-only broker in this workload."""
+    rows = [r for r in _ok(results, workload) if r["kind"] == "tansu"]
+    return max(r["mb_per_s"] for r in rows) if rows else None
 
 
 def _near(measured: float | None, expected: float | None, within: float = 0.25) -> bool | None:
@@ -431,15 +478,15 @@ def markdown(run: dict[str, Any]) -> str:
         lines += [f"## Workload {name}: {titles.get(name, '')}", ""]
         lines += [
             "| target | durability / settings | params | records/s | MB/s | publish p50 / p99 / "
-            "p99.9 / max (ms) | end-to-end p99 (ms) | server cores | server CPU s/MB | "
-            "runs (records/s) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "p99.9 / max (ms) | end-to-end p99 (ms) | server cores | client cores | "
+            "server CPU s/MB | runs (records/s) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rs:
             if not r["ok"]:
                 lines.append(
                     f"| {r['target']} | {r['describe']} | {_params(r)} | failed: "
-                    f"{r['error'][:160]} | | | | | | |"
+                    f"{r['error'][:160]} | | | | | | | |"
                 )
                 continue
             p = r.get("publish")
@@ -447,7 +494,8 @@ def markdown(run: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['target']} | {r['describe']} | {_params(r)} | {_f(r['records_per_s'], 0)} "
                 f"| {_f(r['mb_per_s'])} | {pub} | {_lat(r.get('end_to_end'), 'p99')} "
-                f"| {_f(r['server_cores'], 2)} | {_f(r.get('cpu_s_per_mb'), 4)} "
+                f"| {_f(r['server_cores'], 2)} | {_f(r.get('client_cores'), 2)} "
+                f"| {_f(r.get('cpu_s_per_mb'), 4)} "
                 f"| {_runs(r)} |"
             )
         extras = [r for r in rs if r["ok"] and r.get("extra")]

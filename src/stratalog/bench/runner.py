@@ -91,6 +91,8 @@ class CaseResult:
     server_cores: float = 0.0
     cpu_s_per_mb: float | None = None
     client_cpu_s: float = 0.0
+    # The load generators' share of the machine (their own CPU, every thread of every process).
+    client_cores: float = 0.0
     stored: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -335,6 +337,7 @@ def _result_from_load(
     )
     wall = load.t_end - load.t_start
     res.server_cores = load.server_cpu_s / wall if wall > 0 else 0.0
+    res.client_cores = load.client_cpu_s / wall if wall > 0 else 0.0
     moved_mb = (load.acked_bytes + load.consumed_bytes) / 1e6
     res.cpu_s_per_mb = load.server_cpu_s / moved_mb if moved_mb else None
     csecs = load.consume_seconds
@@ -446,7 +449,8 @@ class Runner:
             p99 = res.publish["p99"] if res.publish else float("nan")
             self.log(
                 f"{what}: {res.records_per_s:,.0f} rec/s, {res.mb_per_s:,.1f} MB/s, "
-                f"publish p99 {p99:.2f} ms, server {res.server_cores:.2f} cores"
+                f"publish p99 {p99:.2f} ms, server {res.server_cores:.2f} cores, "
+                f"clients {res.client_cores:.2f}"
             )
         else:
             self.log(f"{what}: FAILED: {res.error}")
@@ -461,7 +465,7 @@ class Runner:
         """A fixed rate, or a fraction of the max rate another workload reached."""
         if not w.rate_from:
             return w.rate
-        ref_target = w.rate_reference or spec.name
+        ref_target = spec.rate_reference or w.rate_reference or spec.name
         for r in reversed(self.results):
             if r.workload == w.rate_from and r.target == ref_target and r.ok and r.records_per_s:
                 return r.records_per_s * w.rate_fraction

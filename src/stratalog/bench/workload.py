@@ -101,6 +101,9 @@ class TargetSpec:
     settings: dict[str, Any] = field(default_factory=dict)  # broker/server settings
     topic_config: dict[str, str] = field(default_factory=dict)  # per-topic configs at creation
     role: str = "broker"  # "broker": driven by the harness's clients; "tool": its own generator
+    # With a workload's rate_from: take the rate measured on this target instead of on this one
+    # (the harness's ceiling runs at the rate Stratalog ran, so their latencies compare).
+    rate_reference: str = ""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TargetSpec:
@@ -112,6 +115,7 @@ class TargetSpec:
             settings={str(k): v for k, v in dict(d.get("settings", {})).items()},
             topic_config={str(k): str(v) for k, v in dict(d.get("topic_config", {})).items()},
             role=str(d.get("role", "broker")),
+            rate_reference=str(d.get("rate_reference", "")),
         )
 
 
