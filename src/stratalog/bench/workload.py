@@ -72,6 +72,7 @@ _TOP_LEVEL = {
     "backlog_partitions",
     "backlog_consumers",
     "phase_duration_s",
+    "phase_pairs",
     "kcat_consume",
     "perf_test",
     "spark_read",
@@ -153,6 +154,7 @@ class Workload:
     backlog_partitions: int = 16
     backlog_consumers: int = 2
     phase_duration_s: float = 30.0
+    phase_pairs: int = 1  # alone / with-readers phases alternate this many times
     kcat_consume: bool = False
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
