@@ -21,11 +21,12 @@ class ByteRate:
         its callers back."""
         return self.rate > 0 and self._until > now
 
-    def set_rate(self, rate: int) -> None:
+    def set_rate(self, rate: int, now: float | None = None) -> None:
         """A new rate; what is already scheduled is rescheduled at it, so a lower rate slows
         the queue at once and a higher one lets it go sooner (callers already asleep keep their
         wake-up, which only the queue behind them feels)."""
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         if self.rate > 0 and rate > 0 and self._until > now:
             self._until = now + (self._until - now) * self.rate / rate
         self.rate = rate
@@ -64,11 +65,14 @@ class FsyncGuidedRate:
     def tick(self, slowest_fsync: float | None, now: float | None = None) -> int:
         """One interval passed; ``slowest_fsync`` is its slowest group-commit fsync (None: no
         fsync happened, nothing to protect). Returns the new rate."""
-        held_back = self.rate.waiting(time.monotonic() if now is None else now)
+        if now is None:
+            now = time.monotonic()
+        held_back = self.rate.waiting(now)
         r = self.rate.rate
         if slowest_fsync is not None and slowest_fsync > self.target:
             r = max(self.floor, int(r * self.DECREASE))
         elif held_back:
             r = min(self.ceiling, r + self.step)
-        self.rate.set_rate(r)
+        # The same clock for the reschedule as for the check above (a test passes its own).
+        self.rate.set_rate(r, now)
         return r
