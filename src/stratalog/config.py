@@ -135,6 +135,21 @@ SETTINGS: dict[str, Setting] = {
             "and its read-ahead; with storage.read_priority=low they run in the idle I/O class.",
         ),
         _S(
+            "fetch.backlog.io_bytes",
+            int,
+            512 * 1024,
+            "With fetch.backlog.direct_reads, the largest single disk read of a window: a "
+            "journal fsync queued behind backlog reads waits for at most "
+            "fetch.backlog.io_depth of these.",
+        ),
+        _S(
+            "fetch.backlog.io_depth",
+            int,
+            1,
+            "With fetch.backlog.direct_reads, how many backlog disk reads of the whole broker "
+            "may be in the device at once.",
+        ),
+        _S(
             "fetch.backlog.max_bytes_per_sec",
             int,
             0,
@@ -392,6 +407,8 @@ class BrokerConfig:
         "storage.io_threads": 1,
         "storage.read_threads": 1,
         "fetch.read_ahead.bytes": 1,
+        "fetch.backlog.io_bytes": 4096,
+        "fetch.backlog.io_depth": 1,
         "segment.bytes": 1,
         "max_request_bytes": 1,
         "message.max.bytes": 1,

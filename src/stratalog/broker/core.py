@@ -110,7 +110,11 @@ class BrokerCore:
         cache = self.store.tail_cache
         metrics.TAIL_CACHE_BYTES.set_function(lambda: cache.bytes)
         self.direct_reader = (
-            DirectReader(config["fetch.read_ahead.bytes"])
+            DirectReader(
+                config["fetch.read_ahead.bytes"],
+                io_bytes=config["fetch.backlog.io_bytes"],
+                io_depth=config["fetch.backlog.io_depth"],
+            )
             if config["fetch.backlog.direct_reads"]
             else None
         )
