@@ -431,3 +431,18 @@ def test_a_target_can_take_its_rate_from_another_target():
     runner.results[0].ok = False  # no Stratalog b to take the rate from: named
     with pytest.raises(RuntimeError, match="workload b on stratalog"):
         runner.resolve_rate(c, tansu)
+
+
+def test_d_reports_what_the_ceiling_allows():
+    def d(target: str, kind: str, mb: float, layout: str) -> dict:
+        params = {"topics": 1000, "layout": layout, "producer_client": "java"}
+        return _row("d", target, kind, mb, params=params)
+
+    rows = [
+        d("stratalog", "stratalog", 30.0, "virtual"),
+        d("stratalog", "stratalog", 25.0, "per-partition"),
+        d("tansu", "tansu", 32.5, "n/a"),
+    ]
+    (g,) = [g for g in report.goals(rows, None) if g.name.startswith("d: virtual vs")]
+    assert g.verdict == "missed"
+    assert g.measured.startswith("1.20x") and "memory-only broker 1.30x" in g.measured

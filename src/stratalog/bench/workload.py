@@ -73,6 +73,7 @@ _TOP_LEVEL = {
     "backlog_consumers",
     "phase_duration_s",
     "phase_pairs",
+    "backlog_cold",
     "kcat_consume",
     "perf_test",
     "spark_read",
@@ -155,6 +156,9 @@ class Workload:
     backlog_consumers: int = 2
     phase_duration_s: float = 30.0
     phase_pairs: int = 1  # alone / with-readers phases alternate this many times
+    # False: the backlog stays in the page cache (the readers' CPU and network cost alone,
+    # without the disk): an experiment that tells the two apart.
+    backlog_cold: bool = True
     kcat_consume: bool = False
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats

@@ -20,6 +20,7 @@ from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
+from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.journal import SLOWEST_SYNC
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
@@ -117,6 +118,9 @@ class BrokerCore:
             )
             if config["fetch.backlog.direct_reads"]
             else None
+        )
+        self.backlog_loader = BacklogLoader(
+            config["fetch.backlog.io_bytes"], config["fetch.backlog.io_depth"]
         )
         self.read_executor = ThreadPoolExecutor(
             config["storage.read_threads"],

@@ -60,13 +60,24 @@ class ColdSegment:
         return self.store.local or self.promoted is not None
 
     @property
+    def size(self) -> int:
+        return self.meta.size
+
+    @property
+    def data_path(self) -> Path | None:
+        """The file behind a local (or promoted) segment; None in an object store."""
+        if not self.local:
+            return None
+        return self.promoted or self.store.data_path(self.uid, self.meta)
+
+    @property
     def fd(self) -> int:
         """A descriptor for sendfile; only local (or promoted) segments have one (else -1)."""
-        if not self.local:
+        path = self.data_path
+        if path is None:
             return -1
         with self._lock:
             if self._fd is None:
-                path = self.promoted or self.store.data_path(self.uid, self.meta)
                 try:
                     self._fd = os.open(path, os.O_RDONLY)
                 except OSError as e:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import time
 import uuid
 
@@ -20,6 +19,7 @@ from stratalog.broker import metrics
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
+from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
 
@@ -83,15 +83,15 @@ def _gather(core, req: Request, plan, max_bytes: int):
 _MIN_PACED_AHEAD = 256 * 1024
 
 
-def _read_ahead(parts: list, ahead: int) -> None:
-    """Ask the kernel to read the span of each segment this answer touches (up to ``ahead``
-    bytes of it), plus ``ahead`` bytes more, in one go (posix_fadvise WILLNEED, asynchronous).
+def _load(parts: list, ahead: int, loader: BacklogLoader) -> None:
+    """Bring the span of each segment this answer touches, plus ``ahead`` bytes past it, into
+    the page cache in the loader's small requests, one at a time (storage/backlog_loader.py).
 
     In a virtual log the chunks of one partition sit between other partitions' chunks: read one
-    by one, a catch-up consumer issues many small random reads that queue in front of the
-    journal's fsyncs. One large sequential read serves this partition's next fetches and the
-    other partitions sharing the log, whose consumers drain the same region. It is bounded:
-    everything asked for at once queues in the disk ahead of the journal's next fsync.
+    by one, a catch-up consumer issues many small random reads. One sequential span serves this
+    partition's next fetches and the other partitions sharing the log, whose consumers drain the
+    same region; read in small requests, it never queues in the disk as one large burst ahead of
+    the journal's next fsync.
     """
     spans: dict[int, list] = {}
     for p in parts:
@@ -103,33 +103,43 @@ def _read_ahead(parts: list, ahead: int) -> None:
                 s[1] = min(s[1], p.position)
                 s[2] = max(s[2], p.position + p.size)
     for segment, lo, hi in spans.values():
-        try:
-            length = min(hi - lo, ahead) + ahead
-            os.posix_fadvise(segment.fd, lo, length, os.POSIX_FADV_WILLNEED)
-        except (OSError, ValueError):
-            pass  # a hint only: the reads below still work without it
+        loader.load(segment, lo, hi + ahead)
 
 
-def _read_cold(parts: list, ahead: int, direct: DirectReader | None) -> str | None:
-    """Replace the slices of one partition's answer that are not in the page cache by their
-    bytes (on the read pool); return an error text instead if the storage fails."""
+def _read_cold(
+    parts: list, ahead: int, direct: DirectReader | None, loader: BacklogLoader
+) -> str | None:
+    """Make one partition's answer sendable without the disk (on the read pool): its slices
+    are loaded into the page cache and stay slices (sent with sendfile), or, with direct reads
+    or where a page is gone again, replaced by their bytes; returns an error text instead if the
+    storage fails."""
     failure = None
     if direct is None:
-        _read_ahead(parts, ahead)
+        try:
+            _load(parts, ahead, loader)
+        except OSError as e:
+            failure = str(e)
     for i, p in enumerate(parts):
-        if isinstance(p, FileSlice) and (failure is not None or not p.resident()):
+        if not isinstance(p, FileSlice) or (failure is None and p.resident()):
+            continue  # memory, or a slice in the page cache: sent with sendfile
+        if failure is None:
             try:
-                if failure is None:
-                    if direct is None:
-                        parts[i] = p.read()
-                    else:
-                        parts[i] = direct.read(p.segment, p.position, p.size)
-                    metrics.FETCH_COPIED_BYTES.inc(p.size)
+                if direct is None:
+                    parts[i] = p.read()
+                else:
+                    parts[i] = direct.read(p.segment, p.position, p.size)
+                metrics.FETCH_COPIED_BYTES.inc(p.size)
             except OSError as e:
                 failure = str(e)
+                parts[i] = b""  # released below, not again in the clean-up
             finally:
                 p.release()
     if failure is not None:
+        # Nothing of this partition is sent: release the slices still held (read ones were
+        # replaced by their bytes).
+        for p in parts:
+            if isinstance(p, FileSlice):
+                p.release()
         parts.clear()
     return failure
 
@@ -179,7 +189,11 @@ async def handle_fetch(core, req: Request, conn):
     started: list[concurrent.futures.Future] = []
 
     def read(parts: list) -> asyncio.Future:
-        started.append(core.read_executor.submit(_read_cold, parts, ahead, core.direct_reader))
+        started.append(
+            core.read_executor.submit(
+                _read_cold, parts, ahead, core.direct_reader, core.backlog_loader
+            )
+        )
         return asyncio.wrap_future(started[-1])
 
     try:
