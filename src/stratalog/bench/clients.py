@@ -62,6 +62,9 @@ class ConsumerJob:
     sample_every: int = 1  # end-to-end latency of every n-th record read
     extra: dict[str, Any] = field(default_factory=dict)
     group: str = "tail"  # which readers of a case this one belongs to ("backlog" in catch-up)
+    # Bytes per second this reader takes at most (0: as fast as it can): the same read load
+    # for every target, whatever the broker would serve.
+    max_bytes_per_s: float = 0.0
 
 
 class ProducerClient(ABC):
@@ -373,6 +376,7 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
         deadline = time.perf_counter() + job.max_duration_s
         records = nbytes = 0
         t_first = t_last = 0.0
+        t0 = time.perf_counter()
         while not stop_evt.is_set() and time.perf_counter() < deadline:
             n, b = client.consume(0.1)
             if n:
@@ -382,6 +386,10 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
                 records += n
                 nbytes += b
                 progress.value = records
+            if job.max_bytes_per_s > 0:
+                ahead = nbytes / job.max_bytes_per_s - (time.perf_counter() - t0)
+                if ahead > 0:
+                    time.sleep(min(ahead, 0.05))
         result.update(
             records=records,
             bytes=nbytes,

@@ -741,6 +741,10 @@ class Runner:
                     track_latency=False,
                     max_duration_s=w.phase_duration_s * 2 + w.drain_timeout_s,
                     group="backlog",
+                    max_bytes_per_s=w.backlog_read_mb_per_s * 1e6 / w.backlog_consumers,
+                    # A paced reader keeps little in its client's queue, so the broker's reads
+                    # follow its pace rather than filling 64 MB ahead of it.
+                    extra={"queued.max.messages.kbytes": 4096} if w.backlog_read_mb_per_s else {},
                 )
                 for i in range(w.backlog_consumers)
             ]

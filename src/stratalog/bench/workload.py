@@ -74,6 +74,7 @@ _TOP_LEVEL = {
     "phase_duration_s",
     "phase_pairs",
     "backlog_cold",
+    "backlog_read_mb_per_s",
     "kcat_consume",
     "perf_test",
     "spark_read",
@@ -159,6 +160,9 @@ class Workload:
     # False: the backlog stays in the page cache (the readers' CPU and network cost alone,
     # without the disk): an experiment that tells the two apart.
     backlog_cold: bool = True
+    # The backlog readers' own pace over all of them, MB/s (0: as fast as they can): the same
+    # read load on every target, for comparing the brokers' isolation like for like.
+    backlog_read_mb_per_s: float = 0.0
     kcat_consume: bool = False
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
