@@ -91,8 +91,8 @@ def test_nats_jetstream_roundtrip() -> None:
     assert workdir is not None and not workdir.exists()
 
 
-def test_tansu_ceiling_roundtrip() -> None:
-    """The harness's ceiling (a memory-only native broker) serves the same clients."""
+def test_tansu_memory_only_roundtrip() -> None:
+    """A memory-only native broker serves the same clients."""
     target = make_target(TargetSpec("tansu", "tansu"), _workload())
     assert isinstance(target, TansuTarget)
     assert "memory only" in target.describe()
