@@ -19,6 +19,7 @@ from stratalog.broker import metrics
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
+from stratalog.storage import page_cache
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
@@ -83,6 +84,35 @@ def _gather(core, req: Request, plan, max_bytes: int):
 _MIN_PACED_AHEAD = 256 * 1024
 
 
+def _spans(parts: list) -> list[tuple]:
+    """(segment, first byte, end) of the region each segment's slices of one answer cover."""
+    spans: dict[int, list] = {}
+    for p in parts:
+        if isinstance(p, FileSlice):
+            s = spans.get(id(p.segment))
+            if s is None:
+                spans[id(p.segment)] = [p.segment, p.position, p.position + p.size]
+            else:
+                s[1] = min(s[1], p.position)
+                s[2] = max(s[2], p.position + p.size)
+    return [tuple(s) for s in spans.values()]
+
+
+def _resident(parts: list) -> bool:
+    """Whether one partition's answer can be sent without the disk: one check per segment span
+    (a cachestat and two probes) rather than one per chunk, since this runs on the event loop
+    and a catch-up answer holds dozens of chunks. The span includes the chunks of the other
+    partitions in between (a virtual log), so it may say no where each chunk would say yes:
+    those go to the read pool, which checks chunk by chunk."""
+    for segment, lo, hi in _spans(parts):
+        try:
+            if not page_cache.resident(segment.fd, lo, hi - lo):
+                return False
+        except (OSError, ValueError):
+            return False
+    return True
+
+
 def _load(parts: list, ahead: int, loader: BacklogLoader) -> None:
     """Bring the span of each segment this answer touches, plus ``ahead`` bytes past it, into
     the page cache in the loader's small requests, one at a time (storage/backlog_loader.py).
@@ -93,16 +123,7 @@ def _load(parts: list, ahead: int, loader: BacklogLoader) -> None:
     same region; read in small requests, it never queues in the disk as one large burst ahead of
     the journal's next fsync.
     """
-    spans: dict[int, list] = {}
-    for p in parts:
-        if isinstance(p, FileSlice):
-            s = spans.get(id(p.segment))
-            if s is None:
-                spans[id(p.segment)] = [p.segment, p.position, p.position + p.size]
-            else:
-                s[1] = min(s[1], p.position)
-                s[2] = max(s[2], p.position + p.size)
-    for segment, lo, hi in spans.values():
+    for segment, lo, hi in _spans(parts):
         loader.load(segment, lo, hi + ahead)
 
 
@@ -178,11 +199,7 @@ async def handle_fetch(core, req: Request, conn):
     metrics.FETCH_MEMORY_BYTES.inc(memory)
     # Slices already in the page cache stay slices (the connection sends them with sendfile);
     # cold ones are read on the bounded read pool, never on the event loop.
-    cold = [
-        rr.parts
-        for rr in reads
-        if any(isinstance(p, FileSlice) and not p.resident() for p in rr.parts)
-    ]
+    cold = [rr.parts for rr in reads if not _resident(rr.parts)]
     budget = core.backlog_rate
     cold_bytes = [sum(p.size for p in parts if isinstance(p, FileSlice)) for parts in cold]
     ahead = core.config["fetch.read_ahead.bytes"]
