@@ -129,7 +129,12 @@ def produce_batches(bootstrap: str, values: list[list[bytes]], partition: int = 
         else:
             offsets.append(msg.offset())
 
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 100})
+    # Each inner list must reach the broker as one batch: metadata first (records produced
+    # before the producer knows the partition's leader may leave in more than one batch), and a
+    # linger far longer than a descheduled test process pauses between two produce() calls;
+    # flush() sends at once, so the linger costs no time.
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2000})
+    p.list_topics(TOPIC, timeout=10)
     for batch in values:
         for v in batch:
             p.produce(TOPIC, value=v, partition=partition, on_delivery=on_delivery)
