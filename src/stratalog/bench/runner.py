@@ -92,8 +92,9 @@ class CaseResult:
     server_cores: float = 0.0
     cpu_s_per_mb: float | None = None
     client_cpu_s: float = 0.0
-    # The load generators' share of the machine (their own CPU, every thread of every process).
-    client_cores: float = 0.0
+    # The load generators' share of the machine (their own CPU, every thread of every process);
+    # None where a peer's own tool generated the load.
+    client_cores: float | None = None
     stored: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -450,8 +451,8 @@ class Runner:
             p99 = res.publish["p99"] if res.publish else float("nan")
             self.log(
                 f"{what}: {res.records_per_s:,.0f} rec/s, {res.mb_per_s:,.1f} MB/s, "
-                f"publish p99 {p99:.2f} ms, server {res.server_cores:.2f} cores, "
-                f"clients {res.client_cores:.2f}"
+                f"publish p99 {p99:.2f} ms, server {res.server_cores:.2f} cores"
+                + (f", clients {res.client_cores:.2f}" if res.client_cores is not None else "")
             )
         else:
             self.log(f"{what}: FAILED: {res.error}")
