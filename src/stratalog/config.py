@@ -123,8 +123,9 @@ SETTINGS: dict[str, Setting] = {
             "fetch.read_ahead.bytes",
             int,
             8 * 1024 * 1024,
-            "How far past what a backlog Fetch needs the kernel is asked to read at once "
-            "(posix_fadvise WILLNEED); the span a fetch touches counts up to this much again.",
+            "How far past the span a backlog Fetch touches the read pool loads into the page "
+            "cache (in fetch.backlog.io_bytes requests), for the next fetches and the other "
+            "partitions sharing the log.",
         ),
         _S(
             "fetch.backlog.direct_reads",
@@ -138,16 +139,15 @@ SETTINGS: dict[str, Setting] = {
             "fetch.backlog.io_bytes",
             int,
             512 * 1024,
-            "With fetch.backlog.direct_reads, the largest single disk read of a window: a "
-            "journal fsync queued behind backlog reads waits for at most "
-            "fetch.backlog.io_depth of these.",
+            "The largest single disk read of a backlog fetch (loaded into the page cache, or "
+            "a direct-read window): a journal fsync queued behind backlog reads waits for at "
+            "most fetch.backlog.io_depth of these.",
         ),
         _S(
             "fetch.backlog.io_depth",
             int,
             1,
-            "With fetch.backlog.direct_reads, how many backlog disk reads of the whole broker "
-            "may be in the device at once.",
+            "How many backlog disk reads of the whole broker may be in the device at once.",
         ),
         _S(
             "fetch.backlog.max_bytes_per_sec",
