@@ -29,8 +29,8 @@ def _produce(bootstrap: str, topic: str) -> list[bytes]:
     return values
 
 
-def _consume(bootstrap: str, topic: str) -> list[bytes]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "paths"})
+def _consume(bootstrap: str, topic: str, **conf) -> list[bytes]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "paths", **conf})
     c.assign([TopicPartition(topic, 0, 0)])
     out: list[bytes] = []
     deadline = time.monotonic() + 20
@@ -134,23 +134,60 @@ def test_large_fetches_stay_zero_copy_when_the_socket_fills(tmp_path):
 
 
 def test_backlog_reads_are_held_to_their_budget_and_tail_reads_are_not(tmp_path):
-    # 1.5 MB of backlog at 0.5 MB/s: reading it back from the segment files takes >= 2 s
-    # (the first 0.5 MB may pass at once), and every record still arrives.
+    # 1.5 MB of backlog at 0.5 MB/s, read back from the segment files: every record arrives,
+    # and what is paced takes its time. The consumer asks for 64 KiB per partition and fetch;
+    # only its last read reaches the high watermark, and that one (at most 1 MiB, the tail)
+    # is not paced.
     rate = 500_000
     config = {"cache.tail_bytes": 0, "fetch.backlog.max_bytes_per_sec": rate}
     with Broker(tmp_path / "d", config=config) as b:
         create_topic(b.bootstrap, "slow")
         values = _produce(b.bootstrap, "slow")
         before = _counters()
+        paced_before = metrics.FETCH_PACED_BYTES._value.get()
         t0 = time.monotonic()
-        assert _consume(b.bootstrap, "slow") == values
+        got = _consume(b.bootstrap, "slow", **{"max.partition.fetch.bytes": 65536})
+        assert got == values
         took = time.monotonic() - t0
         _memory, sendfile, copied = _delta(before, _counters())
         from_files = sendfile + copied
+        paced = metrics.FETCH_PACED_BYTES._value.get() - paced_before
         assert from_files >= N * 500
-        assert took >= (from_files - rate) / rate, (took, from_files)
+        assert from_files - 1024 * 1024 <= paced <= from_files, (paced, from_files)
+        # Each turn of at most 128 KiB waits for its own bytes' time before it goes out.
+        assert took >= paced / rate, (took, paced)
     # The same budget with the in-memory tail: nothing is counted against it.
     _tail_round_trip({"fetch.backlog.max_bytes_per_sec": rate})
+
+
+def test_a_consumer_at_the_tail_is_not_held_to_the_backlog_budget(tmp_path):
+    # Tail reads come from the page cache by sendfile here (no tail cache), as history does;
+    # a caught-up consumer's reads end at the high watermark and are neither admitted nor
+    # paced (BookKeeper serves the tail first), so they never wait behind catch-up readers.
+    config = {"cache.tail_bytes": 0, "fetch.backlog.max_bytes_per_sec": 100_000}
+    with Broker(tmp_path / "d", config=config) as b:
+        create_topic(b.bootstrap, "live")
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "live"})
+        c.assign([TopicPartition("live", 0, 0)])
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 5})
+        before = _counters()
+        paced_before = metrics.FETCH_PACED_BYTES._value.get()
+        sent: list[bytes] = []
+        got: list[bytes] = []
+        for round_ in range(10):  # 10 x 150 KB: 15 s of budget if it applied
+            for i in range(300):
+                v = b"%02d%04d" % (round_, i) + os.urandom(500)
+                sent.append(v)
+                p.produce("live", value=v)
+            assert p.flush(20) == 0
+            deadline = time.monotonic() + 20
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                got += [m.value() for m in c.consume(500, 0.2) if m.error() is None]
+        c.close()
+        assert got == sent
+        _memory, sendfile, copied = _delta(before, _counters())
+        assert sendfile + copied >= len(sent) * 500  # read from the segment files
+        assert metrics.FETCH_PACED_BYTES._value.get() == paced_before
 
 
 def _evict(data_dir) -> None:
@@ -216,6 +253,24 @@ def test_the_steered_backlog_budget_follows_the_journals_fsyncs():
     small = FsyncGuidedRate(ByteRate(0), target=0.002, floor=1, ceiling=10**9)
     small.rate._until = time.monotonic() + 60
     assert small.tick(None) == 1 + FsyncGuidedRate.MIN_STEP
+    # The sending of backlog answers follows the reads' budget, and waiting for it counts.
+    reads, sends = ByteRate(0), ByteRate(0)
+    both = FsyncGuidedRate(reads, target=0.002, floor=1_000_000, ceiling=10**9, followers=(sends,))
+    assert sends.rate == 1_000_000
+    sends._until = now + 1  # answers are queued behind the send budget only
+    assert both.tick(0.0005, now) == 2_000_000
+    assert reads.rate == sends.rate == 2_000_000
+    assert both.tick(0.004, now) == 1_000_000 and sends.rate == 1_000_000
+
+
+def test_reserving_bytes_schedules_them_after_those_before():
+    from stratalog.storage.throttle import ByteRate
+
+    r = ByteRate(1_000_000)
+    assert r.reserve(500_000, now=10.0) == pytest.approx(0.5)
+    assert r.reserve(250_000, now=10.1) == pytest.approx(0.65)  # behind the first 0.5 MB
+    assert r.reserve(100_000, now=20.0) == pytest.approx(0.1)  # the queue had emptied
+    assert ByteRate(0).reserve(10**9) == 0.0  # unlimited
 
 
 def test_a_lower_rate_reschedules_what_is_queued():

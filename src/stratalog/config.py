@@ -153,9 +153,10 @@ SETTINGS: dict[str, Setting] = {
             "fetch.backlog.max_bytes_per_sec",
             int,
             0,
-            "Bytes per second Fetch serves from segment files, i.e. older than the in-memory "
-            "tail, over all consumers; 0: unlimited. Tail reads are never limited. With "
-            "fetch.backlog.fsync_target_ms, the most the steered budget may reach.",
+            "Bytes per second Fetch serves from segment files over all consumers (disk reads "
+            "and the sending of answers are both paced); 0: unlimited. A caught-up consumer's "
+            "reads are not paced. With fetch.backlog.fsync_target_ms, the most the steered "
+            "budget may reach.",
         ),
         _S(
             "producer.id.expiration.ms",

@@ -142,9 +142,7 @@ def goals(results: list[dict], limits: dict[str, Any] | None) -> list[Goal]:
         measured = f"{ratio:.2f}x ({best['target']})"
         if disk and 3 * best["mb_per_s"] > disk:
             # Say so when 3x is more than this disk syncs.
-            measured += (
-                f"; 3x is {3 * best['mb_per_s']:,.0f} MB/s, above the disk's {disk:,.0f}"
-            )
+            measured += f"; 3x is {3 * best['mb_per_s']:,.0f} MB/s, above the disk's {disk:,.0f}"
         out.append(
             Goal("b vs Redis (appendfsync always, best client)", "≥ 3x", measured, ratio >= 3)
         )

@@ -839,7 +839,6 @@ class Runner:
         return res
 
 
-
 def _median(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

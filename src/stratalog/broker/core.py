@@ -99,6 +99,8 @@ class BrokerCore:
         # Backlog reads (from segment files) share one budget, so catch-up consumers cannot
         # take the CPU and the disk the tail's producers need (BookKeeper's isolation).
         self.backlog_rate = ByteRate(config["fetch.backlog.max_bytes_per_sec"])
+        # The same budget for sending those answers, kept at the reads' rate (fetch.py).
+        self.backlog_send_rate = ByteRate(config["fetch.backlog.max_bytes_per_sec"])
         self.backlog_pacer: FsyncGuidedRate | None = None
         if config["fetch.backlog.fsync_target_ms"] > 0:
             self.backlog_pacer = FsyncGuidedRate(
@@ -106,6 +108,7 @@ class BrokerCore:
                 target=config["fetch.backlog.fsync_target_ms"] / 1000,
                 floor=config["fetch.backlog.min_bytes_per_sec"],
                 ceiling=config["fetch.backlog.max_bytes_per_sec"] or 4_000_000_000,
+                followers=(self.backlog_send_rate,),
             )
         metrics.BACKLOG_RATE.set(self.backlog_rate.rate)
         cache = self.store.tail_cache

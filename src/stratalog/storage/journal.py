@@ -57,7 +57,6 @@ class SlowestSync:
 SLOWEST_SYNC = SlowestSync()
 
 
-
 @dataclass(frozen=True, slots=True)
 class FsyncPolicy:
     mode: str  # "always" | "interval" | "never"

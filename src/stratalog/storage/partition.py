@@ -100,6 +100,7 @@ class AppendResult:
 class ReadResult:
     parts: list[bytes | memoryview | FileSlice]
     size: int
+    at_end: bool = False  # the read reached the high watermark: the reader is at the tail
 
     def release(self) -> None:
         for p in self.parts:
@@ -320,10 +321,12 @@ class PartitionLog:
         hwm = self.high_watermark
         tail_get = self._tail.get
         uid = self.uid
-        while i < n:
-            base = chunks.base_of(i)
-            if chunks.last_of(i) >= hwm:
+        at_end = False
+        while True:
+            if i >= n or chunks.last_of(i) >= hwm:
+                at_end = True
                 break
+            base = chunks.base_of(i)
             s = chunks.size_of(i)
             if size + s > max_bytes and (size > 0 or not min_one):
                 break
@@ -338,7 +341,7 @@ class PartitionLog:
                 parts.append(FileSlice(seg.acquire(), loc.position, loc.size))
             size += s
             i += 1
-        return ReadResult(parts, size)
+        return ReadResult(parts, size, at_end)
 
     def _read_cold(
         self, offset: int, max_bytes: int, min_one: bool, parts: list

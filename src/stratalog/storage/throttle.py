@@ -31,12 +31,32 @@ class ByteRate:
             self._until = now + (self._until - now) * self.rate / rate
         self.rate = rate
 
-    async def admit(self, nbytes: int) -> None:
+    def reserve(self, nbytes: int, now: float | None = None) -> float:
+        """Schedule ``nbytes`` after the bytes admitted before them; returns the seconds until
+        their time has passed (0 when unlimited)."""
         if self.rate <= 0 or nbytes <= 0:
-            return
-        now = time.monotonic()
+            return 0.0
+        if now is None:
+            now = time.monotonic()
         self._until = max(now, self._until) + nbytes / self.rate
-        await asyncio.sleep(self._until - now)
+        return self._until - now
+
+    async def admit(self, nbytes: int) -> None:
+        delay = self.reserve(nbytes)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class PacedResponse(list):
+    """A response whose bytes go to the socket at ``rate`` (a backlog answer under a budget),
+    a small piece at a time, instead of in one burst: a burst keeps the loop, the loopback and
+    the reader's process busy for milliseconds at a time, and a produce arriving then waits."""
+
+    __slots__ = ("rate",)
+
+    def __init__(self, parts: list, rate: ByteRate) -> None:
+        super().__init__(parts)
+        self.rate = rate
 
 
 class FsyncGuidedRate:
@@ -54,25 +74,37 @@ class FsyncGuidedRate:
     DECREASE = 0.5
     MIN_STEP = 1_000_000  # bytes/s per interval, whatever the floor
 
-    def __init__(self, rate: ByteRate, target: float, floor: int, ceiling: int) -> None:
+    def __init__(
+        self,
+        rate: ByteRate,
+        target: float,
+        floor: int,
+        ceiling: int,
+        followers: tuple[ByteRate, ...] = (),
+    ) -> None:
         self.rate = rate
+        # Limits kept at the same rate (the sending of backlog answers): waiting for any of
+        # them counts as being held back.
+        self.followers = followers
         self.target = target
         self.floor = floor
         self.ceiling = max(ceiling, floor)
         self.step = max(floor, self.MIN_STEP)
-        rate.rate = floor
+        for r in (rate, *followers):
+            r.rate = floor
 
     def tick(self, slowest_fsync: float | None, now: float | None = None) -> int:
         """One interval passed; ``slowest_fsync`` is its slowest group-commit fsync (None: no
         fsync happened, nothing to protect). Returns the new rate."""
         if now is None:
             now = time.monotonic()
-        held_back = self.rate.waiting(now)
+        held_back = any(r.waiting(now) for r in (self.rate, *self.followers))
         r = self.rate.rate
         if slowest_fsync is not None and slowest_fsync > self.target:
             r = max(self.floor, int(r * self.DECREASE))
         elif held_back:
             r = min(self.ceiling, r + self.step)
         # The same clock for the reschedule as for the check above (a test passes its own).
-        self.rate.set_rate(r, now)
+        for limit in (self.rate, *self.followers):
+            limit.set_rate(r, now)
         return r

@@ -23,6 +23,7 @@ from stratalog.storage import page_cache
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
+from stratalog.storage.throttle import PacedResponse
 
 _ZERO_UUID = uuid.UUID(int=0)
 log = logging.getLogger(__name__)
@@ -82,6 +83,18 @@ def _gather(core, req: Request, plan, max_bytes: int):
 
 
 _MIN_PACED_AHEAD = 256 * 1024
+# A partition read that reaches the high watermark within this many bytes is a caught-up
+# consumer's: its answer is not paced by the backlog budget (tail reads come first, as
+# BookKeeper's), unless its bytes had to come from the disk.
+_TAIL_READ_BYTES = 1024 * 1024
+
+
+def _at_tail(rr: ReadResult) -> bool:
+    return rr.at_end and rr.size <= _TAIL_READ_BYTES
+
+
+def _file_bytes(parts: list) -> int:
+    return sum(p.size for p in parts if isinstance(p, FileSlice))
 
 
 def _spans(parts: list) -> list[tuple]:
@@ -201,7 +214,6 @@ async def handle_fetch(core, req: Request, conn):
     # cold ones are read on the bounded read pool, never on the event loop.
     cold = [rr.parts for rr in reads if not _resident(rr.parts)]
     budget = core.backlog_rate
-    cold_bytes = [sum(p.size for p in parts if isinstance(p, FileSlice)) for parts in cold]
     ahead = core.config["fetch.read_ahead.bytes"]
     started: list[concurrent.futures.Future] = []
 
@@ -214,7 +226,6 @@ async def handle_fetch(core, req: Request, conn):
         return asyncio.wrap_future(started[-1])
 
     try:
-        await budget.admit(total - memory - sum(cold_bytes))
         if budget.rate > 0:
             # With a budget the disk reads themselves are paced: one partition at a time, each
             # admitted just before it runs, with the read-ahead the budget allows in about
@@ -222,8 +233,8 @@ async def handle_fetch(core, req: Request, conn):
             # fsyncs however far apart the fetches are spaced.
             ahead = min(ahead, max(_MIN_PACED_AHEAD, int(budget.rate * 0.02)))
             failures = []
-            for parts, size in zip(cold, cold_bytes, strict=True):
-                await budget.admit(size)
+            for parts in cold:
+                await budget.admit(_file_bytes(parts))
                 failures.append(await read(parts))
         else:
             # One task per partition: a Fetch over many partitions of history reads them at once.
@@ -255,4 +266,8 @@ async def handle_fetch(core, req: Request, conn):
         session_id=0,
         read_committed=read_committed,
     )
+    if budget.rate > 0 and any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads):
+        # History goes to the socket at the budget's rate, a piece per turn of the loop
+        # (server.py), on its own schedule: the disk reads above have theirs.
+        return PacedResponse(parts, core.backlog_send_rate)
     return parts
