@@ -19,6 +19,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from stratalog.storage import gentle_write
+
 # base offset, last delta, position, size, max timestamp, producer id, epoch, base sequence
 COLD_ENTRY = struct.Struct("<qiqiqqhi")
 READ_AHEAD = 8 * 1024 * 1024
@@ -153,13 +155,18 @@ class ColdStore:
         return f"{self._dir(uid)}/{meta.name}.idx"
 
     # -- primitive I/O -------------------------------------------------------------------------
-    def _write(self, path: str, data: bytes) -> None:
+    def _write(self, path: str, data: bytes, *, gentle: bool = False) -> None:
+        """Write a whole file, synced. ``gentle``: in small requests one at a time
+        (gentle_write.py), for segment data, so the journal's fsyncs never queue behind it."""
         try:
             if self.local:
                 if not os.path.isdir(self.root):
                     # Never recreate it: a missing mount would silently fill the wrong disk.
                     raise ColdTierError(f"the cold tier directory {self.root} is not there")
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                if gentle:
+                    gentle_write.write_file(path, data)
+                    return
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
                     view = memoryview(data)
@@ -259,7 +266,7 @@ class ColdStore:
         name = f"{base:020d}-{uuid.uuid4().hex[:8]}"
         last = entries[-1][0] + entries[-1][1]
         meta = ColdSegmentMeta(name, base, last, pos, len(entries), max(e[4] for e in entries))
-        self._write(self.data_path(uid, meta), b"".join(batches))
+        self._write(self.data_path(uid, meta), b"".join(batches), gentle=True)
         self._write(self._index_path(uid, meta), b"".join(COLD_ENTRY.pack(*e) for e in entries))
         return meta, entries
 

@@ -1,0 +1,42 @@
+"""Cold segments are written in small O_DIRECT requests (storage/gentle_write.py): whatever the
+size, the file holds exactly the bytes given, on disk and through the page cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from stratalog.storage import gentle_write
+
+SIZES = [0, 1, 4095, 4096, 4097, 512 * 1024 - 1, 512 * 1024, 512 * 1024 + 1, 3 * 1024 * 1024 + 17]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_file_holds_exactly_the_data(tmp_path, size):
+    data = os.urandom(size)
+    path = tmp_path / "seg.log"
+    path.write_bytes(b"x" * (size + 10_000))  # replaced, not overwritten in place
+    gentle_write.write_file(str(path), data)
+    assert os.path.getsize(path) == size
+    assert path.read_bytes() == data
+
+
+def test_small_pieces_and_the_page_cache_fallback(tmp_path):
+    data = os.urandom(100_000)
+    direct = tmp_path / "direct.log"
+    gentle_write.write_file(str(direct), data, piece=8192)
+    assert direct.read_bytes() == data
+    # The path where O_DIRECT is refused (tmpfs) writes synced pieces through the page cache.
+    fd = os.open(tmp_path / "buffered.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        gentle_write._write_synced_pieces(fd, data, 8192)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "buffered.log").read_bytes() == data
+
+
+def test_a_piece_must_be_whole_blocks(tmp_path):
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        gentle_write.write_file(str(tmp_path / "f"), b"abc", piece=1000)
+    assert not (tmp_path / "f").exists()
