@@ -72,6 +72,7 @@ class ClientConnection(asyncio.Protocol):
         self._fd = -1  # the socket's fd, for sendfile; -1 when the transport has none (TLS)
         self._pace: ByteRate | None = None  # the rate of the paced answer being sent
         self._admitted = False  # its next turn's bytes have had their time
+        self._paced_left = 0  # its bytes not yet reserved
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -198,12 +199,14 @@ class ClientConnection(asyncio.Protocol):
         assert transport is not None
         if isinstance(parts, PacedResponse):
             self._pace = parts.rate
+            self._paced_left = parts.size
         budget = _TURN_BYTES
         if self._pace is not None:
             budget = _PACED_TURN_BYTES
             if not self._admitted:
                 # The turn waits for its bytes' time under the budget before any goes out.
-                want = min(budget, _size(parts))
+                want = min(budget, self._paced_left)
+                self._paced_left -= want
                 metrics.FETCH_PACED_BYTES.inc(want)
                 delay = self._pace.reserve(want)
                 if delay > 0:
@@ -334,10 +337,6 @@ class ClientConnection(asyncio.Protocol):
         if self.transport is not None and not self._closed:
             self._closed = True
             self.transport.abort()
-
-
-def _size(parts: list[Any]) -> int:
-    return sum(p.size if isinstance(p, FileSlice) else len(p) for p in parts)
 
 
 def _sendfile(out: int, s: FileSlice, limit: int) -> tuple[int, bool]:

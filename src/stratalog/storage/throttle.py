@@ -52,11 +52,12 @@ class PacedResponse(list):
     a small piece at a time, instead of in one burst: a burst keeps the loop, the loopback and
     the reader's process busy for milliseconds at a time, and a produce arriving then waits."""
 
-    __slots__ = ("rate",)
+    __slots__ = ("rate", "size")
 
-    def __init__(self, parts: list, rate: ByteRate) -> None:
+    def __init__(self, parts: list, rate: ByteRate, size: int) -> None:
         super().__init__(parts)
         self.rate = rate
+        self.size = size  # bytes in all parts
 
 
 class FsyncGuidedRate:

@@ -266,13 +266,13 @@ class Migrator:
             found = True
             local_ms, local_bytes = policies.get(p.uid, (-1, -1))
             by_size = local_bytes >= 0 and p.size_bytes > local_bytes
-            if local_ms < 0 and not by_size:
-                return False  # no need to scan the chunks' timestamps (on the event loop)
-            by_time = False
-            if local_ms >= 0:
-                k = _leading(p, seg.seq)
-                newest = max(p.chunks.max_timestamp_of(i) for i in range(k))
-                by_time = newest < now - local_ms
+            # The chunks' timestamps are scanned (on the event loop) only when they decide.
+            by_time = (
+                not by_size
+                and local_ms >= 0
+                and max(p.chunks.max_timestamp_of(i) for i in range(_leading(p, seg.seq)))
+                < now - local_ms
+            )
             if not (by_time or by_size):
                 return False
         return found

@@ -214,6 +214,8 @@ async def handle_fetch(core, req: Request, conn):
     # cold ones are read on the bounded read pool, never on the event loop.
     cold = [rr.parts for rr in reads if not _resident(rr.parts)]
     budget = core.backlog_rate
+    # Decided before the cold reads, which may replace slices by their bytes (direct reads).
+    paced = budget.rate > 0 and any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads)
     ahead = core.config["fetch.read_ahead.bytes"]
     started: list[concurrent.futures.Future] = []
 
@@ -259,15 +261,15 @@ async def handle_fetch(core, req: Request, conn):
                         )
                         r.error_code = code("KAFKA_STORAGE_ERROR")
                         r.records_size = 0
-    parts, _size = encode_fetch_response(
+    parts, size = encode_fetch_response(
         v,
         req.correlation_id,
         topics,
         session_id=0,
         read_committed=read_committed,
     )
-    if budget.rate > 0 and any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads):
+    if paced:
         # History goes to the socket at the budget's rate, a piece per turn of the loop
         # (server.py), on its own schedule: the disk reads above have theirs.
-        return PacedResponse(parts, core.backlog_send_rate)
+        return PacedResponse(parts, core.backlog_send_rate, size)
     return parts
