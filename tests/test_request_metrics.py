@@ -68,3 +68,31 @@ def test_every_answered_request_is_timed_by_api(tmp_path):
     # Every acknowledged produce waited for a group commit (fsync=always): those were timed.
     assert delta("stratalog_fsync_seconds_count", "") > 0
     assert delta("stratalog_fsync_seconds_sum", "") > 0
+
+
+def _lag_buckets(admin: str) -> dict[float, float]:
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        float(s.labels["le"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "stratalog_event_loop_lag_seconds_bucket"
+    }
+
+
+def test_event_loop_lag_shows_a_step_that_holds_the_loop(tmp_path):
+    """A step that holds the event loop (as migration's index switch once did for 100+ ms)
+    shows up in stratalog_event_loop_lag_seconds."""
+    with Broker(tmp_path / "data") as b:
+        admin = b.service.core.admin_address
+        time.sleep(0.5)
+        before = _lag_buckets(admin)
+        b._loop.call_soon_threadsafe(time.sleep, 0.3)  # hold the loop for 300 ms
+        time.sleep(0.6)
+        after = _lag_buckets(admin)
+    inf = float("inf")
+    assert after[inf] - before[inf] >= 10  # the probe kept running
+    le = min(x for x in after if x >= 0.2)
+    over = (after[inf] - after[le]) - (before[inf] - before[le])
+    assert over >= 1, "a 300 ms hold of the loop was not seen as lag over 200 ms"

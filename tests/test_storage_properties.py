@@ -120,8 +120,29 @@ def test_chunk_index_refuses_overlapping_chunks(specs):
     _check_index(idx, model)
 
 
+@FAST
+@given(st.lists(chunk_st, min_size=1, max_size=20))
+def test_chunk_index_refuses_a_chunk_in_an_earlier_segment(specs):
+    """Segments only grow along the index: the bulk operations bisect them."""
+    idx, model = _build(specs)
+    last_seg = model[-1][2]
+    nxt = model[-1][1] + 1
+    if last_seg > 0:
+        with pytest.raises(ValueError, match="segment"):
+            idx.append(nxt, nxt, last_seg - 1, 0, 100, 0)
+        piece = ChunkIndex.from_columns([nxt], [nxt], [0], [100], [0])
+        with pytest.raises(ValueError, match="segment"):
+            idx.extend(piece, last_seg - 1)
+    with pytest.raises(ValueError, match="follow"):
+        idx.extend(ChunkIndex.from_columns([nxt - 1], [nxt], [0], [100], [0]), last_seg)
+    with pytest.raises(ValueError, match="out of order"):
+        ChunkIndex.from_columns([nxt, nxt], [nxt, nxt + 1], [0, 1], [1, 1], [0, 0])
+    _check_index(idx, model)
+
+
 class ChunkIndexMachine(RuleBasedStateMachine):
-    """Appends, retention (drop_front) and recovery truncation (drop_back) in any order."""
+    """Appends, migrated pieces (extend), retention and migration (drop_front) and recovery
+    truncation (drop_back) in any order."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -147,6 +168,26 @@ class ChunkIndexMachine(RuleBasedStateMachine):
         self.idx.drop_front(k)
         del self.model[:k]
 
+    @rule(specs=st.lists(chunk_st, max_size=8), data=st.data())
+    def extend(self, specs, data) -> None:
+        """A migrated cold segment's chunks join at once, from the first one kept on."""
+        rows = []
+        nxt = self.next
+        for gap, n, size, ts in specs:
+            base = nxt + gap
+            rows.append((base, base + n - 1, len(rows) * 100, size, ts))
+            nxt = base + n
+        cols = [[r[c] for r in rows] for c in range(5)]
+        piece = ChunkIndex.from_columns(*cols)
+        start = data.draw(st.integers(0, len(rows)))
+        seg = self.n // 3 + data.draw(st.integers(0, 2))
+        self.n = seg * 3 + 1
+        self.idx.extend(piece, seg, start)
+        kept = [(b, la, seg, pos, size, ts) for b, la, pos, size, ts in rows[start:]]
+        self.model.extend(kept)
+        if kept:
+            self.next = kept[-1][1] + 1
+
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def drop_back(self, data) -> None:
@@ -164,6 +205,24 @@ class ChunkIndexMachine(RuleBasedStateMachine):
         for r in self.model:
             counts[r[2]] = counts.get(r[2], 0) + 1
         assert self.idx.count_by_segment() == counts
+        # The bulk operations migration and retention use on the event loop.
+        m = self.model
+        for n in range(len(m) + 1):
+            pos, size = self.idx.locations(n)
+            assert list(pos) == [r[3] for r in m[:n]] and list(size) == [r[4] for r in m[:n]]
+            assert list(self.idx.bases(n)) == [r[0] for r in m[:n]]
+            assert self.idx.bytes_of_first(n) == sum(r[4] for r in m[:n])
+            firsts: dict[int, int] = {}
+            for r in m[:n]:
+                firsts[r[2]] = firsts.get(r[2], 0) + 1
+            assert self.idx.count_by_segment_of_first(n) == firsts
+            assert self.idx.max_timestamp_of_first(n) == max((r[5] for r in m[:n]), default=-1)
+        for seg in {r[2] for r in m} | {-1, 10_000}:
+            lead = next((i for i, r in enumerate(m) if r[2] != seg), len(m))
+            assert self.idx.leading(seg) == lead
+        for o in range(m[0][0] - 1, m[-1][1] + 2) if m else ():
+            assert self.idx.count_through(o) == sum(1 for r in m if r[1] <= o)
+            assert self.idx.count_before(o) == sum(1 for r in m if r[1] < o)
 
 
 TestChunkIndexMachine = ChunkIndexMachine.TestCase

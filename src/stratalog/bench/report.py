@@ -531,6 +531,12 @@ def markdown(run: dict[str, Any]) -> str:
                 fa, fb = x.get("fsync_p99_alone_ms"), x.get("fsync_p99_with_backlog_ms")
                 if fa is not None and fb is not None:
                     lines[-1] += f"; its fsync p99: {fa:.2f} ms alone, {fb:.2f} ms with the readers"
+                la, lb = x.get("loop_lag_p99_alone_ms"), x.get("loop_lag_p99_with_backlog_ms")
+                if la is not None and lb is not None:
+                    lines[-1] += (
+                        f"; its event loop's lag p99: {la:.2f} ms alone, {lb:.2f} ms with the "
+                        "readers"
+                    )
                 phases = x.get("phases") or []
                 if len(phases) > 2:
                     # Medians of alternating phases; each phase's own figures, in order.

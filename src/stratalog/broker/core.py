@@ -43,6 +43,7 @@ def _raise_fd_limit() -> None:
 # sendfile without a copy; a cache of our own costs a copy per append and, in workload c, doubled
 # the broker's produce p99 (docs/benchmarks.md). Direct appends leave nothing in the page cache.
 DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
+LOOP_LAG_PROBE_S = 0.01  # the event-loop lag probe's timer (stratalog_event_loop_lag_seconds)
 
 
 def tail_cache_bytes(config: BrokerConfig) -> int:
@@ -160,6 +161,7 @@ class BrokerCore:
         self.store.open(triples)
 
     def start_background(self) -> None:
+        self._tasks.append(asyncio.ensure_future(self._loop_lag_probe()))
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
         if self.backlog_pacer is not None:
@@ -191,6 +193,13 @@ class BrokerCore:
         self.offsets.close()
         self.read_executor.shutdown(wait=False)
         self.meta_executor.shutdown(wait=False)
+
+    async def _loop_lag_probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LOOP_LAG_PROBE_S
+            await asyncio.sleep(LOOP_LAG_PROBE_S)
+            metrics.LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))
 
     async def _checkpoint_loop(self) -> None:
         interval = self.config["index.checkpoint.interval.ms"] / 1000

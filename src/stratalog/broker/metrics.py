@@ -48,3 +48,10 @@ GC_PAUSE_SECONDS = Histogram(
     "Duration of each garbage collection in a serving broker",
     buckets=[round(0.00025 * 1.5**i, 6) for i in range(27)],
 )
+# How late the event loop runs a timer: anything that holds the loop (a long step on it, a
+# collection, the GIL held by a pool thread) delays every request queued behind it by as much.
+LOOP_LAG_SECONDS = Histogram(
+    "stratalog_event_loop_lag_seconds",
+    "How late a 10 ms timer on the broker's event loop fired",
+    buckets=LATENCY_BUCKETS,
+)

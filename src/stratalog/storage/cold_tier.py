@@ -20,11 +20,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stratalog.storage import gentle_write
+from stratalog.storage.chunk_index import ChunkIndex
 
 # base offset, last delta, position, size, max timestamp, producer id, epoch, base sequence
 COLD_ENTRY = struct.Struct("<qiqiqqhi")
 READ_AHEAD = 8 * 1024 * 1024
 ColdEntry = tuple[int, int, int, int, int, int, int, int]
+
+
+def entries_index(entries: list[ColdEntry]) -> ChunkIndex:
+    """A cold segment's entries as a piece of chunk index (built off the event loop)."""
+    return ChunkIndex.from_columns(
+        (e[0] for e in entries),
+        (e[0] + e[1] for e in entries),
+        (e[2] for e in entries),
+        (e[3] for e in entries),
+        (e[4] for e in entries),
+    )
 
 
 class ColdTierError(OSError):

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError
+from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
@@ -163,7 +163,7 @@ class LogStore:
         last = -1
         for seq, (m, entries) in enumerate(loaded):
             keep = [e for e in entries if e[0] + e[1] >= p.log_start_offset and e[0] > last]
-            p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), keep)
+            p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), entries_index(keep))
             for e in keep:
                 p.producers.record(e[5], e[6], e[7], e[1] + 1, e[0], e[4])
             if keep:
@@ -292,7 +292,7 @@ class LogStore:
             if drop_cold:
                 dead_cold.append((p, p.drop_cold_front(drop_cold)))
             if drop_hot:
-                removed_bytes = sum(p.chunks.size_of(i) for i in range(drop_hot))
+                removed_bytes = p.chunks.bytes_of_first(drop_hot)
                 dropped = p.drop_before(drop_hot)
                 p.size_bytes -= removed_bytes
                 live = self._live[p.vlog.name]
@@ -361,19 +361,14 @@ def _expired(p: PartitionLog, policy: RetentionPolicy, now: int) -> tuple[int, i
     if policy.retention_ms >= 0:
         cutoff = now - policy.retention_ms
         for t, chunks in enumerate(tiers):
-            k = 0
-            while (
-                k < len(chunks)
-                and chunks.last_of(k) < p.high_watermark
-                and chunks.max_timestamp_of(k) < cutoff
-            ):
-                k += 1
+            # The leading chunks whose running max timestamp is older than the cutoff.
+            k = min(chunks.locate_time(cutoff), chunks.count_before(p.high_watermark))
             counts[t] = k
             if k < len(chunks):
                 break
     if policy.retention_bytes >= 0:
         size = p.cold_bytes + p.size_bytes
-        size -= sum(tiers[t].size_of(i) for t in (0, 1) for i in range(counts[t]))
+        size -= sum(tiers[t].bytes_of_first(counts[t]) for t in (0, 1))
         for t, chunks in enumerate(tiers):
             k = counts[t]
             while (

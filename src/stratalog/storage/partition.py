@@ -372,18 +372,17 @@ class PartitionLog:
         return size, nxt
 
     # -- the cold tier -------------------------------------------------------------------------
-    def add_cold_segment(self, seg, entries: list) -> None:
-        """Take a migrated (or loaded) cold segment into the index; entries must follow on."""
+    def add_cold_segment(self, seg, piece: ChunkIndex) -> None:
+        """Take a migrated (or loaded) cold segment into the index: ``piece`` (its entries,
+        built off the event loop) from the first chunk not below the log start on."""
         self.cold_segments[seg.seq] = seg
-        for base, delta, pos, size, ts, *_ in entries:
-            self.cold.append(base, base + delta, seg.seq, pos, size, ts)
+        self.cold.extend(piece, seg.seq, piece.count_before(self.log_start_offset))
 
     def migrate_front(self, count: int) -> None:
         """Forget the first ``count`` hot chunks: they now live in the cold tier. Unlike
         retention this moves no offsets: the data is still there, one tier down."""
-        for i in range(count):
-            self._tail.drop(self.uid, self.chunks.base_of(i))
-            self.size_bytes -= self.chunks.size_of(i)
+        self._tail.drop_many(self.uid, self.chunks.bases(count))
+        self.size_bytes -= self.chunks.bytes_of_first(count)
         self.chunks.drop_front(count)
 
     def drop_cold_front(self, count: int) -> list:
@@ -419,11 +418,8 @@ class PartitionLog:
     # -- retention -----------------------------------------------------------------------------
     def drop_before(self, keep_from: int) -> dict[int, int]:
         """Drop the first chunks so that chunk ``keep_from`` is first; return per-segment counts."""
-        dropped: dict[int, int] = {}
-        for i in range(keep_from):
-            s = self.chunks.segment_of(i)
-            dropped[s] = dropped.get(s, 0) + 1
-            self._tail.drop(self.uid, self.chunks.base_of(i))
+        dropped = self.chunks.count_by_segment_of_first(keep_from)
+        self._tail.drop_many(self.uid, self.chunks.bases(keep_from))
         if keep_from < len(self.chunks):
             self.log_start_offset = max(self.log_start_offset, self.chunks.base_of(keep_from))
         else:

@@ -76,6 +76,12 @@ class TailCache:
         if e is not None:
             self.bytes -= len(e)
 
+    def drop_many(self, uid: int, bases) -> None:
+        if not self._entries:
+            return  # the cache is off, or holds nothing: no walk over the chunks
+        for base in bases:
+            self.drop(uid, base)
+
     def drop_partition(self, uid: int) -> None:
         """Forget every chunk of a deleted partition (rare: a walk over the whole cache)."""
         for key in [k for k in self._entries if k >> _SHIFT == uid]:

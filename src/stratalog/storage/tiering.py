@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stratalog.storage.cold_tier import ColdSegment, ColdTierError
+from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
 from stratalog.storage.log_store import LogStore
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.segment import Segment
@@ -266,12 +266,10 @@ class Migrator:
             found = True
             local_ms, local_bytes = policies.get(p.uid, (-1, -1))
             by_size = local_bytes >= 0 and p.size_bytes > local_bytes
-            # The chunks' timestamps are scanned (on the event loop) only when they decide.
             by_time = (
                 not by_size
                 and local_ms >= 0
-                and max(p.chunks.max_timestamp_of(i) for i in range(_leading(p, seg.seq)))
-                < now - local_ms
+                and p.chunks.max_timestamp_of_first(p.chunks.leading(seg.seq)) < now - local_ms
             )
             if not (by_time or by_size):
                 return False
@@ -283,30 +281,31 @@ class Migrator:
         cold = store.cold
         assert cold is not None
         loop = asyncio.get_running_loop()
+        # Everything on the event loop below is slices and bisects of the index columns; the
+        # per-chunk work (reading, parsing, building the cold index) runs on the I/O pool.
         plan = []
         for p in list(store.partitions.values()):
             if p.vlog is vlog:
-                k = _leading(p, seg.seq)
+                k = p.chunks.leading(seg.seq)
                 if k:
-                    plan.append((p, [p.chunks[i] for i in range(k)]))
+                    plan.append((p, p.chunks.locations(k)))
         seg.acquire()
         try:
             gate = asyncio.Semaphore(max(1, self.settings.threads))
 
             async def copy(p: PartitionLog, locs):
                 async with gate:
-                    batches = await loop.run_in_executor(store.executor, _read_chunks, seg, locs)
-                    meta, entries = await loop.run_in_executor(
-                        store.executor, cold.write_segment, p.uid, batches
+                    meta, piece = await loop.run_in_executor(
+                        store.executor, _copy_down, cold, p.uid, seg, locs
                     )
                     await asyncio.gather(
                         self._rate.admit(meta.size), self.cold_rate.admit(meta.size)
                     )
-                    return p, meta, entries
+                    return p, meta, piece
 
             copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))
             moved = 0
-            for p, meta, entries in copied:
+            for p, meta, piece in copied:
                 if p.deleted or store.partitions.get(p.uid) is not p:
                     cold.remove_files(p.uid, meta)
                     continue
@@ -314,15 +313,8 @@ class Migrator:
                 await loop.run_in_executor(store.executor, cold.commit, p.uid, metas)
                 # The manifest is durable: switch the index (no await from here on).
                 seq = max(p.cold_segments, default=-1) + 1
-                keep = [e for e in entries if e[0] + e[1] >= p.log_start_offset]
-                p.add_cold_segment(ColdSegment(cold, p.uid, meta, seq), keep)
-                k = 0
-                while (
-                    k < len(p.chunks)
-                    and p.chunks.segment_of(k) == seg.seq
-                    and p.chunks.last_of(k) <= meta.last
-                ):
-                    k += 1
+                p.add_cold_segment(ColdSegment(cold, p.uid, meta, seq), piece)
+                k = min(p.chunks.leading(seg.seq), p.chunks.count_through(meta.last))
                 p.migrate_front(k)
                 live = store._live[vlog.name]
                 live[seg.seq] = live.get(seg.seq, 0) - k
@@ -340,23 +332,17 @@ class Migrator:
             seg.release()
 
 
-def _leading(p: PartitionLog, seq: int) -> int:
-    """How many of the partition's first hot chunks lie in segment ``seq``."""
-    k = 0
-    n = len(p.chunks)
-    while k < n and p.chunks.segment_of(k) == seq:
-        k += 1
-    return k
-
-
-def _read_chunks(seg: Segment, locs) -> list[bytes]:
+def _copy_down(cold: ColdStore, uid: int, seg: Segment, locs) -> tuple:
+    """On the I/O pool: copy one partition's chunks of ``seg`` into a cold segment; return its
+    description and its piece of chunk index."""
     out = []
-    for loc in locs:
-        data = seg.read(loc.position, loc.size)
-        if len(data) != loc.size:
+    for position, size in zip(*locs, strict=True):
+        data = seg.read(position, size)
+        if len(data) != size:
             raise OSError(f"{seg}: short read while migrating")
         out.append(data)
-    return out
+    meta, entries = cold.write_segment(uid, out)
+    return meta, entries_index(entries)
 
 
 def _copy_down_up(seg: ColdSegment, target) -> None:
