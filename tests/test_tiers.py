@@ -458,3 +458,48 @@ def test_cold_tier_on_an_object_store(tmp_path, s3_server):
     with Broker(tmp_path / "data", config=cfg) as b:
         assert cold_chunks(b, "objects") > 10
         assert consume(b.bootstrap, "objects", 2) == got
+
+
+def test_migration_workers_do_not_rerun_the_embedding_script(tmp_path):
+    """Migration copies in worker processes (off the broker's GIL). A script that embeds the
+    broker with unguarded top-level code must run once: the workers never re-import it."""
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "embed.py"
+    script.write_text(
+        f"""
+import time
+from pathlib import Path
+from confluent_kafka import Producer
+from stratalog import Broker
+from tests.conftest import create_topic
+from tests.test_tiers import tier_config
+
+with open({str(marker)!r}, "a") as f:
+    f.write("ran\\n")  # top-level, no __main__ guard
+with Broker(Path({str(tmp_path / "data")!r}), config=tier_config(Path({str(tmp_path)!r}))) as b:
+    create_topic(b.bootstrap, "embedded", 1)
+    p = Producer({{"bootstrap.servers": b.bootstrap, "linger.ms": 1}})
+    for i in range(2000):
+        p.produce("embedded", value=b"%05d" % i + b"." * 300)
+        p.poll(0)
+    assert p.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while b.core.migrator.stats.migrated_segments == 0:
+        assert time.monotonic() < deadline, "nothing migrated"
+        time.sleep(0.05)
+    print("migrated", b.core.migrator.stats.migrated_segments)
+"""
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [os.sys.executable, str(script)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "migrated" in out.stdout
+    assert marker.read_text() == "ran\n"
+    assert list((tmp_path / "cold").glob("p*/*.log")), "no cold segment written by the workers"

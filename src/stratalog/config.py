@@ -273,7 +273,12 @@ SETTINGS: dict[str, Setting] = {
             "both draw from it, and a Produce that spilled is answered at its pace; "
             "0: unlimited.",
         ),
-        _S("tiers.migrate.threads", int, 2, "Partitions copied to the cold tier at once."),
+        _S(
+            "tiers.migrate.threads",
+            int,
+            2,
+            "Partitions copied to the cold tier at once, each by a worker process.",
+        ),
         _S("tiers.migrate.interval.ms", int, 1000, "How often the migrator looks for work."),
         _S(
             "tiers.promote",

@@ -178,6 +178,7 @@ class BrokerCore:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        self.migrator.close()
         self.coordinator.shutdown()
         await self.store.close()
         self.offsets.close()
@@ -188,6 +189,7 @@ class BrokerCore:
         """Stop without flushing anything (tests of crash recovery in-process)."""
         for t in self._tasks:
             t.cancel()
+        self.migrator.close()
         self.coordinator.shutdown()
         self.store.abandon()
         self.offsets.close()

@@ -142,6 +142,7 @@ class ColdStore:
 
     def __init__(self, location: str, options: dict | None = None) -> None:
         self.location = location
+        self.options = options  # a migration worker process opens the same tier with them
         if "://" in location and not location.startswith("file://"):
             import fsspec
 
@@ -167,9 +168,11 @@ class ColdStore:
         return f"{self._dir(uid)}/{meta.name}.idx"
 
     # -- primitive I/O -------------------------------------------------------------------------
-    def _write(self, path: str, data: bytes, *, gentle: bool = False) -> None:
-        """Write a whole file, synced. ``gentle``: in small requests one at a time
-        (gentle_write.py), for segment data, so the journal's fsyncs never queue behind it."""
+    def _write(self, path: str, data: bytes | list[bytes], *, gentle: bool = False) -> None:
+        """Write a whole file (one buffer, or parts back to back), synced. ``gentle``: in small
+        requests one at a time (gentle_write.py), for segment data, so the journal's fsyncs
+        never queue behind it; its parts are never joined into one buffer."""
+        parts = [data] if isinstance(data, bytes) else data
         try:
             if self.local:
                 if not os.path.isdir(self.root):
@@ -177,19 +180,21 @@ class ColdStore:
                     raise ColdTierError(f"the cold tier directory {self.root} is not there")
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 if gentle:
-                    gentle_write.write_file(path, data)
+                    gentle_write.write_file(path, parts)
                     return
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    for part in parts:
+                        view = memoryview(part)
+                        while view:
+                            view = view[os.write(fd, view) :]
                     os.fsync(fd)
                 finally:
                     os.close(fd)
             else:
                 with self.fs.open(path, "wb") as f:
-                    f.write(data)
+                    for part in parts:
+                        f.write(part)
         except OSError as e:
             raise ColdTierError(f"cannot write {path}: {e.strerror or e}") from e
 
@@ -278,7 +283,7 @@ class ColdStore:
         name = f"{base:020d}-{uuid.uuid4().hex[:8]}"
         last = entries[-1][0] + entries[-1][1]
         meta = ColdSegmentMeta(name, base, last, pos, len(entries), max(e[4] for e in entries))
-        self._write(self.data_path(uid, meta), b"".join(batches), gentle=True)
+        self._write(self.data_path(uid, meta), batches, gentle=True)
         self._write(self._index_path(uid, meta), b"".join(COLD_ENTRY.pack(*e) for e in entries))
         return meta, entries
 

@@ -3,7 +3,7 @@
 A background task watches the hot tier. When its usage passes ``threshold x capacity``, or a
 partition's hot data is older or bigger than its local retention, the oldest sealed segment of a
 virtual log is migrated: each partition's chunks in it are copied into a cold segment of that
-partition's own (on the I/O pool, ``threads`` partitions at a time, at most
+partition's own (in worker processes, ``threads`` partitions at a time, at most
 ``max_bytes_per_sec``), synced, named in the partition's manifest, and only then switched in the
 index; the hot segment is deleted once no partition refers to it. A SIGKILL at any step leaves
 either the hot copy or both (start-up drops hot chunks the cold tier already has), never
@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
+from stratalog.storage.cold_tier import ColdSegment, ColdTierError
 from stratalog.storage.log_store import LogStore
+from stratalog.storage.migration_worker import CopyWorkers
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.segment import Segment
 from stratalog.storage.throttle import ByteRate
@@ -74,6 +75,12 @@ class Migrator:
         # cold tier draw from the same one, as they share the device (Pafka's slow tier).
         self.cold_rate = ByteRate(settings.cold_bytes_per_sec)
         self._probed = 0.0
+        self._copier = CopyWorkers(store.cold, settings.threads) if store.cold else None
+
+    def close(self) -> None:
+        """Stop the copy worker processes (a copy under way is abandoned uncommitted)."""
+        if self._copier is not None:
+            self._copier.close()
 
     # -- accounting ----------------------------------------------------------------------------
     def hot_usage(self) -> int:
@@ -102,6 +109,11 @@ class Migrator:
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
+        if self._copier is not None:
+            try:
+                await self._copier.start()
+            except Exception:
+                log.exception("cannot start the migration workers (retried at each step)")
         while True:
             await asyncio.sleep(self.settings.interval_ms / 1000 + self._backoff)
             try:
@@ -282,7 +294,8 @@ class Migrator:
         assert cold is not None
         loop = asyncio.get_running_loop()
         # Everything on the event loop below is slices and bisects of the index columns; the
-        # per-chunk work (reading, parsing, building the cold index) runs on the I/O pool.
+        # per-chunk work (reading, parsing, building the cold index) runs in a worker process
+        # (migration_worker.py), off this process's GIL.
         plan = []
         for p in list(store.partitions.values()):
             if p.vlog is vlog:
@@ -295,9 +308,8 @@ class Migrator:
 
             async def copy(p: PartitionLog, locs):
                 async with gate:
-                    meta, piece = await loop.run_in_executor(
-                        store.executor, _copy_down, cold, p.uid, seg, locs
-                    )
+                    assert self._copier is not None
+                    meta, piece = await self._copier.copy_down(p.uid, str(seg.data_path), locs)
                     await asyncio.gather(
                         self._rate.admit(meta.size), self.cold_rate.admit(meta.size)
                     )
@@ -330,19 +342,6 @@ class Migrator:
             log.info("migrated %s of %s (%d bytes) to the cold tier", seg, vlog.name, moved)
         finally:
             seg.release()
-
-
-def _copy_down(cold: ColdStore, uid: int, seg: Segment, locs) -> tuple:
-    """On the I/O pool: copy one partition's chunks of ``seg`` into a cold segment; return its
-    description and its piece of chunk index."""
-    out = []
-    for position, size in zip(*locs, strict=True):
-        data = seg.read(position, size)
-        if len(data) != size:
-            raise OSError(f"{seg}: short read while migrating")
-        out.append(data)
-    meta, entries = cold.write_segment(uid, out)
-    return meta, entries_index(entries)
 
 
 def _copy_down_up(seg: ColdSegment, target) -> None:

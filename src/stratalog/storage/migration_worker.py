@@ -1,0 +1,152 @@
+"""Migration's copy work, in worker processes of their own.
+
+Copying a hot segment's chunks into a cold segment is tens of thousands of small reads, header
+parses and index entries per 64 MiB segment: Python work. Run on a thread of the broker, it
+shares the broker's GIL with the event loop, and on a busy machine the loop waited for it in
+runs of 5 ms timeouts (the interpreter's switch interval; seen with ``perf trace`` on the loop's
+``futex`` calls) while every produce request waited for the loop: the produce p99 tripled while
+migration ran (docs/benchmarks.md, e). In a process of its own the copy shares only the CPU and
+the disk, and runs at a lower scheduling priority than the broker (``WORKER_NICE``), as
+BookKeeper keeps compaction off the journal's path.
+
+The worker reads the hot segment's file by name (the broker holds a reference to the segment,
+so it is not deleted meanwhile), writes the cold segment and its index through its own
+``ColdStore`` (synced before it returns), and hands back the cold segment's description and its
+piece of chunk index. The broker commits the manifest and switches its index as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import types
+from array import array
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.cold_tier import ColdSegmentMeta, ColdStore, ColdTierError, entries_index
+
+WORKER_NICE = 10  # below the broker's threads: migration only has to keep up on average
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+_stores: dict[tuple[str, str], ColdStore] = {}  # in a worker: one ColdStore per cold tier
+
+
+def _start_worker(broker_pid: int) -> None:
+    # A worker must not outlive a broker that was killed (kill -9): the pool's queues stay open
+    # in every worker, so it would wait for work forever. Linux stops it with its parent.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != broker_pid:
+        os._exit(0)  # the broker died before the line above took effect
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:
+        pass  # not allowed here: run at the broker's priority
+
+
+def copy_down(
+    location: str, options: dict | None, uid: int, hot_path: str, positions: bytes, sizes: bytes
+) -> tuple[ColdSegmentMeta, ChunkIndex]:
+    """In a worker: copy the chunks at ``positions``/``sizes`` of the hot segment file into a
+    new cold segment of partition ``uid``, synced; return its description and index piece."""
+    key = (location, repr(sorted((options or {}).items())))
+    cold = _stores.get(key)
+    if cold is None:
+        cold = _stores[key] = ColdStore(location, options)
+    pos, size = array("q"), array("q")
+    pos.frombytes(positions)
+    size.frombytes(sizes)
+    fd = os.open(hot_path, os.O_RDONLY)
+    try:
+        batches = []
+        for p, n in zip(pos, size, strict=True):
+            data = os.pread(fd, n, p)
+            if len(data) != n:
+                raise OSError(f"{hot_path}: short read while migrating")
+            batches.append(data)
+    finally:
+        os.close(fd)
+    meta, entries = cold.write_segment(uid, batches)
+    return meta, entries_index(entries)
+
+
+@contextlib.contextmanager
+def _plain_main():
+    """While a worker starts, hide the host's ``__main__``: spawn would otherwise re-run the
+    top of the script that embeds the broker in the new process (unguarded code included)."""
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+class CopyWorkers:
+    """A pool of ``workers`` copy processes, started at the first copy."""
+
+    def __init__(self, cold: ColdStore, workers: int) -> None:
+        self._location = cold.location
+        self._options = cold.options
+        self._workers = max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn: a fork of a threaded broker could copy a lock held by another thread.
+            self._pool = ProcessPoolExecutor(
+                self._workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
+            )
+        return self._pool
+
+    async def start(self) -> None:
+        """Start the workers now (spawning one imports the package: better at start-up than
+        in the middle of the first migration)."""
+        loop = asyncio.get_running_loop()
+        pool = self._executor()
+        with _plain_main():  # a pool starts its processes as work is submitted
+            started = [loop.run_in_executor(pool, os.getpid) for _ in range(self._workers)]
+        await asyncio.gather(*started)
+
+    async def copy_down(
+        self, uid: int, hot_path: str, locations: tuple[array, array]
+    ) -> tuple[ColdSegmentMeta, ChunkIndex]:
+        pos, size = locations
+        loop = asyncio.get_running_loop()
+        try:
+            with _plain_main():
+                done = loop.run_in_executor(
+                    self._executor(),
+                    copy_down,
+                    self._location,
+                    self._options,
+                    uid,
+                    hot_path,
+                    pos.tobytes(),
+                    size.tobytes(),
+                )
+            return await done
+        except BrokenProcessPool as e:
+            # A worker died (killed, out of memory): start afresh next time; nothing was
+            # committed, so the step is simply retried.
+            self.close()
+            raise ColdTierError(f"a migration worker died: {e}") from e
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
