@@ -34,6 +34,8 @@ from stratalog.storage.cold_tier import ColdSegmentMeta, ColdStore, ColdTierErro
 
 WORKER_NICE = 10  # below the broker's threads: migration only has to keep up on average
 PR_SET_PDEATHSIG = 1  # prctl(2)
+READ_GAP = 4096  # bytes between two chunks read in one request
+READ_SPAN = 1 << 20  # bytes read in one request at most
 
 _stores: dict[tuple[str, str], ColdStore] = {}  # in a worker: one ColdStore per cold tier
 
@@ -68,16 +70,31 @@ def copy_down(
     size.frombytes(sizes)
     fd = os.open(hot_path, os.O_RDONLY)
     try:
-        batches = []
-        for p, n in zip(pos, size, strict=True):
-            data = os.pread(fd, n, p)
-            if len(data) != n:
-                raise OSError(f"{hot_path}: short read while migrating")
-            batches.append(data)
+        batches = read_ranges(fd, pos, size, hot_path)
     finally:
         os.close(fd)
     meta, entries = cold.write_segment(uid, batches)
     return meta, entries_index(entries)
+
+
+def read_ranges(fd: int, pos: array, size: array, name: str) -> list[memoryview]:
+    """The byte ranges (``pos[i]``, ``size[i]``), ascending, read in as few requests as
+    possible: ranges at most ``READ_GAP`` apart share one read of up to ``READ_SPAN`` bytes (a
+    partition's chunks in a virtual log are back to back but for frame headers when it has the
+    log to itself; thousands of small reads become a few large ones)."""
+    out: list[memoryview] = []
+    i, n = 0, len(pos)
+    while i < n:
+        start, end, j = pos[i], pos[i] + size[i], i + 1
+        while j < n and pos[j] - end <= READ_GAP and pos[j] + size[j] - start <= READ_SPAN:
+            end = pos[j] + size[j]
+            j += 1
+        span = memoryview(os.pread(fd, end - start, start))
+        if len(span) != end - start:
+            raise OSError(f"{name}: short read while migrating")
+        out.extend(span[pos[k] - start : pos[k] - start + size[k]] for k in range(i, j))
+        i = j
+    return out
 
 
 @contextlib.contextmanager
