@@ -361,7 +361,8 @@ class Segment:
 
     def _unlink(self) -> None:
         if self._reap:
-            reaper.unlink(self.data_path, self.index_path)  # slow for a cached file: off the loop
+            # Slow for a cached file: off the loop, and gradually (no descriptor is left).
+            reaper.unlink(self.data_path, self.index_path, shrink=True)
             return
         for p in (self.data_path, self.index_path):
             try:
