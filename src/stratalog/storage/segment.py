@@ -361,8 +361,7 @@ class Segment:
 
     def _unlink(self) -> None:
         if self._reap:
-            # Slow for a cached file: off the loop, and gradually (no descriptor is left).
-            reaper.unlink(self.data_path, self.index_path, shrink=True)
+            reaper.unlink(self.data_path, self.index_path)  # slow for a cached file: off the loop
             return
         for p in (self.data_path, self.index_path):
             try:
