@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.storage import reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
@@ -176,7 +175,6 @@ class LogStore:
         for vlog in self.logs.values():
             await vlog.close()
         self.executor.shutdown(wait=True)
-        await asyncio.get_running_loop().run_in_executor(None, reaper.drain)
 
     def abandon(self) -> None:
         for vlog in self.logs.values():

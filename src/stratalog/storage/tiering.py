@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stratalog.storage import reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdTierError
 from stratalog.storage.log_store import LogStore
 from stratalog.storage.migration_worker import CopyWorkers
@@ -183,7 +182,7 @@ class Migrator:
             if usage <= limit and self.settings.promote:
                 break
             path, seg.promoted = seg.promoted, None
-            reaper.unlink(path)  # open descriptors keep reading the unlinked copy
+            path.unlink(missing_ok=True)  # open descriptors keep reading the unlinked copy
             usage -= seg.meta.size
             self.stats.evicted_segments += 1
 
