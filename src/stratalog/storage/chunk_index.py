@@ -51,10 +51,7 @@ class ChunkIndex:
     def append(
         self, base: int, last: int, segment: int, position: int, size: int, max_ts: int
     ) -> None:
-        if self._last and base <= self._last[-1]:
-            raise ValueError(f"chunk at {base} does not follow {self._last[-1]}")
-        if self._seg and segment < self._seg[-1]:
-            raise ValueError(f"chunk in segment {segment} after one in {self._seg[-1]}")
+        self._check_follows(base, segment)
         self._base.append(base)
         self._last.append(last)
         self._seg.append(segment)
@@ -105,6 +102,23 @@ class ChunkIndex:
     def total_bytes(self) -> int:
         return sum(self._size)
 
+    def _check_follows(self, base: int, segment: int) -> None:
+        if self._last and base <= self._last[-1]:
+            raise ValueError(f"chunk at {base} does not follow {self._last[-1]}")
+        if self._seg and segment < self._seg[-1]:
+            raise ValueError(f"chunk in segment {segment} after one in {self._seg[-1]}")
+
+    def _columns(self) -> tuple[array, ...]:
+        return (
+            self._base,
+            self._last,
+            self._seg,
+            self._pos,
+            self._size,
+            self._maxts,
+            self._prefmax,
+        )
+
     # -- many chunks at once ---------------------------------------------------------------
     @classmethod
     def from_columns(
@@ -136,10 +150,7 @@ class ChunkIndex:
         n = len(piece) - start
         if n <= 0:
             return
-        if self._last and piece._base[start] <= self._last[-1]:
-            raise ValueError(f"chunk at {piece._base[start]} does not follow {self._last[-1]}")
-        if self._seg and segment < self._seg[-1]:
-            raise ValueError(f"chunk in segment {segment} after one in {self._seg[-1]}")
+        self._check_follows(piece._base[start], segment)
         i = len(self._base)
         running = self._prefmax[-1] if self._prefmax else None
         self._base.extend(piece._base[start:])
@@ -205,15 +216,7 @@ class ChunkIndex:
         """Forget the first ``n`` chunks (retention, migration)."""
         if n <= 0:
             return
-        for col in (
-            self._base,
-            self._last,
-            self._seg,
-            self._pos,
-            self._size,
-            self._maxts,
-            self._prefmax,
-        ):
+        for col in self._columns():
             del col[:n]
         # The running max must forget what was dropped, or time lookups start too early; it
         # differs from the stored one only until the timestamps pass what was dropped.
@@ -221,15 +224,11 @@ class ChunkIndex:
 
     def drop_back(self, keep: int) -> None:
         """Keep only the first ``keep`` chunks (recovery truncation)."""
-        for col in (self._base, self._last, self._seg, self._pos, self._size, self._maxts):
+        for col in self._columns():
             del col[keep:]
-        del self._prefmax[keep:]
 
     def segments(self) -> set[int]:
         return set(self._seg)
 
     def count_by_segment(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for s in self._seg:
-            counts[s] = counts.get(s, 0) + 1
-        return counts
+        return self.count_by_segment_of_first(len(self))
