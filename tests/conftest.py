@@ -16,6 +16,42 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from stratalog import Broker
 
 REPO = Path(__file__).resolve().parent.parent
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup). A group of tests
+# runs on one worker: each test module (its module-scoped brokers, the quick benchmark run),
+# and each directory whose tests share a session fixture (one SparkSession; the reference Kafka
+# beside an embedded broker). The slowest groups start first so the two workers end together.
+_SHARED_DIRS = ("spark", "conformance")
+_FIRST = ("spark", "tests/test_bench.py", "conformance", "tests/test_crash.py")
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[1] in _SHARED_DIRS else path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        group = _group(item.nodeid)
+        return _FIRST.index(group) if group in _FIRST else len(_FIRST)
+
+    items.sort(key=rank)  # stable: each group keeps its own order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    # xdist's own loadgroup reads xdist_group marks through a node id it rewrites, which
+    # pytest 9 no longer lets it do; the scope of each test is computed here instead.
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order above: slowest groups first
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture

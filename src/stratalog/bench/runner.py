@@ -575,7 +575,7 @@ class Runner:
         # A one-off job: each format's read as the only query of a fresh session (the session
         # above reads one format first, so its first read of the other is not a first).
         one_off: dict[str, dict[str, Any]] = {}
-        for fmt in runs:
+        for fmt in [f for f in runs if not w.spark_one_off or f in w.spark_one_off]:
             single = subprocess.run(
                 [sys.executable, "-m", "stratalog.bench.spark_read", "--bootstrap",
                  target.bootstrap, "--topic", topics[0], "--runs", "1", "--warmup", "0",
@@ -590,19 +590,20 @@ class Runner:
         spark: dict[str, Any] = {}
         for fmt, phases in runs.items():
             rs, warm = phases["runs"], phases["warmup"]
-            complete = all(r["rows"] == res.records for r in [*rs, *warm, one_off[fmt]])
+            single = [one_off[fmt]] if fmt in one_off else []
+            complete = all(r["rows"] == res.records for r in [*rs, *warm, *single])
             spark[fmt] = {
                 "rows_per_s": statistics.median(r["rows_per_s"] for r in rs),
                 "mb_per_s": statistics.median(r["bytes"] / 1e6 / r["seconds"] for r in rs),
                 "runs": rs,
                 "warmup": warm,
                 "first_rows_per_s": (warm or rs)[0]["rows_per_s"],
-                "one_off": one_off[fmt],
+                "one_off": one_off.get(fmt),
                 "complete": complete,
             }
             if not complete:
                 res.ok = False
-                got = [r["rows"] for r in [*warm, *rs, one_off[fmt]]]
+                got = [r["rows"] for r in [*warm, *rs, *single]]
                 res.error = f"format({fmt}) read {got} of {res.records} rows"
         res.extra["spark"] = spark
         return res

@@ -81,6 +81,7 @@ _TOP_LEVEL = {
     "spark_runs",
     "spark_warmup",
     "spark_all_columns",
+    "spark_one_off",
     "producer_client",
     "burst",
     "prefill_bytes",
@@ -169,6 +170,9 @@ class Workload:
     spark_runs: int = 3
     spark_warmup: int = 1  # untimed reads of each format first (the JVM's compiler warms up)
     spark_all_columns: bool = False  # the query touches every column, not only the values
+    # The formats also timed as a one-off job (the only read of a fresh session, a JVM start
+    # each); empty: every format read.
+    spark_one_off: list[str] = field(default_factory=list)
     # Pafka's burst case: fill to just under the migration threshold, then produce ``records``
     # at ``rate`` and follow the hot tier's usage until migration has drained it again.
     burst: bool = False
