@@ -3,6 +3,7 @@ endpoint while real clients produce and fetch."""
 
 from __future__ import annotations
 
+import socket
 import time
 import urllib.request
 
@@ -11,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stratalog import Broker
 
-from .conftest import create_topic
+from .conftest import BrokerProcess, create_topic
 
 
 def _scrape(admin: str) -> dict[tuple[str, str], float]:
@@ -96,3 +97,24 @@ def test_event_loop_lag_shows_a_step_that_holds_the_loop(tmp_path):
     le = min(x for x in after if x >= 0.2)
     over = (after[inf] - after[le]) - (before[inf] - before[le])
     assert over >= 1, "a 300 ms hold of the loop was not seen as lag over 200 ms"
+
+
+def test_an_api_never_called_has_no_latency_series(tmp_path):
+    """Series appear with an API's first request: 23 APIs' empty histograms made every scrape
+    render some 1,300 bucket lines. A broker process of its own: the histograms are
+    process-wide, and other tests' brokers in this process have called every API."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bp = BrokerProcess(tmp_path / "data", settings={"admin.port": str(port)}).start()
+    try:
+        admin = f"127.0.0.1:{port}"
+        create_topic(bp.bootstrap, "lazy", 1)  # Metadata and CreateTopics, not Produce
+        apis = {api for (name, api) in _scrape(admin) if name.startswith("stratalog_request_s")}
+        assert "create_topics" in apis and "produce" not in apis, apis
+        p = Producer({"bootstrap.servers": bp.bootstrap})
+        p.produce("lazy", b"v")
+        assert p.flush(10) == 0
+        assert ("stratalog_request_seconds_count", "produce") in _scrape(admin)
+    finally:
+        bp.kill()

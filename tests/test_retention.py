@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
+from stratalog.storage import reaper
 
 from .conftest import create_topic
 
@@ -47,6 +48,7 @@ def _first_value(bootstrap: str, topic: str, offset: int) -> bytes:
 
 
 def _segment_files(broker: Broker) -> list:
+    reaper.drain()  # deleted segments' files go on a thread of their own
     return sorted(p for p in (broker.data_dir / "logs").glob("*/*.log"))
 
 

@@ -116,7 +116,7 @@ class AdminServer:
                         break
                     continue
                 if isinstance(event, h11.Request):
-                    status, ctype, body = self._route(event.method, event.target)
+                    status, ctype, body = await self._route(event.method, event.target)
                     headers = [
                         ("content-type", ctype),
                         ("content-length", str(len(body))),
@@ -134,12 +134,16 @@ class AdminServer:
         finally:
             writer.close()
 
-    def _route(self, method: bytes, target: bytes) -> tuple[int, str, bytes]:
+    async def _route(self, method: bytes, target: bytes) -> tuple[int, str, bytes]:
         if method != b"GET":
             return 405, "text/plain", b"only GET\n"
         path = target.split(b"?", 1)[0]
         if path == b"/status":
             return 200, "application/json", json.dumps(status(self.core), indent=1).encode()
         if path == b"/metrics":
-            return 200, "text/plain; version=0.0.4", generate_latest()
+            # Rendered on a thread: pure Python over every sample (20-120 ms a scrape with 23
+            # request histograms under load), which on the event loop held every request up.
+            # The registry and the metrics take their own locks.
+            text = await asyncio.get_running_loop().run_in_executor(None, generate_latest)
+            return 200, "text/plain; version=0.0.4", text
         return 404, "text/plain", b"try /status or /metrics\n"

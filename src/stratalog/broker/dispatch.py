@@ -52,9 +52,25 @@ def make_dispatch(core):
     return dispatch
 
 
-def request_timers() -> dict[int, Callable[[float], None]]:
-    """The latency histogram's ``observe`` per API key (labels resolved once, not per request)."""
-    return {
-        k: metrics.REQUEST_SECONDS.labels(h.__name__.removeprefix("handle_")).observe
-        for k, h in HANDLERS.items()
-    }
+class RequestTimers(dict):
+    """The latency histogram's ``observe`` per API key, its labels resolved at the key's first
+    request and kept (not per request). An API never called has no series: each one costs 58
+    lines of /metrics, and rendering the 23 APIs' took 20-40 ms of the broker's time per scrape."""
+
+    def __missing__(self, api_key: int) -> Callable[[float], None] | None:
+        handler = HANDLERS.get(api_key)
+        if handler is None:
+            return None
+        observe = metrics.REQUEST_SECONDS.labels(handler.__name__.removeprefix("handle_")).observe
+        self[api_key] = observe
+        return observe
+
+    def get(self, api_key: int, default=None):  # dict.get does not call __missing__
+        observe = dict.get(self, api_key)
+        if observe is None and api_key in HANDLERS:
+            observe = self[api_key]
+        return default if observe is None else observe
+
+
+def request_timers() -> RequestTimers:
+    return RequestTimers()

@@ -57,7 +57,7 @@ class ClientConnection(asyncio.Protocol):
         self._queue: deque[Any] = deque()
         # Beside each queued response: when its request arrived and where its latency goes.
         self._started: deque[tuple[float, Callable[[float], None] | None]] = deque()
-        self._timers = timers or {}
+        self._timers = timers if timers is not None else {}
         self._on_close = on_close
         self.transport: asyncio.Transport | None = None
         self.peer: str = ""

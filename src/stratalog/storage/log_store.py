@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.storage import reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
@@ -175,6 +176,7 @@ class LogStore:
         for vlog in self.logs.values():
             await vlog.close()
         self.executor.shutdown(wait=True)
+        await asyncio.get_running_loop().run_in_executor(None, reaper.drain)
 
     def abandon(self) -> None:
         for vlog in self.logs.values():

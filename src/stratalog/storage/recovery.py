@@ -196,7 +196,7 @@ def recover_log(
         s = seg.seq
         if torn:
             report.deleted_segments.append(s)
-            seg.delete()
+            seg.delete(background=False)  # its name may be taken again by the next roll
             continue
         segments.append(seg)
         indexed = indexes[s]

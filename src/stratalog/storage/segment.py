@@ -23,6 +23,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from stratalog.storage import reaper
+
 FRAME = struct.Struct("<II")
 FRAME_SIZE = FRAME.size
 # uid, base offset, last offset delta, batch position, batch size, max timestamp,
@@ -126,6 +128,7 @@ class Segment:
         self._index_buf = bytearray()
         self._refs = 1  # the owning log's reference
         self._deleted = False
+        self._reap = True  # delete its files on the reaper thread (see delete)
         # storage.direct_io: an O_DIRECT descriptor and an aligned buffer holding the file from
         # the block at _tail_start to the end (see enable_direct).
         self._dfd: int | None = None
@@ -334,9 +337,12 @@ class Segment:
             if self._deleted:
                 self._unlink()
 
-    def delete(self) -> None:
-        """Drop the log's reference; files go once no reader holds a slice of them."""
+    def delete(self, *, background: bool = True) -> None:
+        """Drop the log's reference; files go once no reader holds a slice of them, on the
+        reaper's thread unless ``background`` is false (recovery: a later segment may take the
+        same name)."""
         self._deleted = True
+        self._reap = background
         self.release()
 
     def close(self) -> None:
@@ -354,6 +360,10 @@ class Segment:
                 pass
 
     def _unlink(self) -> None:
+        if self._reap:
+            # Off the loop, and a step at a time (no descriptor is left): see reaper.py.
+            reaper.unlink(self.data_path, self.index_path)
+            return
         for p in (self.data_path, self.index_path):
             try:
                 p.unlink()

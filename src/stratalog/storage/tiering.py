@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stratalog.storage import reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdTierError
 from stratalog.storage.log_store import LogStore
 from stratalog.storage.migration_worker import CopyWorkers
@@ -182,7 +183,8 @@ class Migrator:
             if usage <= limit and self.settings.promote:
                 break
             path, seg.promoted = seg.promoted, None
-            path.unlink(missing_ok=True)  # open descriptors keep reading the unlinked copy
+            # Open descriptors keep reading the unlinked copy: unlinked whole, never cut.
+            reaper.unlink(path, shrink=False)
             usage -= seg.meta.size
             self.stats.evicted_segments += 1
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from stratalog.storage import reaper
 from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
 from stratalog.storage.journal import FsyncPolicy, GroupCommit, StorageFailure
 from stratalog.storage.recovery import (
@@ -129,9 +130,11 @@ class VirtualLog:
     def open(self) -> dict[int, list[IndexEntry]]:
         """Open (recovering if needed) and return the index entries of every segment."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        reaper.sweep(self.directory)
         seqs = list_segments(self.directory)
         spilled: dict[int, Path] = {}
         if self.spill_directory is not None and self.spill_directory.is_dir():
+            reaper.sweep(self.spill_directory)
             spilled = {s: self.spill_directory for s in list_segments(self.spill_directory)}
         segs, entries, self.report = recover_log(
             self.directory, sorted(set(seqs) | set(spilled)), spilled
