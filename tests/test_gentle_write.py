@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 
@@ -62,3 +63,23 @@ def test_parts_are_written_back_to_back_across_pieces(tmp_path, direct):
             os.close(fd)
     assert os.path.getsize(path) == len(want)
     assert path.read_bytes() == want
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_paced_write_spreads_its_pieces_out(tmp_path, direct):
+    """Migration's copies can be paced (tiers.migrate.pace): each piece waits until the bytes
+    before it have had their time at the rate, so 10 pieces at 1 piece per 20 ms take at least
+    the 9 gaps between them; the file is the same."""
+    data = os.urandom(10 * 8192)
+    path = tmp_path / "paced.log"
+    t0 = time.monotonic()
+    if direct:
+        gentle_write.write_file(str(path), data, piece=8192, rate=8192 / 0.02)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            gentle_write._write_synced_pieces(fd, [data], 8192, gentle_write._Pace(8192 / 0.02))
+        finally:
+            os.close(fd)
+    assert time.monotonic() - t0 >= 9 * 0.02
+    assert path.read_bytes() == data

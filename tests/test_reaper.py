@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from stratalog.bench import deletion_probe
 from stratalog.storage import reaper
 from stratalog.storage.segment import Segment
 
@@ -78,3 +81,14 @@ def test_an_evicted_copy_someone_reads_is_unlinked_whole(tmp_path):
         assert os.pread(fd, 4, 2 * reaper.STEP_BYTES) == b"pppp"  # not cut under the reader
     finally:
         os.close(fd)
+
+
+def test_the_deletion_probe_times_fsyncs_beside_each_kind_of_deletion(tmp_path):
+    """The probe behind docs/benchmarks.md's "Deleting segments" (stratalog.bench.deletion_probe)
+    runs the reaper's own deletion; here tiny, only to show it measures and cleans up."""
+    for mode in deletion_probe.MODES:
+        r = deletion_probe.measure(tmp_path, mode, seconds=0.3, files=2, file_bytes=3 << 20)
+        assert r["fsyncs"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="mode must be one of"):
+        deletion_probe.measure(tmp_path, "shred")

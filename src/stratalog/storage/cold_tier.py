@@ -168,10 +168,13 @@ class ColdStore:
         return f"{self._dir(uid)}/{meta.name}.idx"
 
     # -- primitive I/O -------------------------------------------------------------------------
-    def _write(self, path: str, data: bytes | list[bytes], *, gentle: bool = False) -> None:
+    def _write(
+        self, path: str, data: bytes | list[bytes], *, gentle: bool = False, rate: float = 0.0
+    ) -> None:
         """Write a whole file (one buffer, or parts back to back), synced. ``gentle``: in small
         requests one at a time (gentle_write.py), for segment data, so the journal's fsyncs
-        never queue behind it; its parts are never joined into one buffer."""
+        never queue behind it, spread out to ``rate`` bytes per second if given; its parts are
+        never joined into one buffer."""
         parts = [data] if isinstance(data, bytes) else data
         try:
             if self.local:
@@ -180,7 +183,7 @@ class ColdStore:
                     raise ColdTierError(f"the cold tier directory {self.root} is not there")
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 if gentle:
-                    gentle_write.write_file(path, parts)
+                    gentle_write.write_file(path, parts, rate=rate)
                     return
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
@@ -256,10 +259,10 @@ class ColdStore:
 
     # -- segments ------------------------------------------------------------------------------
     def write_segment(
-        self, uid: int, batches: list[bytes]
+        self, uid: int, batches: list[bytes], rate: float = 0.0
     ) -> tuple[ColdSegmentMeta, list[ColdEntry]]:
-        """Write whole record batches back to back, with an index, synced; return the segment's
-        description and its entries."""
+        """Write whole record batches back to back, with an index, synced (at ``rate`` bytes
+        per second if given, on a local tier); return the segment's description and entries."""
         from stratalog.storage.batch import parse_header
 
         entries: list[ColdEntry] = []
@@ -283,7 +286,7 @@ class ColdStore:
         name = f"{base:020d}-{uuid.uuid4().hex[:8]}"
         last = entries[-1][0] + entries[-1][1]
         meta = ColdSegmentMeta(name, base, last, pos, len(entries), max(e[4] for e in entries))
-        self._write(self.data_path(uid, meta), batches, gentle=True)
+        self._write(self.data_path(uid, meta), batches, gentle=True, rate=rate)
         self._write(self._index_path(uid, meta), b"".join(COLD_ENTRY.pack(*e) for e in entries))
         return meta, entries
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 
 PIECE = 512 * 1024
@@ -24,9 +25,12 @@ BLOCK = 4096  # O_DIRECT: whole blocks at block offsets, from aligned memory
 Data = bytes | bytearray | memoryview
 
 
-def write_file(path: str, data: Data | Sequence[Data], piece: int = PIECE) -> None:
+def write_file(
+    path: str, data: Data | Sequence[Data], piece: int = PIECE, rate: float = 0.0
+) -> None:
     """Create (or replace) ``path`` holding ``data`` (one buffer, or parts written back to back),
-    durable when this returns.
+    durable when this returns; with ``rate`` (bytes per second, > 0) the pieces are spread out
+    to that pace.
 
     Parts are copied into each piece as it goes out, never joined into one buffer first: on a
     pool thread, one ``b"".join`` of a 64 MiB segment is a single C call that holds the GIL for
@@ -44,12 +48,12 @@ def write_file(path: str, data: Data | Sequence[Data], piece: int = PIECE) -> No
             dfd = -1
         if dfd >= 0:
             try:
-                size = _write_direct(dfd, parts, piece)
+                size = _write_direct(dfd, parts, piece, _Pace(rate))
             finally:
                 os.close(dfd)
             os.ftruncate(fd, size)  # the last block was padded
         else:
-            _write_synced_pieces(fd, parts, piece)
+            _write_synced_pieces(fd, parts, piece, _Pace(rate))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -74,13 +78,29 @@ def _pieces(parts: Iterable[Data], piece: int, out: memoryview) -> Iterator[int]
         yield filled
 
 
-def _write_direct(dfd: int, parts: Iterable[Data], piece: int) -> int:
+class _Pace:
+    """Sleeps before each piece until the bytes before it have had their time at ``rate``."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.start = time.monotonic()
+
+    def wait(self, done: int) -> None:
+        if self.rate > 0:
+            delay = self.start + done / self.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+
+def _write_direct(dfd: int, parts: Iterable[Data], piece: int, pace: _Pace | None = None) -> int:
     """Write ``parts`` in O_DIRECT pieces, the last one padded; return the data's size."""
+    pace = pace or _Pace(0)
     buf = mmap.mmap(-1, piece)  # page-aligned
     pos = 0
     try:
         with memoryview(buf) as out:
             for k in _pieces(parts, piece, out):
+                pace.wait(pos)
                 padded = -(-k // BLOCK) * BLOCK
                 out[k:padded] = bytes(padded - k)
                 written = os.pwrite(dfd, out[:padded], pos)
@@ -92,10 +112,16 @@ def _write_direct(dfd: int, parts: Iterable[Data], piece: int) -> int:
     return pos
 
 
-def _write_synced_pieces(fd: int, parts: Iterable[Data], piece: int) -> None:
+def _write_synced_pieces(
+    fd: int, parts: Iterable[Data], piece: int, pace: _Pace | None = None
+) -> None:
+    pace = pace or _Pace(0)
     buf = bytearray(piece)
+    done = 0
     with memoryview(buf) as out:
         for k in _pieces(parts, piece, out):
+            pace.wait(done)
+            done += k
             view = out[:k]
             while view:
                 view = view[os.write(fd, view) :]

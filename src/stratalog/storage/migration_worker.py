@@ -57,10 +57,17 @@ def _start_worker(broker_pid: int) -> None:
 
 
 def copy_down(
-    location: str, options: dict | None, uid: int, hot_path: str, positions: bytes, sizes: bytes
+    location: str,
+    options: dict | None,
+    uid: int,
+    hot_path: str,
+    positions: bytes,
+    sizes: bytes,
+    rate: float = 0.0,
 ) -> tuple[ColdSegmentMeta, ChunkIndex]:
     """In a worker: copy the chunks at ``positions``/``sizes`` of the hot segment file into a
-    new cold segment of partition ``uid``, synced; return its description and index piece."""
+    new cold segment of partition ``uid``, synced, written at ``rate`` bytes per second if
+    given; return its description and index piece."""
     key = (location, repr(sorted((options or {}).items())))
     cold = _stores.get(key)
     if cold is None:
@@ -73,7 +80,7 @@ def copy_down(
         batches = read_ranges(fd, pos, size, hot_path)
     finally:
         os.close(fd)
-    meta, entries = cold.write_segment(uid, batches)
+    meta, entries = cold.write_segment(uid, batches, rate)
     return meta, entries_index(entries)
 
 
@@ -140,7 +147,7 @@ class CopyWorkers:
         await asyncio.gather(*started)
 
     async def copy_down(
-        self, uid: int, hot_path: str, locations: tuple[array, array]
+        self, uid: int, hot_path: str, locations: tuple[array, array], rate: float = 0.0
     ) -> tuple[ColdSegmentMeta, ChunkIndex]:
         pos, size = locations
         loop = asyncio.get_running_loop()
@@ -155,6 +162,7 @@ class CopyWorkers:
                     hot_path,
                     pos.tobytes(),
                     size.tobytes(),
+                    rate,
                 )
             return await done
         except BrokenProcessPool as e:

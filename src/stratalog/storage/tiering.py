@@ -306,12 +306,18 @@ class Migrator:
                     plan.append((p, p.chunks.locations(k)))
         seg.acquire()
         try:
-            gate = asyncio.Semaphore(max(1, self.settings.threads))
+            workers = max(1, self.settings.threads)
+            gate = asyncio.Semaphore(workers)
+            # A rate limit paces the copies' writes themselves (shared by those running at
+            # once), rather than letting each go at full speed and waiting afterwards.
+            rate = self.settings.max_bytes_per_sec / min(workers, max(1, len(plan)))
 
             async def copy(p: PartitionLog, locs):
                 async with gate:
                     assert self._copier is not None
-                    meta, piece = await self._copier.copy_down(p.uid, str(seg.data_path), locs)
+                    meta, piece = await self._copier.copy_down(
+                        p.uid, str(seg.data_path), locs, rate
+                    )
                     await asyncio.gather(
                         self._rate.admit(meta.size), self.cold_rate.admit(meta.size)
                     )
