@@ -200,3 +200,94 @@ def test_measure_limits_quick(tmp_path: Path) -> None:
             fs = under[reader]["fdatasync"]
             assert 0 < fs["p50_ms"] <= fs["p99_ms"] <= fs["p99.9_ms"], (reader, under)
             assert under[reader]["read_mb_per_s"] > 0, (reader, under)
+
+
+def test_stratalog_target_keeps_its_hot_tier_on_the_fast_root(tmp_path: Path) -> None:
+    """``{fastdir}``: a directory of the target's own under vars.fast_root (the second device of
+    e-fast-hot; a plain directory stands in for it here) holds the hot tier and goes at stop."""
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    w = Workload(
+        name="peers",
+        partitions=PARTITIONS,
+        record_size=SIZE,
+        records=N,
+        vars={"fast_root": str(fast)},
+    )
+    target = make_target(TargetSpec("fast-hot", "stratalog", {"tiers.hot.path": "{fastdir}"}), w)
+    target.start()
+    try:
+        _roundtrip(target, counted=False)  # librdkafka's sticky partitioner: one partition
+        (hot,) = list(fast.iterdir())
+        assert hot in target.data_dirs()
+        stored = sum(f.stat().st_size for f in hot.rglob("*") if f.is_file())
+        assert stored >= N * SIZE  # the records went to the fast root, not the work directory
+    finally:
+        target.stop()
+    assert list(fast.iterdir()) == []
+
+
+def test_stratalog_target_names_a_missing_fast_root(tmp_path: Path) -> None:
+    w = Workload(
+        name="peers",
+        partitions=PARTITIONS,
+        record_size=SIZE,
+        records=N,
+        vars={"fast_root": str(tmp_path / "absent")},
+    )
+    target = make_target(TargetSpec("fast-hot", "stratalog", {"tiers.hot.path": "{fastdir}"}), w)
+    with pytest.raises(RuntimeError, match=r"vars\.fast_root"):
+        target.start()
+    assert target.pid is None and target.workdir is None  # nothing started, nothing left
+
+
+def test_backlog_readers_can_run_in_sched_idle(tmp_path: Path) -> None:
+    """backlog_readers_idle: the harness's reader process puts itself in SCHED_IDLE and still
+    reads (a real broker, the harness's own consumer_main in a spawned process)."""
+    import multiprocessing
+
+    from stratalog.bench.clients import consumer_main
+
+    target = make_target(TargetSpec("idle-readers", "stratalog"), _workload())
+    target.start()
+    try:
+        target.create_topics([TOPIC], 1)
+        factory = target.client_factory()
+        job = ProducerJob(0, [TOPIC], 1, SIZE, 100, rate=None, sample_every=1)
+        producer = factory.producer(job)
+        _produce(producer, job, threading.Event(), SimpleNamespace(value=0))
+        producer.close()
+        ctx = multiprocessing.get_context("spawn")
+        ready, results = ctx.Queue(), ctx.Queue()
+        start, stop, progress = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+        reader = ConsumerJob(
+            0,
+            1,
+            [TOPIC],
+            1,
+            track_latency=False,
+            max_duration_s=20,
+            group="backlog",
+            sched_idle=True,
+        )
+        proc = ctx.Process(
+            target=consumer_main, args=(factory, reader, ready, start, stop, progress, results)
+        )
+        proc.start()
+        try:
+            assert ready.get(timeout=60)[2] == ""
+            start.set()
+            deadline = time.monotonic() + 20
+            while progress.value < 100 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stop.set()
+            result = results.get(timeout=30)
+        finally:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        assert result["error"] == ""
+        assert result["sched_idle"] is True
+        assert result["records"] == 100
+    finally:
+        target.stop()

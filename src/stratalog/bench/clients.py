@@ -65,6 +65,7 @@ class ConsumerJob:
     # Bytes per second this reader takes at most (0: as fast as it can): the same read load
     # for every target, whatever the broker would serve.
     max_bytes_per_s: float = 0.0
+    sched_idle: bool = False  # run in SCHED_IDLE: only the CPU nobody else wants
 
 
 class ProducerClient(ABC):
@@ -368,6 +369,8 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
         "error": "",
     }
     try:
+        if job.sched_idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         client = factory.consumer(job)
         ready_q.put(("consumer", job.index, ""))
         start_evt.wait()
@@ -398,6 +401,7 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
             t_last=t_last,
             cpu_s=_cpu() - cpu0,
             hist=client.latency.encode(),
+            sched_idle=os.sched_getscheduler(0) == os.SCHED_IDLE,
         )
         client.close()
     except Exception as e:

@@ -745,6 +745,7 @@ class Runner:
                     max_duration_s=w.phase_duration_s * 2 + w.drain_timeout_s,
                     group="backlog",
                     max_bytes_per_s=w.backlog_read_mb_per_s * 1e6 / w.backlog_consumers,
+                    sched_idle=w.backlog_readers_idle,
                     # A paced reader keeps little in its client's queue, so the broker's reads
                     # follow its pace rather than filling 64 MB ahead of it.
                     extra={"queued.max.messages.kbytes": 4096} if w.backlog_read_mb_per_s else {},

@@ -246,8 +246,9 @@ class StratalogTarget(KafkaProtocolTarget):
 
     Settings: the workload's ``fsync`` and ``layout`` (as ``fsync`` and ``storage.layout``),
     then the target's ``settings`` table (any broker setting of docs/configuration.md;
-    ``{workdir}`` in a value stands for the target's temporary directory, ``{name}`` for the
-    workload's ``vars[name]``).
+    ``{workdir}`` in a value stands for the target's temporary directory, ``{fastdir}`` for a
+    temporary directory under the workload's ``vars["fast_root"]`` (a second, faster device for
+    the hot tier, as Pafka's PMem), ``{name}`` for the workload's ``vars[name]``).
     """
 
     kind = "stratalog"
@@ -261,7 +262,8 @@ class StratalogTarget(KafkaProtocolTarget):
             "admin.port": "{admin_port}",  # a free port, chosen at start: /metrics is read
         }
         self.admin = ""
-        known = workload.vars
+        self.fastdir: Path | None = None
+        known = {k: v for k, v in workload.vars.items() if k != "fastdir"}
 
         def fill(v: object) -> str:
             # "{name}" is the workload's vars[name]; "{workdir}" is filled in at start.
@@ -275,6 +277,7 @@ class StratalogTarget(KafkaProtocolTarget):
             "storage.layout",
             "group_commit_ms",
             "tiers.hot.capacity",
+            "tiers.hot.path",
             "fetch.backlog.max_bytes_per_sec",
             "fetch.backlog.fsync_target_ms",
             "storage.read_priority",
@@ -288,6 +291,8 @@ class StratalogTarget(KafkaProtocolTarget):
         return version("stratalog")
 
     def start(self) -> None:
+        if any("{fastdir}" in v for v in self.settings.values()):
+            self.fastdir = self._mkfastdir()
         wd = self._mkworkdir()
         cmd = [
             sys.executable,
@@ -306,6 +311,7 @@ class StratalogTarget(KafkaProtocolTarget):
         for k, v in self.settings.items():
             # "{workdir}" in a value is this target's temporary directory (a cold tier's path).
             v = v.replace("{workdir}", str(wd)).replace("{admin_port}", str(admin_port))
+            v = v.replace("{fastdir}", str(self.fastdir))
             cmd += ["--set", f"{k}={v}"]
         self.log_path = wd / "broker.log"
         with open(self.log_path, "ab") as log:
@@ -329,6 +335,19 @@ class StratalogTarget(KafkaProtocolTarget):
         if proc is not None and proc.stdout is not None:
             proc.stdout.close()
         self._rmworkdir()
+        if self.fastdir is not None:
+            shutil.rmtree(self.fastdir, ignore_errors=True)
+            self.fastdir = None
+
+    def _mkfastdir(self) -> Path:
+        root = self.workload.vars.get("fast_root")
+        if not root or not Path(str(root)).is_dir():
+            raise RuntimeError(
+                f"target {self.name}: '{{fastdir}}' needs the workload's vars.fast_root to name "
+                f"an existing directory on the fast device (got {root!r}); "
+                "bench/fast-device up makes one"
+            )
+        return Path(tempfile.mkdtemp(prefix=f"stratalog-bench-{self.name}-", dir=str(root)))
 
     @property
     def pid(self) -> int | None:
@@ -409,8 +428,9 @@ class StratalogTarget(KafkaProtocolTarget):
         return {"hot": du(self.workdir / "data" / "logs"), "cold": du(self.workdir / "cold")}
 
     def data_dirs(self) -> list[Path]:
-        # The whole work directory: the data directory and a cold tier kept beside it.
-        return [self.workdir] if self.workdir else []
+        # The whole work directory (the data directory and a cold tier kept beside it) and a hot
+        # tier on the fast device.
+        return [d for d in (self.workdir, self.fastdir) if d is not None]
 
 
 @register

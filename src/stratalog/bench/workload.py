@@ -75,6 +75,7 @@ _TOP_LEVEL = {
     "phase_pairs",
     "backlog_cold",
     "backlog_read_mb_per_s",
+    "backlog_readers_idle",
     "kcat_consume",
     "perf_test",
     "spark_read",
@@ -164,6 +165,10 @@ class Workload:
     # The backlog readers' own pace over all of them, MB/s (0: as fast as they can): the same
     # read load on every target, for comparing the brokers' isolation like for like.
     backlog_read_mb_per_s: float = 0.0
+    # True: the backlog readers' client processes run in SCHED_IDLE, taking only CPU nobody
+    # else wants: on a small machine this keeps their own decoding off the cores the broker
+    # and the producers share, as if they ran on other hosts (the broker's work for them stays).
+    backlog_readers_idle: bool = False
     kcat_consume: bool = False
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
