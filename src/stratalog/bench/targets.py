@@ -263,7 +263,7 @@ class StratalogTarget(KafkaProtocolTarget):
         }
         self.admin = ""
         self.fastdir: Path | None = None
-        known = {k: v for k, v in workload.vars.items() if k != "fastdir"}
+        known = workload.vars
 
         def fill(v: object) -> str:
             # "{name}" is the workload's vars[name]; "{workdir}" is filled in at start.

@@ -308,9 +308,12 @@ class Migrator:
         try:
             workers = max(1, self.settings.threads)
             gate = asyncio.Semaphore(workers)
-            # A rate limit paces the copies' writes themselves (shared by those running at
-            # once), rather than letting each go at full speed and waiting afterwards.
-            rate = self.settings.max_bytes_per_sec / min(workers, max(1, len(plan)))
+            # On a local cold tier a rate limit paces the copies' writes themselves (shared by
+            # those running at once) rather than letting each go at full speed and waiting
+            # afterwards; an object store's copies still wait afterwards (on _rate), and only
+            # they, else a paced copy would wait for its bytes twice.
+            share = min(workers, max(1, len(plan)))
+            rate = self.settings.max_bytes_per_sec / share if cold.local else 0.0
 
             async def copy(p: PartitionLog, locs):
                 async with gate:
@@ -319,7 +322,8 @@ class Migrator:
                         p.uid, str(seg.data_path), locs, rate
                     )
                     await asyncio.gather(
-                        self._rate.admit(meta.size), self.cold_rate.admit(meta.size)
+                        self._rate.admit(0 if rate else meta.size),
+                        self.cold_rate.admit(meta.size),
                     )
                     return p, meta, piece
 
