@@ -17,7 +17,7 @@ import pytest
 from stratalog.bench import report
 from stratalog.bench.runner import CaseResult, Runner, evict_page_cache
 from stratalog.bench.targets import process_cpu_s
-from stratalog.bench.workload import WorkloadError, find_workloads, parse_workload
+from stratalog.bench.workload import WorkloadError, find_workloads, load_workload, parse_workload
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -474,3 +474,30 @@ def test_d_reports_the_memory_only_broker_beside_the_layouts():
     assert g.verdict == "missed"
     assert g.measured.startswith("1.20x")
     assert "memory-only broker with the same producers: 1.30x" in g.measured
+
+
+def test_backlog_readers_get_their_own_client_settings():
+    """backlog_readers_config reaches the catch-up's backlog readers (and only them), beside
+    their SCHED_IDLE choice; the experiment files that use it parse."""
+    from stratalog.bench.runner import backlog_reader_jobs, consumer_jobs
+
+    w = parse_workload(
+        {
+            "name": "x",
+            "records": 1,
+            "backlog_consumers": 2,
+            "backlog_readers_idle": True,
+            "backlog_readers_config": {"socket.receive.buffer.bytes": 262144},
+        }
+    )
+    jobs = backlog_reader_jobs(w, ["bench-x-backlog"])
+    assert [j.index for j in jobs] == [0, 1]
+    for j in jobs:
+        assert j.group == "backlog" and j.sched_idle and not j.track_latency
+        assert j.extra == {"socket.receive.buffer.bytes": 262144}
+    assert all(j.extra == {} for j in consumer_jobs(2, ["tail"], 4))
+    small = load_workload(
+        Path(__file__).parent.parent / "bench/experiments/e-sender-small-recv.toml"
+    )
+    assert small.backlog_readers_config == {"socket.receive.buffer.bytes": 262144}
+    assert small.backlog_readers_idle

@@ -159,6 +159,23 @@ SETTINGS: dict[str, Setting] = {
             "budget may reach.",
         ),
         _S(
+            "fetch.backlog.sender",
+            str,
+            "loop",
+            "Who sends history answers (a consumer behind the tail, with no "
+            "fetch.backlog.max_bytes_per_sec budget): 'loop', the event loop with sendfile after "
+            "the read pool loaded the pages; or 'process', a process of its own at "
+            "fetch.backlog.sender_priority, which loads and sends them while the loop goes on.",
+        ),
+        _S(
+            "fetch.backlog.sender_priority",
+            str,
+            "idle",
+            "CPU priority of the backlog sender process: idle (SCHED_IDLE: only CPU time no "
+            "other task wants), low (nice +10) or normal; its disk reads are in the idle I/O "
+            "class unless normal.",
+        ),
+        _S(
             "producer.id.expiration.ms",
             int,
             86_400_000,
@@ -369,6 +386,16 @@ class BrokerConfig:
             FsyncPolicy.parse(self["fsync"])
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if self["fetch.backlog.sender"] not in ("loop", "process"):
+            raise ConfigError(
+                f"fetch.backlog.sender must be 'loop' or 'process', not "
+                f"{self['fetch.backlog.sender']!r}"
+            )
+        if self["fetch.backlog.sender_priority"] not in ("idle", "low", "normal"):
+            raise ConfigError(
+                f"fetch.backlog.sender_priority must be 'idle', 'low' or 'normal', not "
+                f"{self['fetch.backlog.sender_priority']!r}"
+            )
         if self["storage.read_priority"] not in ("low", "normal"):
             raise ConfigError(
                 f"storage.read_priority must be 'low' or 'normal', not "

@@ -312,6 +312,31 @@ def consumer_jobs(
     ]
 
 
+def backlog_reader_jobs(w: Workload, topics: list[str]) -> list[ConsumerJob]:
+    """The catch-up's backlog readers: from the backlog's start, at the workload's pace, with
+    its SCHED_IDLE choice and its librdkafka settings for them."""
+    return [
+        ConsumerJob(
+            index=i,
+            count=w.backlog_consumers,
+            topics=topics,
+            partitions=w.backlog_partitions,
+            track_latency=False,
+            max_duration_s=w.phase_duration_s * 2 + w.drain_timeout_s,
+            group="backlog",
+            max_bytes_per_s=w.backlog_read_mb_per_s * 1e6 / w.backlog_consumers,
+            sched_idle=w.backlog_readers_idle,
+            extra={
+                # A paced reader keeps little in its client's queue, so the broker's reads
+                # follow its pace rather than filling 64 MB ahead of it.
+                **({"queued.max.messages.kbytes": 4096} if w.backlog_read_mb_per_s else {}),
+                **w.backlog_readers_config,
+            },
+        )
+        for i in range(w.backlog_consumers)
+    ]
+
+
 def topic_names(w: Workload, prefix: str = "") -> list[str]:
     return [f"bench-{w.name}{prefix}-{i}" for i in range(w.topics)]
 
@@ -735,23 +760,7 @@ class Runner:
             w.consumers, tail_topics, w.partitions, sample_every=w.latency_sample_every
         )
         if phase != "alone":
-            consumers += [
-                ConsumerJob(
-                    index=i,
-                    count=w.backlog_consumers,
-                    topics=backlog_topic,
-                    partitions=w.backlog_partitions,
-                    track_latency=False,
-                    max_duration_s=w.phase_duration_s * 2 + w.drain_timeout_s,
-                    group="backlog",
-                    max_bytes_per_s=w.backlog_read_mb_per_s * 1e6 / w.backlog_consumers,
-                    sched_idle=w.backlog_readers_idle,
-                    # A paced reader keeps little in its client's queue, so the broker's reads
-                    # follow its pace rather than filling 64 MB ahead of it.
-                    extra={"queued.max.messages.kbytes": 4096} if w.backlog_read_mb_per_s else {},
-                )
-                for i in range(w.backlog_consumers)
-            ]
+            consumers += backlog_reader_jobs(w, backlog_topic)
         tail_w = w.with_overrides(max_duration_s=w.phase_duration_s * 2 + 30)
         # The broker's own view of produce latency (Stratalog's request histogram): it tells
         # the broker's share of the clients' p99 from the clients' own scheduling; its fsync

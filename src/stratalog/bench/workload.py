@@ -76,6 +76,7 @@ _TOP_LEVEL = {
     "backlog_cold",
     "backlog_read_mb_per_s",
     "backlog_readers_idle",
+    "backlog_readers_config",
     "kcat_consume",
     "perf_test",
     "spark_read",
@@ -169,6 +170,10 @@ class Workload:
     # else wants: on a small machine this keeps their own decoding off the cores the broker
     # and the producers share, as if they ran on other hosts (the broker's work for them stays).
     backlog_readers_idle: bool = False
+    # librdkafka settings for the backlog readers only, e.g. a bounded socket receive buffer:
+    # on this project's kernel (no preemption inside a system call) one recv of a multi-MB
+    # answer holds a core for a millisecond or more whatever the reader's priority.
+    backlog_readers_config: dict[str, Any] = field(default_factory=dict)
     kcat_consume: bool = False
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats

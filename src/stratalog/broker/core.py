@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stratalog.broker import metrics
+from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
@@ -123,6 +124,13 @@ class BrokerCore:
             if config["fetch.backlog.direct_reads"]
             else None
         )
+        self.backlog_sender: BacklogSender | None = None
+        if config["fetch.backlog.sender"] == "process":
+            self.backlog_sender = BacklogSender(
+                config["fetch.backlog.sender_priority"],
+                config["fetch.read_ahead.bytes"],
+                config["fetch.backlog.io_bytes"],
+            )
         self.backlog_loader = BacklogLoader(
             config["fetch.backlog.io_bytes"], config["fetch.backlog.io_depth"]
         )
@@ -166,6 +174,8 @@ class BrokerCore:
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
         if self.backlog_pacer is not None:
             self._tasks.append(asyncio.ensure_future(self._backlog_pacer_loop()))
+        if self.backlog_sender is not None:
+            self.backlog_sender.start()
         if self.store.cold is not None:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
 
@@ -178,6 +188,8 @@ class BrokerCore:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        if self.backlog_sender is not None:
+            self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
         await self.store.close()
@@ -189,6 +201,8 @@ class BrokerCore:
         """Stop without flushing anything (tests of crash recovery in-process)."""
         for t in self._tasks:
             t.cancel()
+        if self.backlog_sender is not None:
+            self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
         self.store.abandon()

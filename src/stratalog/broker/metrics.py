@@ -20,6 +20,10 @@ PRODUCED_BYTES = Counter("stratalog_produced_bytes", "Record-batch bytes appende
 FETCH_SENDFILE_BYTES = Counter(
     "stratalog_fetch_sendfile_bytes", "Fetch bytes sent with sendfile from the page cache"
 )
+FETCH_SENDER_BYTES = Counter(
+    "stratalog_fetch_sender_bytes",
+    "Fetch bytes of history sent by the backlog sender process (fetch.backlog.sender=process)",
+)
 FETCH_PACED_BYTES = Counter(
     "stratalog_fetch_paced_bytes",
     "Fetch bytes sent at the backlog budget's rate (history; tail reads are not paced)",

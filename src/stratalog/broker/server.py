@@ -10,14 +10,17 @@ alone; the rest of the broker never sees it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stratalog.broker import metrics
+from stratalog.broker.backlog_sender import BacklogAnswer
 from stratalog.protocol.connection import NEED_DATA, KafkaConnection, ProtocolError, Request
 from stratalog.storage.partition import FileSlice
 from stratalog.storage.throttle import ByteRate, PacedResponse
@@ -73,6 +76,10 @@ class ClientConnection(asyncio.Protocol):
         self._pace: ByteRate | None = None  # the rate of the paced answer being sent
         self._admitted = False  # its next turn's bytes have had their time
         self._paced_left = 0  # its bytes not yet reserved
+        # The sender process that holds an answer of this connection's now, or that has seen
+        # the socket (it must be told when the connection closes).
+        self._offloaded = False
+        self._sender: Any = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -85,9 +92,12 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._stop_polling()
-        if self._unsent is not None:
+        if self._sender is not None:
+            self._sender.forget(self)
+        if self._unsent is not None and not self._offloaded:
+            # (An answer held by the sender process keeps its slices until it reports back.)
             _release(self._unsent)
-            self._unsent = None
+        self._unsent = None
         if self._wfd >= 0:
             os.close(self._wfd)
             self._wfd = -1
@@ -197,6 +207,18 @@ class ClientConnection(asyncio.Protocol):
         """
         transport = self.transport
         assert transport is not None
+        if isinstance(parts, BacklogAnswer):
+            if self._fd >= 0 and transport.get_write_buffer_size() > 0:
+                self._wait_writable(parts)  # bytes before it go first; then here again
+                return
+            fut = parts.sender.send(self, self._fd, parts)
+            if fut is not None:
+                self._sender = parts.sender
+                self._offloaded = True
+                self._unsent = parts  # later answers wait behind it
+                fut.add_done_callback(self._offload_done)
+                return
+            parts = list(parts)  # the sender process is gone: sent here like any answer
         if isinstance(parts, PacedResponse):
             self._pace = parts.rate
             self._paced_left = parts.size
@@ -273,6 +295,19 @@ class ClientConnection(asyncio.Protocol):
             transport.writelines(pending)
         self._pace = None
 
+    def _offload_done(self, fut: asyncio.Future) -> None:
+        self._offloaded = False
+        self._unsent = None
+        if self._closed:
+            return
+        error = fut.result()
+        if error:
+            # Part of the answer may be out: no valid frame can follow on this connection.
+            log.info("closing connection from %s: backlog answer failed: %s", self.peer, error)
+            self.abort()
+            return
+        self._flush()
+
     def _next_turn(self, rest: list[Any], delay: float = 0.0) -> None:
         """Send ``rest`` on a later turn of the loop (this one's byte budget is spent): the
         next one, or after ``delay`` seconds for a paced answer."""
@@ -336,6 +371,10 @@ class ClientConnection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None and not self._closed:
             self._closed = True
+            if self._sender is not None and self._fd >= 0:
+                # The sender process holds the socket too: end it now, not when it lets go.
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._fd)) as s:
+                    s.shutdown(socket.SHUT_RDWR)
             self.transport.abort()
 
 

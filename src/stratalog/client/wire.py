@@ -241,7 +241,7 @@ class WireClient:
                 out[p.partition_index] = (p.offset, p.timestamp)
         return out
 
-    def fetch(
+    def fetch_request(
         self,
         topic: str,
         offsets: dict[int, int],
@@ -250,13 +250,8 @@ class WireClient:
         partition_max_bytes: int = 16 * 1024 * 1024,
         max_wait_ms: int = 0,
         min_bytes: int = 1,
-        reuse_buffer: bool = False,
-    ) -> dict[int, PartitionData]:
-        """One Fetch of ``offsets`` (partition -> offset) of ``topic``.
-
-        With ``reuse_buffer`` the returned records are views of a buffer that the next call on
-        this client overwrites: for callers that decode each answer before asking again.
-        """
+    ) -> Any:
+        """The body of a Fetch (version FETCH_V) of ``offsets`` (partition -> offset)."""
         parts = tuple(
             self._new(
                 1,
@@ -271,7 +266,7 @@ class WireClient:
             )
             for p, o in offsets.items()
         )
-        body = self._new(
+        return self._new(
             1,
             FETCH_V,
             replica_id=-1,
@@ -285,6 +280,17 @@ class WireClient:
             forgotten_topics_data=(),
             rack_id="",
         )
+
+    def fetch(
+        self, topic: str, offsets: dict[int, int], *, reuse_buffer: bool = False, **limits: int
+    ) -> dict[int, PartitionData]:
+        """One Fetch of ``offsets`` (partition -> offset) of ``topic``; ``limits`` are
+        fetch_request's (max_bytes, partition_max_bytes, max_wait_ms, min_bytes).
+
+        With ``reuse_buffer`` the returned records are views of a buffer that the next call on
+        this client overwrites: for callers that decode each answer before asking again.
+        """
+        body = self.fetch_request(topic, offsets, **limits)
         # Decoded by hand, not by the codec: the records stay views of the frame instead of
         # being copied (megabytes per call on a catch-up or a Spark read).
         cid, frame = self._roundtrip(1, FETCH_V, body, reuse_buffer)

@@ -16,6 +16,7 @@ import time
 import uuid
 
 from stratalog.broker import metrics
+from stratalog.broker.backlog_sender import BacklogAnswer
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.fetch import PartitionFetchResult, encode_fetch_response
@@ -210,6 +211,19 @@ async def handle_fetch(core, req: Request, conn):
                     w.cancel()
     memory = sum(len(p) for rr in reads for p in rr.parts if not isinstance(p, FileSlice))
     metrics.FETCH_MEMORY_BYTES.inc(memory)
+    sender = core.backlog_sender
+    if (
+        sender is not None
+        and core.backlog_rate.rate <= 0
+        and any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads)
+        and sender.takes([p for rr in reads for p in rr.parts])
+    ):
+        # History: the sender process loads and sends it at idle priority (backlog_sender.py);
+        # the loop neither checks the page cache nor waits for the read pool.
+        parts, _size = encode_fetch_response(
+            v, req.correlation_id, topics, session_id=0, read_committed=read_committed
+        )
+        return BacklogAnswer(parts, sender)
     # Slices already in the page cache stay slices (the connection sends them with sendfile);
     # cold ones are read on the bounded read pool, never on the event loop.
     cold = [rr.parts for rr in reads if not _resident(rr.parts)]

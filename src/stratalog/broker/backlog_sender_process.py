@@ -1,0 +1,262 @@
+"""The backlog sender's own process: it sends history answers to consumers' sockets.
+
+The broker hands it, over a Unix SEQPACKET socket, each consumer socket once (SCM_RIGHTS) and
+then whole Fetch answers: the response's framing bytes and, for the records, the segment files'
+descriptors with a position and a size. Here each answer's spans are loaded into the page cache
+in small requests (storage/backlog_loader.py, as the broker's read pool would) and sent with
+``sendfile``; the broker hears back when an answer is out or failed. This process runs in the
+idle CPU scheduling class and the idle I/O class, so every byte of history it moves waits for
+the broker's event loop, the journal and the producers (see broker/backlog_sender.py for why).
+
+Messages are pickled tuples between two processes of the same broker:
+  broker -> here: ("open", conn) + [socket fd]; ("send", conn, job, parts) + [segment fds];
+                  ("forget", conn)
+  here -> broker: ("done", job, bytes sent, error text or "")
+A part is bytes, or (fd index, path, position, size, file size) for a slice of a segment file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import selectors
+import signal
+import socket
+import sys
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratalog.storage.backlog_loader import BacklogLoader
+from stratalog.storage.priority import LOW_IOPRIO, LOW_NICE
+
+MAX_FDS = 64  # descriptors in one message: a socket, or an answer's distinct segment files
+MAX_MESSAGE = 1 << 20
+TURN_BYTES = 1 << 20  # bytes one connection sends before the next connection's turn
+# Bytes one system call sends at most. This kernel does not preempt a task inside a system call
+# (PREEMPT_NONE, the usual server build): a 1 MiB sendfile into a loopback socket, which also
+# runs the receiver's TCP work, holds its core for a millisecond or more, and the broker's loop
+# waking there waits for it whatever this process's priority. Small calls return to user space,
+# where the scheduler can switch to the loop, every few tens of microseconds.
+SEND_BYTES = 64 * 1024
+PR_SET_PDEATHSIG = 1
+_SYS_IOPRIO_SET = 251  # x86_64; elsewhere the I/O class is left alone
+_IOPRIO_WHO_PROCESS = 1
+
+
+@dataclass
+class _File:
+    """What the loader needs of a segment: its path and size."""
+
+    data_path: Path
+    size: int
+
+
+@dataclass
+class _Job:
+    job: int
+    parts: list[Any]
+    fds: list[int]
+    at: int = 0  # the part being sent
+    offset: int = 0  # bytes of it already sent
+    sent: int = 0
+    loaded: bool = False
+
+
+@dataclass
+class _Conn:
+    fd: int
+    jobs: deque[_Job] = field(default_factory=deque)
+    waiting: bool = False  # registered for writability
+
+
+def lower_priority(priority: str) -> None:
+    """idle: the SCHED_IDLE CPU class and the idle I/O class; low: nice +10 and idle I/O."""
+    if priority == "normal":
+        return
+    try:
+        if priority == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.nice(LOW_NICE)
+    except OSError:
+        pass  # refused here: run at the broker's priority
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, 0, LOW_IOPRIO)
+
+
+class Sender:
+    def __init__(self, control: socket.socket, read_ahead: int, io_bytes: int) -> None:
+        self.control = control
+        self.read_ahead = read_ahead
+        self.loader = BacklogLoader(io_bytes, 1)
+        self.conns: dict[int, _Conn] = {}
+        self.ready: deque[int] = deque()  # connections with an answer to send and room for it
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(control, selectors.EVENT_READ, None)
+
+    def run(self) -> None:
+        while True:
+            for key, _ in self.sel.select(0 if self.ready else None):
+                if key.data is None:
+                    if not self._receive():
+                        return  # the broker closed its end: it is stopping or gone
+                else:
+                    conn = self.conns.get(key.data)
+                    if conn is not None and conn.waiting:
+                        self.sel.unregister(conn.fd)
+                        conn.waiting = False
+                        self.ready.append(key.data)
+            for _ in range(len(self.ready)):
+                cid = self.ready.popleft()
+                conn = self.conns.get(cid)
+                if conn is not None and conn.jobs and not conn.waiting:
+                    self._turn(cid, conn)
+
+    # -- from the broker -------------------------------------------------------------------------
+    def _receive(self) -> bool:
+        while True:
+            try:
+                # (socket.recv_fds drops its flags argument in Python 3.11.)
+                data, ancillary, _flags, _addr = self.control.recvmsg(
+                    MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_DONTWAIT
+                )
+            except BlockingIOError:
+                return True
+            fds = array("i")
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                return False
+            fds = list(fds)
+            msg = pickle.loads(data)
+            kind, cid = msg[0], msg[1]
+            if kind == "open":
+                self._forget(cid)
+                self.conns[cid] = _Conn(fds[0])
+            elif kind == "send":
+                conn = self.conns.get(cid)
+                job = _Job(msg[2], msg[3], fds)
+                if conn is None:
+                    self._finish(job, "the connection is not known here")
+                    continue
+                conn.jobs.append(job)
+                if len(conn.jobs) == 1 and not conn.waiting:
+                    self.ready.append(cid)
+            elif kind == "forget":
+                self._forget(cid)
+
+    def _forget(self, cid: int) -> None:
+        conn = self.conns.pop(cid, None)
+        if conn is None:
+            return
+        if conn.waiting:
+            self.sel.unregister(conn.fd)
+        for job in conn.jobs:
+            self._finish(job, "the connection was closed")
+        os.close(conn.fd)
+
+    # -- to the consumer -------------------------------------------------------------------------
+    def _turn(self, cid: int, conn: _Conn) -> None:
+        """Send up to TURN_BYTES of this connection's answers; then it waits for its next turn,
+        or for room in its socket."""
+        budget = TURN_BYTES
+        while conn.jobs and budget > 0:
+            job = conn.jobs[0]
+            try:
+                if not job.loaded:
+                    self._load(job)
+                    job.loaded = True
+                budget, blocked = self._send(conn.fd, job, budget)
+            except OSError as e:
+                # Part of the answer may be out: nothing valid can follow on this socket.
+                conn.jobs.popleft()
+                self._finish(job, f"{type(e).__name__}: {e}")
+                for rest in conn.jobs:
+                    self._finish(rest, "an earlier answer failed")
+                conn.jobs.clear()
+                return
+            if blocked:
+                conn.waiting = True
+                self.sel.register(conn.fd, selectors.EVENT_WRITE, cid)
+                return
+            if job.at == len(job.parts):
+                conn.jobs.popleft()
+                self._finish(job, "")
+        if conn.jobs:
+            self.ready.append(cid)
+
+    def _load(self, job: _Job) -> None:
+        """Bring each segment span of the answer (and the read-ahead past it) into the page
+        cache in small requests, so sendfile does not read it in the kernel's large ones."""
+        spans: dict[int, list] = {}
+        for p in job.parts:
+            if isinstance(p, tuple):
+                i, path, position, size, file_size = p
+                s = spans.get(i)
+                if s is None:
+                    spans[i] = [path, file_size, position, position + size]
+                else:
+                    s[2] = min(s[2], position)
+                    s[3] = max(s[3], position + size)
+        for path, file_size, lo, hi in spans.values():
+            self.loader.load(_File(Path(path), file_size), lo, hi + self.read_ahead)
+
+    def _send(self, fd: int, job: _Job, budget: int) -> tuple[int, bool]:
+        """Send parts of ``job`` until ``budget`` is spent, the job is done, or the socket is
+        full; returns (budget left, whether the socket is full)."""
+        parts = job.parts
+        while job.at < len(parts) and budget > 0:
+            p = parts[job.at]
+            try:
+                if isinstance(p, tuple):
+                    i, _path, position, size, _file_size = p
+                    want = min(size - job.offset, budget, SEND_BYTES)
+                    n = os.sendfile(fd, job.fds[i], position + job.offset, want)
+                    if n == 0:
+                        raise OSError(f"segment file ended at {position + job.offset}")
+                else:
+                    size = len(p)
+                    end = job.offset + min(budget, SEND_BYTES)
+                    n = os.write(fd, memoryview(p)[job.offset : end])
+            except (BlockingIOError, InterruptedError):
+                return budget, True
+            job.offset += n
+            job.sent += n
+            budget -= n
+            if job.offset == size:
+                job.at += 1
+                job.offset = 0
+        return budget, False
+
+    def _finish(self, job: _Job, error: str) -> None:
+        for fd in job.fds:
+            os.close(fd)
+        job.fds = []
+        self.control.sendall(pickle.dumps(("done", job.job, job.sent, error)))
+
+
+def main(argv: list[str]) -> None:
+    control_fd, parent, priority = int(argv[0]), int(argv[1]), argv[2]
+    read_ahead, io_bytes = int(argv[3]), int(argv[4])
+    # Never outlive the broker (kill -9): Linux stops this process with its parent.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the broker decides when this one stops
+    lower_priority(priority)
+    control = socket.socket(fileno=control_fd)
+    Sender(control, read_ahead, io_bytes).run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
