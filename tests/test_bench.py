@@ -501,3 +501,19 @@ def test_backlog_readers_get_their_own_client_settings():
     )
     assert small.backlog_readers_config == {"socket.receive.buffer.bytes": 262144}
     assert small.backlog_readers_idle
+
+
+def test_the_preemption_probe_times_wakeups_beside_idle_work():
+    """The probe behind docs/benchmarks.md's "History sent by a process of its own"
+    (stratalog.bench.preemption_probe); here short, only to show each kind of work runs,
+    wake-ups are timed, and its processes stop."""
+    import multiprocessing
+
+    from stratalog.bench import preemption_probe
+
+    for mode in preemption_probe.MODES:
+        r = preemption_probe.measure(mode, seconds=0.3)
+        assert r["wakeups"] > 10 and 0 <= r["p50_ms"] <= r["p99_ms"] <= r["max_ms"], (mode, r)
+    assert multiprocessing.active_children() == []
+    with pytest.raises(ValueError, match="mode must be one of"):
+        preemption_probe.measure("yield")

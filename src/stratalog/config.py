@@ -172,8 +172,8 @@ SETTINGS: dict[str, Setting] = {
             str,
             "idle",
             "CPU priority of the backlog sender process: idle (SCHED_IDLE: only CPU time no "
-            "other task wants), low (nice +10) or normal; its disk reads are in the idle I/O "
-            "class unless normal.",
+            "other task wants: history readers wait while the cores are busy), low (nice +10: "
+            "a small share) or normal; its disk reads are in the idle I/O class unless normal.",
         ),
         _S(
             "producer.id.expiration.ms",

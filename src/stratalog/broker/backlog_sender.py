@@ -36,6 +36,7 @@ from stratalog.storage.partition import FileSlice
 
 log = logging.getLogger(__name__)
 
+_REPORT_BYTES = 4096  # a report from the process is a few dozen bytes
 # An answer whose memory parts (framing, records from the tail cache) exceed this is sent by
 # the loop: the sender's messages carry them whole.
 MAX_MEMORY_BYTES = 256 * 1024
@@ -205,7 +206,7 @@ class BacklogSender:
         control = self._control
         while control is not None:
             try:
-                data = control.recv(MAX_MESSAGE)
+                data = control.recv(_REPORT_BYTES)
             except BlockingIOError:
                 return
             except OSError as e:
