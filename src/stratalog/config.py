@@ -354,6 +354,15 @@ def _convert(setting: Setting, value: Any) -> Any:
         ) from None
 
 
+# Settings that take one of a few words.
+_CHOICES = {
+    "fetch.backlog.sender": ("loop", "process"),
+    "fetch.backlog.sender_priority": ("idle", "low", "normal"),
+    "storage.read_priority": ("low", "normal"),
+    "storage.layout": ("virtual", "per-partition"),
+}
+
+
 class BrokerConfig:
     """Resolved settings; read them as ``config["storage.layout"]``."""
 
@@ -386,26 +395,10 @@ class BrokerConfig:
             FsyncPolicy.parse(self["fsync"])
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        if self["fetch.backlog.sender"] not in ("loop", "process"):
-            raise ConfigError(
-                f"fetch.backlog.sender must be 'loop' or 'process', not "
-                f"{self['fetch.backlog.sender']!r}"
-            )
-        if self["fetch.backlog.sender_priority"] not in ("idle", "low", "normal"):
-            raise ConfigError(
-                f"fetch.backlog.sender_priority must be 'idle', 'low' or 'normal', not "
-                f"{self['fetch.backlog.sender_priority']!r}"
-            )
-        if self["storage.read_priority"] not in ("low", "normal"):
-            raise ConfigError(
-                f"storage.read_priority must be 'low' or 'normal', not "
-                f"{self['storage.read_priority']!r}"
-            )
-        if self["storage.layout"] not in ("virtual", "per-partition"):
-            raise ConfigError(
-                f"storage.layout must be 'virtual' or 'per-partition', not "
-                f"{self['storage.layout']!r}"
-            )
+        for name, allowed in _CHOICES.items():
+            if self[name] not in allowed:
+                listed = " or ".join(f"'{v}'" for v in allowed)
+                raise ConfigError(f"{name} must be {listed}, not {self[name]!r}")
         if self["tiers.cold.options"]:
             import json
 

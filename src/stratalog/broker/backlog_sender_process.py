@@ -17,8 +17,6 @@ A part is bytes, or (fd index, path, position, size, file size) for a slice of a
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import pickle
 import selectors
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stratalog.storage.backlog_loader import BacklogLoader
-from stratalog.storage.priority import LOW_IOPRIO, LOW_NICE
+from stratalog.storage.priority import die_with_parent, lower_this_thread
 
 MAX_FDS = 64  # descriptors in one message: a socket, or an answer's distinct segment files
 MAX_MESSAGE = 1 << 20
@@ -43,9 +41,6 @@ TURN_BYTES = 1 << 20  # bytes one connection sends before the next connection's 
 # waking there waits for it whatever this process's priority. Small calls return to user space,
 # where the scheduler can switch to the loop, every few tens of microseconds.
 SEND_BYTES = 64 * 1024
-PR_SET_PDEATHSIG = 1
-_SYS_IOPRIO_SET = 251  # x86_64; elsewhere the I/O class is left alone
-_IOPRIO_WHO_PROCESS = 1
 
 
 @dataclass
@@ -72,22 +67,6 @@ class _Conn:
     fd: int
     jobs: deque[_Job] = field(default_factory=deque)
     waiting: bool = False  # registered for writability
-
-
-def lower_priority(priority: str) -> None:
-    """idle: the SCHED_IDLE CPU class and the idle I/O class; low: nice +10 and idle I/O."""
-    if priority == "normal":
-        return
-    try:
-        if priority == "idle":
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        else:
-            os.nice(LOW_NICE)
-    except OSError:
-        pass  # refused here: run at the broker's priority
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, 0, LOW_IOPRIO)
 
 
 class Sender:
@@ -247,13 +226,11 @@ class Sender:
 def main(argv: list[str]) -> None:
     control_fd, parent, priority = int(argv[0]), int(argv[1]), argv[2]
     read_ahead, io_bytes = int(argv[3]), int(argv[4])
-    # Never outlive the broker (kill -9): Linux stops this process with its parent.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
+    if not die_with_parent(parent):  # never outlive the broker, even after kill -9
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the broker decides when this one stops
-    lower_priority(priority)
+    if priority != "normal":
+        lower_this_thread(sched_idle=priority == "idle")
     control = socket.socket(fileno=control_fd)
     Sender(control, read_ahead, io_bytes).run()
 

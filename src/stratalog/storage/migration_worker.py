@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import multiprocessing
 import os
-import signal
 import sys
 import types
 from array import array
@@ -31,9 +29,9 @@ from concurrent.futures.process import BrokenProcessPool
 
 from stratalog.storage.chunk_index import ChunkIndex
 from stratalog.storage.cold_tier import ColdSegmentMeta, ColdStore, ColdTierError, entries_index
+from stratalog.storage.priority import die_with_parent
 
 WORKER_NICE = 10  # below the broker's threads: migration only has to keep up on average
-PR_SET_PDEATHSIG = 1  # prctl(2)
 READ_GAP = 4096  # bytes between two chunks read in one request
 READ_SPAN = 1 << 20  # bytes read in one request at most
 
@@ -43,13 +41,8 @@ _stores: dict[tuple[str, str], ColdStore] = {}  # in a worker: one ColdStore per
 def _start_worker(broker_pid: int) -> None:
     # A worker must not outlive a broker that was killed (kill -9): the pool's queues stay open
     # in every worker, so it would wait for work forever. Linux stops it with its parent.
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != broker_pid:
-        os._exit(0)  # the broker died before the line above took effect
+    if not die_with_parent(broker_pid):
+        os._exit(0)  # the broker died before that took effect
     try:
         os.nice(WORKER_NICE)
     except OSError:

@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import platform
+import signal
 import threading
 
 log = logging.getLogger(__name__)
@@ -26,15 +27,20 @@ _SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
 _IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread only
 _IOPRIO_CLASS_IDLE = 3
 _IOPRIO_CLASS_SHIFT = 13
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 LOW_NICE = 10
 LOW_IOPRIO = _IOPRIO_CLASS_IDLE << _IOPRIO_CLASS_SHIFT  # ioprio_get's value for the idle class
 
 
-def lower_this_thread() -> None:
-    """Run the calling thread at nice LOW_NICE and in the idle I/O class."""
+def lower_this_thread(sched_idle: bool = False) -> None:
+    """Run the calling thread at nice LOW_NICE (or, with ``sched_idle``, in the SCHED_IDLE CPU
+    class) and in the idle I/O class."""
     tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)
+        if sched_idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.setpriority(os.PRIO_PROCESS, tid, LOW_NICE)
     except OSError as e:
         log.debug("cannot lower the CPU priority of thread %d: %s", tid, e)
     if _SYS_IOPRIO_SET is None:
@@ -45,6 +51,16 @@ def lower_this_thread() -> None:
             log.debug("ioprio_set refused: errno %d", ctypes.get_errno())
     except (OSError, AttributeError) as e:
         log.debug("ioprio_set unavailable: %s", e)
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have Linux kill this (helper) process when the process ``parent`` ends, even by kill -9;
+    False if ``parent`` is already gone, when the caller should exit."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    return os.getppid() == parent
 
 
 def thread_priority(tid: int) -> tuple[int, int | None]:

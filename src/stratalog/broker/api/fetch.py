@@ -211,11 +211,15 @@ async def handle_fetch(core, req: Request, conn):
                     w.cancel()
     memory = sum(len(p) for rr in reads for p in rr.parts if not isinstance(p, FileSlice))
     metrics.FETCH_MEMORY_BYTES.inc(memory)
+    # History: a partition read short of the tail with bytes from segment files. Decided before
+    # the cold reads, which may replace slices by their bytes (direct reads).
+    history = any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads)
+    budget = core.backlog_rate
     sender = core.backlog_sender
     if (
-        sender is not None
-        and core.backlog_rate.rate <= 0
-        and any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads)
+        history
+        and budget.rate <= 0
+        and sender is not None
         and sender.takes([p for rr in reads for p in rr.parts])
     ):
         # History: the sender process loads and sends it at idle priority (backlog_sender.py);
@@ -227,9 +231,7 @@ async def handle_fetch(core, req: Request, conn):
     # Slices already in the page cache stay slices (the connection sends them with sendfile);
     # cold ones are read on the bounded read pool, never on the event loop.
     cold = [rr.parts for rr in reads if not _resident(rr.parts)]
-    budget = core.backlog_rate
-    # Decided before the cold reads, which may replace slices by their bytes (direct reads).
-    paced = budget.rate > 0 and any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads)
+    paced = budget.rate > 0 and history
     ahead = core.config["fetch.read_ahead.bytes"]
     started: list[concurrent.futures.Future] = []
 
