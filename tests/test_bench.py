@@ -69,6 +69,10 @@ def test_experiment_files_load_by_path():
         ({"name": "x", "profile": {"quick": {"bogus": 1}}}, "profile.quick"),
         ({"name": "x", "records": 1, "producer_client": "kcat"}, "producer_client must be"),
         ({"name": "x", "records": 1, "sweep": {"producer_client": ["rust"]}}, "producer_client"),
+        (
+            {"name": "x", "records": 1, "backlog_readers_client": "kcat"},
+            "backlog_readers_client must be confluent-kafka or arrow",
+        ),
     ],
 )
 def test_bad_workload_is_named(data, message):

@@ -66,6 +66,9 @@ class ConsumerJob:
     # for every target, whatever the broker would serve.
     max_bytes_per_s: float = 0.0
     sched_idle: bool = False  # run in SCHED_IDLE: only the CPU nobody else wants
+    # "confluent-kafka" (the factory's consumer) or "arrow": raw batches decoded into Arrow
+    # columns as the Spark source does (bench/history_reader.py), for Kafka-protocol targets.
+    client: str = "confluent-kafka"
 
 
 class ProducerClient(ABC):
@@ -371,7 +374,7 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
     try:
         if job.sched_idle:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        client = factory.consumer(job)
+        client = _consumer(factory, job)
         ready_q.put(("consumer", job.index, ""))
         start_evt.wait()
         cpu0 = _cpu()
@@ -408,6 +411,19 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
         result["error"] = f"{type(e).__name__}: {e}"
         ready_q.put(("consumer", job.index, result["error"]))
     result_q.put(result)
+
+
+def _consumer(factory: ClientFactory, job: ConsumerJob) -> ConsumerClient:
+    if job.client == "confluent-kafka":
+        return factory.consumer(job)
+    if job.client == "arrow":
+        from stratalog.bench.history_reader import ArrowHistoryReader
+
+        bootstrap = getattr(factory, "bootstrap", None)
+        if not bootstrap:
+            raise ValueError("the arrow reader needs a target that speaks the Kafka protocol")
+        return ArrowHistoryReader(bootstrap, job)
+    raise ValueError(f"unknown consumer client {job.client!r} (confluent-kafka or arrow)")
 
 
 def drain(q, n: int, timeout: float) -> list[Any]:

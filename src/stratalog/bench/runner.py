@@ -326,10 +326,15 @@ def backlog_reader_jobs(w: Workload, topics: list[str]) -> list[ConsumerJob]:
             group="backlog",
             max_bytes_per_s=w.backlog_read_mb_per_s * 1e6 / w.backlog_consumers,
             sched_idle=w.backlog_readers_idle,
+            client=w.backlog_readers_client,
             extra={
                 # A paced reader keeps little in its client's queue, so the broker's reads
                 # follow its pace rather than filling 64 MB ahead of it.
-                **({"queued.max.messages.kbytes": 4096} if w.backlog_read_mb_per_s else {}),
+                **(
+                    {"queued.max.messages.kbytes": 4096}
+                    if w.backlog_read_mb_per_s and w.backlog_readers_client == "confluent-kafka"
+                    else {}
+                ),
                 **w.backlog_readers_config,
             },
         )

@@ -77,6 +77,7 @@ _TOP_LEVEL = {
     "backlog_read_mb_per_s",
     "backlog_readers_idle",
     "backlog_readers_config",
+    "backlog_readers_client",
     "kcat_consume",
     "perf_test",
     "spark_read",
@@ -174,6 +175,11 @@ class Workload:
     # on this project's kernel (no preemption inside a system call) one recv of a multi-MB
     # answer holds a core for a millisecond or more whatever the reader's priority.
     backlog_readers_config: dict[str, Any] = field(default_factory=dict)
+    # The backlog readers' client: "confluent-kafka" (a Python object per record), or "arrow":
+    # raw batches decoded into Arrow columns as the Spark source reads history, without a
+    # Python object per record (bench/history_reader.py). Its settings, in
+    # backlog_readers_config: fetch_bytes, partition_fetch_bytes.
+    backlog_readers_client: str = "confluent-kafka"
     kcat_consume: bool = False
     perf_test: bool = False
     spark_read: bool = False  # fill the topic, then read it into Spark with both formats
@@ -240,6 +246,10 @@ def _coerce(name: str, d: dict[str, Any]) -> dict[str, Any]:
     for c in clients:
         if c is not None and c not in ("confluent-kafka", "java"):
             raise WorkloadError(f"workload {name}: producer_client must be confluent-kafka or java")
+    if out.get("backlog_readers_client", "confluent-kafka") not in ("confluent-kafka", "arrow"):
+        raise WorkloadError(
+            f"workload {name}: backlog_readers_client must be confluent-kafka or arrow"
+        )
     if int(out.get("record_size", 1024)) < 16:
         raise WorkloadError(f"workload {name}: record_size must be >= 16 (8-byte timestamp)")
     return out
