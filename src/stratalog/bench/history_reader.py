@@ -26,7 +26,8 @@ _END = 2**63 - 1
 
 class ArrowHistoryReader(ConsumerClient):
     """Reads its share of the topics' partitions (``job.index`` of ``job.count``) from their
-    start; ``consume`` is one Fetch of every partition not yet at its end."""
+    start; ``consume`` is one Fetch of all of them per topic (the broker holds it up to the
+    timeout when none has records), returning (records, value bytes) decoded."""
 
     def __init__(self, bootstrap: str, job: ConsumerJob) -> None:
         super().__init__(track_latency=False)
