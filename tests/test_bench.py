@@ -73,6 +73,15 @@ def test_experiment_files_load_by_path():
             {"name": "x", "records": 1, "backlog_readers_client": "kcat"},
             "backlog_readers_client must be confluent-kafka or arrow",
         ),
+        (
+            {
+                "name": "x",
+                "records": 1,
+                "backlog_readers_client": "arrow",
+                "backlog_readers_config": {"socket.receive.buffer.bytes": 262144},
+            },
+            r"takes fetch_bytes and partition_fetch_bytes, not \['socket.receive.buffer.bytes'\]",
+        ),
     ],
 )
 def test_bad_workload_is_named(data, message):

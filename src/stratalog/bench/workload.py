@@ -95,6 +95,11 @@ _TOP_LEVEL = {
 }
 
 
+# What backlog_readers_config may set for backlog_readers_client = "arrow"
+# (bench/history_reader.py).
+ARROW_READER_SETTINGS = ("fetch_bytes", "partition_fetch_bytes")
+
+
 class WorkloadError(ValueError):
     """A workload file that cannot be used, with the reason."""
 
@@ -246,10 +251,19 @@ def _coerce(name: str, d: dict[str, Any]) -> dict[str, Any]:
     for c in clients:
         if c is not None and c not in ("confluent-kafka", "java"):
             raise WorkloadError(f"workload {name}: producer_client must be confluent-kafka or java")
-    if out.get("backlog_readers_client", "confluent-kafka") not in ("confluent-kafka", "arrow"):
+    readers = out.get("backlog_readers_client", "confluent-kafka")
+    if readers not in ("confluent-kafka", "arrow"):
         raise WorkloadError(
             f"workload {name}: backlog_readers_client must be confluent-kafka or arrow"
         )
+    if readers == "arrow":
+        # librdkafka settings would be ignored by the Arrow readers: say so rather than run.
+        unknown = set(out.get("backlog_readers_config", {})) - set(ARROW_READER_SETTINGS)
+        if unknown:
+            raise WorkloadError(
+                f"workload {name}: backlog_readers_config for the arrow readers takes "
+                f"{' and '.join(ARROW_READER_SETTINGS)}, not {sorted(unknown)}"
+            )
     if int(out.get("record_size", 1024)) < 16:
         raise WorkloadError(f"workload {name}: record_size must be >= 16 (8-byte timestamp)")
     return out
