@@ -102,10 +102,10 @@ def _wait_closed(pid: int, before: list[str], timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def _history(tmp_path, topic: str, priority: str = "idle"):
+def _history(tmp_path, topic: str, priority: str = "idle", **settings):
     """A broker with a sender process and a backlog in ``topic`` out of the page cache:
     (broker, values sent per partition, the sender, its pid)."""
-    config = {**SENDER, "fetch.backlog.sender_priority": priority}
+    config = {**SENDER, "fetch.backlog.sender_priority": priority, **settings}
     with Broker(tmp_path / "d", config=config) as b:
         sent = _fill(b.bootstrap, topic)
         _evict(b.data_dir)  # every read is history from the disk
@@ -134,6 +134,24 @@ def test_history_is_sent_by_a_process_at_low_priority(tmp_path):
         # The consumer's socket and every segment descriptor were closed again.
         _wait_closed(pid, idle_files, 30)
     assert sender.proc is None  # stopped with the broker
+
+
+def test_a_fixed_budget_paces_the_sender_process(tmp_path):
+    """With fetch.backlog.max_bytes_per_sec the process still sends history (at idle priority,
+    off the loop) and keeps the budget itself: the bytes it sent took at least their time at
+    that rate (the check is a lower bound, which a slow machine cannot break)."""
+    rate = 4_000_000
+    settings = {"fetch.backlog.max_bytes_per_sec": rate}
+    with _history(tmp_path, "paced", "low", **settings) as (b, sent, sender, _pid):
+        assert sender.rate == rate
+        before = metrics.FETCH_SENDER_BYTES._value.get()
+        t0 = time.monotonic()
+        _exactly(_read_all(b.bootstrap, "paced"), sent)
+        took = time.monotonic() - t0
+        by_sender = metrics.FETCH_SENDER_BYTES._value.get() - before
+        assert by_sender >= N * 1000 - PARTS * (1 << 20), by_sender
+        # Each turn is scheduled after the bytes before it: all but the first turn's wait.
+        assert took >= (by_sender - 128 * 1024) / rate, (took, by_sender)
 
 
 def test_the_default_sender_runs_in_sched_idle_and_the_idle_io_class(tmp_path):

@@ -8,6 +8,7 @@ speed: speeds are for docs/benchmarks.md."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -530,3 +531,78 @@ def test_the_preemption_probe_times_wakeups_beside_idle_work():
     assert multiprocessing.active_children() == []
     with pytest.raises(ValueError, match="mode must be one of"):
         preemption_probe.measure("yield")
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc), zombies excluded."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                parent[int(d.name)] = int(fields[1])
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def test_a_bench_stopped_by_sigterm_stops_its_brokers_and_load_processes(tmp_path):
+    """SIGTERM (a job runner's stop, a timeout) ends a bench like Ctrl-C: its broker and its load
+    processes are stopped, none left running once it has exited."""
+    import signal
+    import time
+
+    bench = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stratalog.cli",
+            "bench",
+            "e",
+            "--quick",
+            "--no-limits",
+            "-t",
+            "stratalog",
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        stdout=open(tmp_path / "bench.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        # Wait until it runs a broker and its load processes (the producers of the backlog).
+        seen: set[int] = set()
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and bench.poll() is None:
+            seen = _children(bench.pid)
+            if len(seen) >= 3:
+                break
+            time.sleep(0.2)
+        assert len(seen) >= 3, f"the bench started {len(seen)} processes"
+        bench.send_signal(signal.SIGTERM)
+        rc = bench.wait(timeout=180)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert rc == 130, (tmp_path / "bench.log").read_text()[-2000:]
+    left = []
+    for pid in seen:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")))
+    for pid, _ in left:  # not to leave them to the rest of the suite if the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, left

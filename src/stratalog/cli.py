@@ -550,12 +550,23 @@ def bench(
     if unknown:
         fail(f"no target {sorted(unknown)} in these workloads (known: {sorted(known)})")
     out = results or Path("bench-results") / _time.strftime("%Y%m%d-%H%M%S")
+    # Stopped by SIGTERM (a job runner, a timeout), the bench unwinds as from Ctrl-C: the same
+    # finally blocks stop its brokers and load processes instead of leaving them running.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     run_suite(found, out, only_targets=set(target) or None, limits=limits, quick=quick, runs=runs)
+
+
+def _raise_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # Out of standalone mode typer returns an exit code instead of exiting with it (130
+        # after Ctrl-C or SIGTERM, or a command's typer.Exit): pass it on.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except CliError as e:
         err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, emoji=False)
         sys.exit(1)

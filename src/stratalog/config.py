@@ -162,10 +162,11 @@ SETTINGS: dict[str, Setting] = {
             "fetch.backlog.sender",
             str,
             "loop",
-            "Who sends history answers (a consumer behind the tail, with no "
-            "fetch.backlog.max_bytes_per_sec budget): 'loop', the event loop with sendfile after "
-            "the read pool loaded the pages; or 'process', a process of its own at "
-            "fetch.backlog.sender_priority, which loads and sends them while the loop goes on.",
+            "Who sends history answers (a consumer behind the tail): 'loop', the event loop "
+            "with sendfile after the read pool loaded the pages; or 'process', a process of its "
+            "own at fetch.backlog.sender_priority, which loads and sends them while the loop "
+            "goes on, at the fetch.backlog.max_bytes_per_sec budget if one is set (with "
+            "fetch.backlog.fsync_target_ms's steered budget the loop sends them).",
         ),
         _S(
             "fetch.backlog.sender_priority",

@@ -247,6 +247,8 @@ def run_load(
         stop_evt.set()
         start_evt.set()
         for p in procs:
+            if p.pid is None:
+                continue  # never started (interrupted while starting the others)
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
@@ -456,6 +458,9 @@ class Runner:
         except Exception as e:
             target.stop()
             return self._record(self._failed(w, spec, params, f"did not start: {e}"))
+        except BaseException:  # Ctrl-C or SIGTERM while it started: stop what did start
+            target.stop()
+            raise
         try:
             if getattr(target, "role", spec.role) == "tool":
                 res = self._tool_case(w, target, params)

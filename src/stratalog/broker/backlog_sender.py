@@ -53,8 +53,9 @@ class BacklogAnswer(list):
 
 
 class BacklogSender:
-    def __init__(self, priority: str, read_ahead: int, io_bytes: int) -> None:
+    def __init__(self, priority: str, read_ahead: int, io_bytes: int, rate: int = 0) -> None:
         self.priority = priority
+        self.rate = rate  # bytes per second the process sends history at; 0: unlimited
         self.read_ahead = read_ahead
         self.io_bytes = io_bytes
         self.proc: subprocess.Popen | None = None
@@ -82,6 +83,7 @@ class BacklogSender:
                 self.priority,
                 str(self.read_ahead),
                 str(self.io_bytes),
+                str(self.rate),
             ],
             pass_fds=[theirs.fileno()],
         )
@@ -90,7 +92,12 @@ class BacklogSender:
         self._control = ours
         self._loop.add_reader(ours.fileno(), self._receive)
         self.alive = True
-        log.info("backlog sender started (pid %d, priority %s)", self.proc.pid, self.priority)
+        log.info(
+            "backlog sender started (pid %d, priority %s, %s)",
+            self.proc.pid,
+            self.priority,
+            f"{self.rate} bytes/s" if self.rate > 0 else "unpaced",
+        )
 
     def close(self) -> None:
         self._stop("the broker is stopping")

@@ -12,6 +12,8 @@ Messages are pickled tuples between two processes of the same broker:
   broker -> here: ("open", conn) + [socket fd]; ("send", conn, job, parts) + [segment fds];
                   ("forget", conn)
   here -> broker: ("done", job, bytes sent, error text or "")
+With a byte rate (a fixed fetch.backlog.max_bytes_per_sec), turns are small and spaced so that
+the bytes of all connections together go out at that rate.
 A part is bytes, or (fd index, path, position, size, file size) for a slice of a segment file.
 """
 
@@ -23,6 +25,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -35,6 +38,9 @@ from stratalog.storage.priority import die_with_parent, lower_this_thread
 MAX_FDS = 64  # descriptors in one message: a socket, or an answer's distinct segment files
 MAX_MESSAGE = 1 << 20
 TURN_BYTES = 1 << 20  # bytes one connection sends before the next connection's turn
+# Under a byte rate a turn is smaller, so the rate is kept in steps of about a millisecond
+# rather than in bursts of several (the loop's paced answers use the same size).
+PACED_TURN_BYTES = 128 * 1024
 # Bytes one system call sends at most. This kernel does not preempt a task inside a system call
 # (PREEMPT_NONE, the usual server build): a 1 MiB sendfile into a loopback socket, which also
 # runs the receiver's TCP work, holds its core for a millisecond or more, and the broker's loop
@@ -70,8 +76,12 @@ class _Conn:
 
 
 class Sender:
-    def __init__(self, control: socket.socket, read_ahead: int, io_bytes: int) -> None:
+    def __init__(
+        self, control: socket.socket, read_ahead: int, io_bytes: int, rate: int = 0
+    ) -> None:
         self.control = control
+        self.rate = rate  # bytes per second over all connections; 0: as fast as they take
+        self._due = 0.0  # (monotonic) when the bytes sent so far have had their time
         self.read_ahead = read_ahead
         self.loader = BacklogLoader(io_bytes, 1)
         self.conns: dict[int, _Conn] = {}
@@ -81,7 +91,10 @@ class Sender:
 
     def run(self) -> None:
         while True:
-            for key, _ in self.sel.select(0 if self.ready else None):
+            timeout = None
+            if self.ready:
+                timeout = max(0.0, self._due - time.monotonic()) if self.rate > 0 else 0
+            for key, _ in self.sel.select(timeout):
                 if key.data is None:
                     if not self._receive():
                         return  # the broker closed its end: it is stopping or gone
@@ -92,6 +105,8 @@ class Sender:
                         conn.waiting = False
                         self.ready.append(key.data)
             for _ in range(len(self.ready)):
+                if self.rate > 0 and time.monotonic() < self._due:
+                    break  # the others wait for the rate, in their order
                 cid = self.ready.popleft()
                 conn = self.conns.get(cid)
                 if conn is not None and conn.jobs and not conn.waiting:
@@ -145,9 +160,16 @@ class Sender:
 
     # -- to the consumer -------------------------------------------------------------------------
     def _turn(self, cid: int, conn: _Conn) -> None:
-        """Send up to TURN_BYTES of this connection's answers; then it waits for its next turn,
-        or for room in its socket."""
-        budget = TURN_BYTES
+        """Send up to a turn's bytes of this connection's answers; then it waits for its next
+        turn, or for room in its socket. Under a rate, the next turn of any connection waits
+        until the bytes of this one have had their time."""
+        turn = PACED_TURN_BYTES if self.rate > 0 else TURN_BYTES
+        left = self._send_turn(cid, conn, turn)
+        if self.rate > 0:
+            self._due = max(time.monotonic(), self._due) + (turn - left) / self.rate
+
+    def _send_turn(self, cid: int, conn: _Conn, budget: int) -> int:
+        """The turn's sending; returns the bytes of ``budget`` not used."""
         while conn.jobs and budget > 0:
             job = conn.jobs[0]
             try:
@@ -162,16 +184,17 @@ class Sender:
                 for rest in conn.jobs:
                     self._finish(rest, "an earlier answer failed")
                 conn.jobs.clear()
-                return
+                return budget
             if blocked:
                 conn.waiting = True
                 self.sel.register(conn.fd, selectors.EVENT_WRITE, cid)
-                return
+                return budget
             if job.at == len(job.parts):
                 conn.jobs.popleft()
                 self._finish(job, "")
         if conn.jobs:
             self.ready.append(cid)
+        return budget
 
     def _load(self, job: _Job) -> None:
         """Bring each segment span of the answer (and the read-ahead past it) into the page
@@ -226,13 +249,14 @@ class Sender:
 def main(argv: list[str]) -> None:
     control_fd, parent, priority = int(argv[0]), int(argv[1]), argv[2]
     read_ahead, io_bytes = int(argv[3]), int(argv[4])
+    rate = int(argv[5]) if len(argv) > 5 else 0
     if not die_with_parent(parent):  # never outlive the broker, even after kill -9
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the broker decides when this one stops
     if priority != "normal":
         lower_this_thread(sched_idle=priority == "idle")
     control = socket.socket(fileno=control_fd)
-    Sender(control, read_ahead, io_bytes).run()
+    Sender(control, read_ahead, io_bytes, rate).run()
 
 
 if __name__ == "__main__":

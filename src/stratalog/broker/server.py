@@ -73,6 +73,7 @@ class ClientConnection(asyncio.Protocol):
         self._unsent: list[Any] | None = None
         self._wfd = -1
         self._fd = -1  # the socket's fd, for sendfile; -1 when the transport has none (TLS)
+        self._sock: Any = None  # the transport's socket, for TCP_CORK
         self._pace: ByteRate | None = None  # the rate of the paced answer being sent
         self._admitted = False  # its next turn's bytes have had their time
         self._paced_left = 0  # its bytes not yet reserved
@@ -86,6 +87,8 @@ class ClientConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None else -1
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock = sock
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
 
@@ -195,7 +198,40 @@ class ClientConnection(asyncio.Protocol):
             observe(time.monotonic() - t0)
 
     def _send_parts(self, parts: list[Any]) -> None:
-        """Write a response made of memory parts and file slices, in order.
+        """Send an answer of parts (see ``_send_some``), corked if it has several."""
+        corked = self._cork(parts)
+        try:
+            self._send_some(parts)
+        finally:
+            if corked:
+                self._uncork()
+
+    def _cork(self, parts: list[Any]) -> bool:
+        """Hold the socket's segments while one answer of several parts goes out (TCP_CORK),
+        if it has a file slice: each ``sendfile`` would otherwise push its own segment through
+        loopback (a tail Fetch of small batches is one slice per batch), costing the broker a
+        transmit and the client a wake-up each. Uncorking sends what is held at once."""
+        sock = self._sock
+        if (
+            sock is None
+            or len(parts) < 2
+            or isinstance(parts, BacklogAnswer)  # the sender process sends it, not this call
+            or not any(isinstance(p, FileSlice) for p in parts)
+        ):
+            return False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        except OSError:
+            self._sock = None  # not a TCP socket after all: never try again
+            return False
+        return True
+
+    def _uncork(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+    def _send_some(self, parts: list[Any]) -> None:
+        """Write an answer made of memory parts and file slices, in order.
 
         Slices go out with ``sendfile`` straight from the page cache (zero copy). When the
         socket is full in the middle of one, the rest of the response waits in ``_unsent`` for

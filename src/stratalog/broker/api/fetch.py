@@ -218,12 +218,14 @@ async def handle_fetch(core, req: Request, conn):
     sender = core.backlog_sender
     if (
         history
-        and budget.rate <= 0
         and sender is not None
+        and (budget.rate <= 0 or core.backlog_pacer is None)
         and sender.takes([p for rr in reads for p in rr.parts])
     ):
-        # History: the sender process loads and sends it at idle priority (backlog_sender.py);
-        # the loop neither checks the page cache nor waits for the read pool.
+        # History: the sender process loads and sends it at idle priority (backlog_sender.py),
+        # at a fixed budget's rate if there is one (a steered budget changes as the loop runs,
+        # so those answers stay with the loop); the loop neither checks the page cache nor
+        # waits for the read pool.
         parts, _size = encode_fetch_response(
             v, req.correlation_id, topics, session_id=0, read_committed=read_committed
         )
