@@ -53,10 +53,9 @@ class BacklogAnswer(list):
 
 
 class BacklogSender:
-    def __init__(self, priority: str, read_ahead: int, io_bytes: int, rate: int = 0) -> None:
+    def __init__(self, priority: str, io_bytes: int, rate: int = 0) -> None:
         self.priority = priority
         self.rate = rate  # bytes per second the process sends history at; 0: unlimited
-        self.read_ahead = read_ahead
         self.io_bytes = io_bytes
         self.proc: subprocess.Popen | None = None
         self._control: socket.socket | None = None
@@ -81,7 +80,6 @@ class BacklogSender:
                 str(theirs.fileno()),
                 str(os.getpid()),
                 self.priority,
-                str(self.read_ahead),
                 str(self.io_bytes),
                 str(self.rate),
             ],

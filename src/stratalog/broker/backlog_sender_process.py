@@ -2,9 +2,10 @@
 
 The broker hands it, over a Unix SEQPACKET socket, each consumer socket once (SCM_RIGHTS) and
 then whole Fetch answers: the response's framing bytes and, for the records, the segment files'
-descriptors with a position and a size. Here each answer's spans are loaded into the page cache
-in small requests (storage/backlog_loader.py, as the broker's read pool would) and sent with
-``sendfile``; the broker hears back when an answer is out or failed. This process runs in the
+descriptors with a position and a size. Here the bytes of each slice are loaded into the page
+cache just before they are sent, a small request at a time (storage/backlog_loader.py, as the
+broker's read pool would), and sent with ``sendfile``; the broker hears back when an answer is
+out or failed. This process runs in the
 idle CPU scheduling class and the idle I/O class, so every byte of history it moves waits for
 the broker's event loop, the journal and the producers (see broker/backlog_sender.py for why).
 
@@ -34,6 +35,7 @@ from typing import Any
 
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.priority import die_with_parent, lower_this_thread
+from stratalog.storage.throttle import PACE_SLACK_S
 
 MAX_FDS = 64  # descriptors in one message: a socket, or an answer's distinct segment files
 MAX_MESSAGE = 1 << 20
@@ -41,13 +43,6 @@ TURN_BYTES = 1 << 20  # bytes one connection sends before the next connection's 
 # Under a byte rate a turn is smaller, so the rate is kept in steps of about a millisecond
 # rather than in bursts of several (the loop's paced answers use the same size).
 PACED_TURN_BYTES = 128 * 1024
-# How far ahead of the rate the turns may run (a token bucket this many seconds of the rate
-# deep). Shorter waits are not worth taking: the selector's timeouts are whole milliseconds,
-# rounded up, and with no slack 128 KiB turns at 120 MB/s waited 2.2-2.7 ms each instead of 1.1
-# and went out at 44 MB/s. And an answer comes with gaps (the consumer's next Fetch, the pages
-# being loaded) that the turns after it may make up: with 4 ms of slack one consumer read at
-# 81 MB/s of 120, with 20 ms at 100.
-PACE_SLACK_S = 0.02
 # Bytes one system call sends at most. This kernel does not preempt a task inside a system call
 # (PREEMPT_NONE, the usual server build): a 1 MiB sendfile into a loopback socket, which also
 # runs the receiver's TCP work, holds its core for a millisecond or more, and the broker's loop
@@ -72,7 +67,8 @@ class _Job:
     at: int = 0  # the part being sent
     offset: int = 0  # bytes of it already sent
     sent: int = 0
-    loaded: bool = False
+    # Per file (index into fds): the range last loaded into the page cache for this answer.
+    loaded: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,13 +79,10 @@ class _Conn:
 
 
 class Sender:
-    def __init__(
-        self, control: socket.socket, read_ahead: int, io_bytes: int, rate: int = 0
-    ) -> None:
+    def __init__(self, control: socket.socket, io_bytes: int, rate: int = 0) -> None:
         self.control = control
         self.rate = rate  # bytes per second over all connections; 0: as fast as they take
         self._due = 0.0  # (monotonic) when the bytes sent so far have had their time
-        self.read_ahead = read_ahead
         self.loader = BacklogLoader(io_bytes, 1)
         self.conns: dict[int, _Conn] = {}
         self.ready: deque[int] = deque()  # connections with an answer to send and room for it
@@ -184,9 +177,6 @@ class Sender:
         while conn.jobs and budget > 0:
             job = conn.jobs[0]
             try:
-                if not job.loaded:
-                    self._load(job)
-                    job.loaded = True
                 budget, blocked = self._send(conn.fd, job, budget)
             except OSError as e:
                 # Part of the answer may be out: nothing valid can follow on this socket.
@@ -207,21 +197,19 @@ class Sender:
             self.ready.append(cid)
         return budget
 
-    def _load(self, job: _Job) -> None:
-        """Bring each segment span of the answer (and the read-ahead past it) into the page
-        cache in small requests, so sendfile does not read it in the kernel's large ones."""
-        spans: dict[int, list] = {}
-        for p in job.parts:
-            if isinstance(p, tuple):
-                i, path, position, size, file_size = p
-                s = spans.get(i)
-                if s is None:
-                    spans[i] = [path, file_size, position, position + size]
-                else:
-                    s[2] = min(s[2], position)
-                    s[3] = max(s[3], position + size)
-        for path, file_size, lo, hi in spans.values():
-            self.loader.load(_File(Path(path), file_size), lo, hi + self.read_ahead)
+    def _load(self, job: _Job, i: int, path: str, file_size: int, at: int, want: int) -> None:
+        """Make sure ``[at, at + want)`` of file ``i`` is in the page cache before it is sent,
+        loading from ``at`` one loader request's worth (or ``want``) at a time. Loaded just in
+        time, never a whole answer first: that held every other connection's turns for the
+        hundreds of milliseconds a large answer takes to read, and under a rate its turns
+        waited meanwhile (two readers of 32 MiB answers drained 71-79 MB/s of a 120-150 MB/s
+        budget from a 200 MB/s device)."""
+        lo, hi = job.loaded.get(i, (0, 0))
+        if lo <= at and at + want <= hi:
+            return
+        end = min(file_size, at + max(want, self.loader.io_bytes))
+        self.loader.load(_File(Path(path), file_size), at, end)
+        job.loaded[i] = (at, end)
 
     def _send(self, fd: int, job: _Job, budget: int) -> tuple[int, bool]:
         """Send parts of ``job`` until ``budget`` is spent, the job is done, or the socket is
@@ -231,8 +219,9 @@ class Sender:
             p = parts[job.at]
             try:
                 if isinstance(p, tuple):
-                    i, _path, position, size, _file_size = p
+                    i, path, position, size, file_size = p
                     want = min(size - job.offset, budget, SEND_BYTES)
+                    self._load(job, i, path, file_size, position + job.offset, want)
                     n = os.sendfile(fd, job.fds[i], position + job.offset, want)
                     if n == 0:
                         raise OSError(f"segment file ended at {position + job.offset}")
@@ -259,15 +248,14 @@ class Sender:
 
 def main(argv: list[str]) -> None:
     control_fd, parent, priority = int(argv[0]), int(argv[1]), argv[2]
-    read_ahead, io_bytes = int(argv[3]), int(argv[4])
-    rate = int(argv[5]) if len(argv) > 5 else 0
+    io_bytes, rate = int(argv[3]), int(argv[4])
     if not die_with_parent(parent):  # never outlive the broker, even after kill -9
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the broker decides when this one stops
     if priority != "normal":
         lower_this_thread(sched_idle=priority == "idle")
     control = socket.socket(fileno=control_fd)
-    Sender(control, read_ahead, io_bytes, rate).run()
+    Sender(control, io_bytes, rate).run()
 
 
 if __name__ == "__main__":

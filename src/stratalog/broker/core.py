@@ -128,7 +128,6 @@ class BrokerCore:
         if config["fetch.backlog.sender"] == "process":
             self.backlog_sender = BacklogSender(
                 config["fetch.backlog.sender_priority"],
-                config["fetch.read_ahead.bytes"],
                 config["fetch.backlog.io_bytes"],
                 # A fixed budget is the process's to keep; a steered one stays with the loop.
                 rate=0 if self.backlog_pacer is not None else self.backlog_rate.rate,

@@ -23,7 +23,7 @@ from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogAnswer
 from stratalog.protocol.connection import NEED_DATA, KafkaConnection, ProtocolError, Request
 from stratalog.storage.partition import FileSlice
-from stratalog.storage.throttle import ByteRate, PacedResponse
+from stratalog.storage.throttle import PACE_SLACK_S, ByteRate, PacedResponse
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ class ClientConnection(asyncio.Protocol):
                 want = min(budget, self._paced_left)
                 self._paced_left -= want
                 metrics.FETCH_PACED_BYTES.inc(want)
-                delay = self._pace.reserve(want)
+                delay = self._pace.reserve(want) - PACE_SLACK_S
                 if delay > 0:
                     self._admitted = True
                     self._next_turn(parts, delay)
