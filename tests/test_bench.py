@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -558,9 +560,6 @@ def _children(pid: int) -> set[int]:
 def test_a_bench_stopped_by_sigterm_stops_its_brokers_and_load_processes(tmp_path):
     """SIGTERM (a job runner's stop, a timeout) ends a bench like Ctrl-C: its broker and its load
     processes are stopped, none left running once it has exited."""
-    import signal
-    import time
-
     bench = subprocess.Popen(
         [
             sys.executable,
@@ -595,14 +594,23 @@ def test_a_bench_stopped_by_sigterm_stops_its_brokers_and_load_processes(tmp_pat
             bench.kill()
             bench.wait()
     assert rc == 130, (tmp_path / "bench.log").read_text()[-2000:]
-    left = []
-    for pid in seen:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            left.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")))
+    # (multiprocessing's resource tracker ends by itself a moment after the bench.)
+    deadline = time.monotonic() + 15
+    while (left := _alive(seen)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for pid, _ in left:  # not to leave them to the rest of the suite if the test fails
         os.kill(pid, signal.SIGKILL)
     assert not left, left
+
+
+def _alive(pids: set[int]) -> list[tuple[int, bytes]]:
+    """Those of ``pids`` still running (not zombies), with their command lines."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                out.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")))
+        except OSError:
+            continue
+    return out
