@@ -544,6 +544,13 @@ def markdown(run: dict[str, Any]) -> str:
                 fa, fb = x.get("fsync_p99_alone_ms"), x.get("fsync_p99_with_backlog_ms")
                 if fa is not None and fb is not None:
                     lines[-1] += f"; its fsync p99: {fa:.2f} ms alone, {fb:.2f} ms with the readers"
+                ca, cb = x.get("commit_p99_alone_ms"), x.get("commit_p99_with_backlog_ms")
+                if ca is not None and cb is not None:
+                    lines[-1] += (
+                        f"; its group commit p99 as the event loop sees it (the fsyncs and the "
+                        f"hand-offs to their thread): {ca:.2f} ms alone, {cb:.2f} ms with the "
+                        "readers"
+                    )
                 la, lb = x.get("loop_lag_p99_alone_ms"), x.get("loop_lag_p99_with_backlog_ms")
                 if la is not None and lb is not None:
                     lines[-1] += (

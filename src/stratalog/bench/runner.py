@@ -742,6 +742,7 @@ class Runner:
         for what, key in (
             ("broker_produce_p99_ms", "broker_produce_p99"),
             ("fsync_p99_ms", "fsync_p99"),
+            ("commit_p99_ms", "commit_p99"),
             ("loop_lag_p99_ms", "loop_lag_p99"),
         ):
             a = _median([r[what] for r in alone_rows if r.get(what) is not None])
@@ -882,6 +883,7 @@ def _phase_row(
         "publish_max_ms": pub["max"] if pub else None,
         "broker_produce_p99_ms": p99.get("produce"),
         "fsync_p99_ms": p99.get("fsync"),
+        "commit_p99_ms": p99.get("commit"),
         "loop_lag_p99_ms": p99.get("loop_lag"),
         "backlog_read_bytes": sum(r.get("bytes", 0) for r in backlog),
         "backlog_read_s": max(
@@ -897,13 +899,15 @@ def _phase_row(
 
 
 def broker_buckets(target: Target) -> dict[str, dict[float, float]]:
-    """Stratalog's own produce-request, group-commit fsync, collector pause and event-loop lag
-    histograms (cumulative buckets from /metrics); empty for other targets."""
+    """Stratalog's own produce-request, group-commit fsync, group commit as the loop sees it,
+    collector pause and event-loop lag histograms (cumulative buckets from /metrics); empty
+    for other targets."""
     if not isinstance(target, StratalogTarget):
         return {}
     return {
         "produce": target.histogram_buckets("stratalog_request_seconds", api="produce"),
         "fsync": target.histogram_buckets("stratalog_fsync_seconds"),
+        "commit": target.histogram_buckets("stratalog_group_commit_seconds"),
         "gc": target.histogram_buckets("stratalog_gc_pause_seconds"),
         "loop_lag": target.histogram_buckets("stratalog_event_loop_lag_seconds"),
     }
