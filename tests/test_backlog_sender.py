@@ -17,12 +17,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
 from stratalog.broker import metrics
-from stratalog.broker.backlog_sender_process import PACED_TURN_BYTES
 from stratalog.client.wire import FETCH_V, WireClient
 from stratalog.config import BrokerConfig, ConfigError
 from stratalog.protocol import codec
 from stratalog.storage.priority import LOW_IOPRIO, LOW_NICE, thread_priority
-from stratalog.storage.throttle import PACE_SLACK_S
+from stratalog.storage.throttle import PACE_SLACK_S, PACED_TURN_BYTES
 
 from .conftest import create_topic
 from .test_fetch_paths import _evict

@@ -35,14 +35,11 @@ from typing import Any
 
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.priority import die_with_parent, lower_this_thread
-from stratalog.storage.throttle import PACE_SLACK_S
+from stratalog.storage.throttle import PACE_SLACK_S, PACED_TURN_BYTES, ByteRate
 
 MAX_FDS = 64  # descriptors in one message: a socket, or an answer's distinct segment files
 MAX_MESSAGE = 1 << 20
 TURN_BYTES = 1 << 20  # bytes one connection sends before the next connection's turn
-# Under a byte rate a turn is smaller, so the rate is kept in steps of about a millisecond
-# rather than in bursts of several (the loop's paced answers use the same size).
-PACED_TURN_BYTES = 128 * 1024
 # Bytes one system call sends at most. This kernel does not preempt a task inside a system call
 # (PREEMPT_NONE, the usual server build): a 1 MiB sendfile into a loopback socket, which also
 # runs the receiver's TCP work, holds its core for a millisecond or more, and the broker's loop
@@ -82,7 +79,7 @@ class Sender:
     def __init__(self, control: socket.socket, io_bytes: int, rate: int = 0) -> None:
         self.control = control
         self.rate = rate  # bytes per second over all connections; 0: as fast as they take
-        self._due = 0.0  # (monotonic) when the bytes sent so far have had their time
+        self.pace = ByteRate(rate)
         self.loader = BacklogLoader(io_bytes, 1)
         self.conns: dict[int, _Conn] = {}
         self.ready: deque[int] = deque()  # connections with an answer to send and room for it
@@ -93,7 +90,7 @@ class Sender:
         while True:
             timeout = None
             if self.ready:
-                timeout = self._ahead() if self.rate > 0 else 0
+                timeout = self._ahead()  # 0 when unpaced
             for key, _ in self.sel.select(timeout):
                 if key.data is None:
                     if not self._receive():
@@ -105,7 +102,7 @@ class Sender:
                         conn.waiting = False
                         self.ready.append(key.data)
             for _ in range(len(self.ready)):
-                if self.rate > 0 and self._ahead() > 0:
+                if self._ahead() > 0:
                     break  # the others wait for the rate, in their order
                 cid = self.ready.popleft()
                 conn = self.conns.get(cid)
@@ -114,7 +111,7 @@ class Sender:
 
     def _ahead(self) -> float:
         """Seconds the next turn must wait for the rate (0: it may go now)."""
-        return max(0.0, self._due - PACE_SLACK_S - time.monotonic())
+        return max(0.0, self.pace.due_in(time.monotonic()) - PACE_SLACK_S)
 
     # -- from the broker -------------------------------------------------------------------------
     def _receive(self) -> bool:
@@ -169,8 +166,7 @@ class Sender:
         until the bytes of this one have had their time."""
         turn = PACED_TURN_BYTES if self.rate > 0 else TURN_BYTES
         left = self._send_turn(cid, conn, turn)
-        if self.rate > 0:
-            self._due = max(time.monotonic(), self._due) + (turn - left) / self.rate
+        self.pace.reserve(turn - left)
 
     def _send_turn(self, cid: int, conn: _Conn, budget: int) -> int:
         """The turn's sending; returns the bytes of ``budget`` not used."""

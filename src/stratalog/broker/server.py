@@ -23,7 +23,7 @@ from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogAnswer
 from stratalog.protocol.connection import NEED_DATA, KafkaConnection, ProtocolError, Request
 from stratalog.storage.partition import FileSlice
-from stratalog.storage.throttle import PACE_SLACK_S, ByteRate, PacedResponse
+from stratalog.storage.throttle import PACE_SLACK_S, PACED_TURN_BYTES, ByteRate, PacedResponse
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,6 @@ _MAX_QUEUED = 64  # requests in flight per connection before we stop reading fro
 # and every request arriving meanwhile waited; with this bound a turn costs ~0.1 ms and the loop
 # serves the others (a Produce waiting for its turn, a group commit's completion) in between.
 _TURN_BYTES = 256 * 1024
-# A paced answer (history under the backlog budget) hands this much to its socket per turn and
-# waits for the budget before the next: 100 MB/s is about 760 small turns a second rather than
-# one multi-megabyte burst every tenth of a second.
-_PACED_TURN_BYTES = 128 * 1024
 
 
 # Per API key, where a request's latency goes (a histogram's observe); none: not measured.
@@ -260,7 +256,7 @@ class ClientConnection(asyncio.Protocol):
             self._paced_left = parts.size
         budget = _TURN_BYTES
         if self._pace is not None:
-            budget = _PACED_TURN_BYTES
+            budget = PACED_TURN_BYTES
             if not self._admitted:
                 # The turn waits for its bytes' time under the budget before any goes out.
                 want = min(budget, self._paced_left)

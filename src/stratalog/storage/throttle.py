@@ -13,6 +13,10 @@ import time
 # (the consumer's next Fetch, pages being loaded) that the turns after it may make up: with 4 ms
 # of slack one consumer read at 81 MB/s of 120, with 20 ms at 100.
 PACE_SLACK_S = 0.02
+# A paced answer goes out in turns of this many bytes, each waiting for its time under the rate:
+# 100 MB/s is about 760 small turns a second rather than one multi-megabyte burst every tenth of
+# a second (the loop's connections and the backlog sender process alike).
+PACED_TURN_BYTES = 128 * 1024
 
 
 class ByteRate:
@@ -28,6 +32,10 @@ class ByteRate:
         """Whether bytes admitted so far are still waiting for their time: the limit holds
         its callers back."""
         return self.rate > 0 and self._until > now
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the bytes admitted so far have had their time (0: none are waiting)."""
+        return max(0.0, self._until - now) if self.rate > 0 else 0.0
 
     def set_rate(self, rate: int, now: float | None = None) -> None:
         """A new rate; what is already scheduled is rescheduled at it, so a lower rate slows
