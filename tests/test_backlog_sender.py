@@ -92,6 +92,16 @@ def _files(pid: int) -> list[str]:
     return out
 
 
+def _settled(pid: int, timeout: float = 60) -> None:
+    """Wait until the process is up: it holds its selector's epoll descriptor. Under the suite's
+    load its start (imports and set-up) can outlast the fill, and a snapshot of its descriptors
+    taken before would miss that one."""
+    deadline = time.monotonic() + timeout
+    while "anon_inode:[eventpoll]" not in _files(pid):
+        assert time.monotonic() < deadline, f"the sender never came up: {_files(pid)}"
+        time.sleep(0.05)
+
+
 def _wait_closed(pid: int, before: list[str], timeout: float) -> None:
     """Wait until the process holds no more descriptors than ``before``; name the extra ones
     if it does not (the suite's load can slow a low-priority process for seconds)."""
@@ -112,6 +122,7 @@ def _history(tmp_path, topic: str, priority: str = "idle", **settings):
         _evict(b.data_dir)  # every read is history from the disk
         sender = b.core.backlog_sender
         assert sender is not None and sender.proc is not None
+        _settled(sender.proc.pid)
         yield b, sent, sender, sender.proc.pid
 
 
