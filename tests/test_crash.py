@@ -171,9 +171,15 @@ def _power_cut(data_dir, sync_log) -> int:
     return dropped
 
 
-@pytest.mark.parametrize(("layout", "direct"), IO_CASES, ids=IO_IDS)
+# The group commit's fsyncs go through io_uring where the kernel allows (storage.fsync_via=auto);
+# the I/O threads' path, the fallback, gets a power cut of its own.
+POWER_CASES = [(*case, "auto") for case in IO_CASES] + [("virtual", "false", "thread")]
+POWER_IDS = [*IO_IDS, "virtual-fsync-thread"]
+
+
+@pytest.mark.parametrize(("layout", "direct", "fsync_via"), POWER_CASES, ids=POWER_IDS)
 def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
-    tmp_path, layout, direct, monkeypatch
+    tmp_path, layout, direct, fsync_via, monkeypatch
 ):
     sync_log = tmp_path / "synced.txt"
     monkeypatch.setenv("STRATALOG_SYNC_LOG", str(sync_log))
@@ -182,7 +188,11 @@ def test_power_cut_keeps_every_record_acknowledged_under_fsync_always(
         data,
         # Groups that wait 20 ms for their fsync leave appended, unsynced bytes for the cut to
         # drop at almost any moment of the kill; acks=all still waits for the fsync.
-        settings={**_settings(layout, direct, "300000"), "group_commit_ms": "20"},
+        settings={
+            **_settings(layout, direct, "300000"),
+            "group_commit_ms": "20",
+            "storage.fsync_via": fsync_via,
+        },
     )
     bp.start()
     try:

@@ -90,6 +90,14 @@ SETTINGS: dict[str, Setting] = {
         _S("storage.virtual_logs", int, 4, "Virtual logs per broker in the virtual layout."),
         _S("storage.io_threads", int, 8, "Threads for fsync and segment sealing."),
         _S(
+            "storage.fsync_via",
+            str,
+            "auto",
+            "How the group commit's fdatasyncs run (fsync=always): 'io_uring' (submitted from the "
+            "event loop, completed on it: no thread or GIL hand-off), 'thread' (the I/O threads), "
+            "'auto' (io_uring where the kernel allows it, on x86-64).",
+        ),
+        _S(
             "storage.direct_io",
             bool,
             False,

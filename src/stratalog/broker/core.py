@@ -78,6 +78,7 @@ class BrokerCore:
                 segment_ms=config["segment.ms"],
                 tail_cache_bytes=tail_cache_bytes(config),
                 io_threads=config["storage.io_threads"],
+                fsync_via=config["storage.fsync_via"],
                 direct_io=config["storage.direct_io"],
                 direct_min_bytes=config["storage.direct_min_bytes"],
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,

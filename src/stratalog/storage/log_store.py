@@ -21,6 +21,7 @@ from pathlib import Path
 
 from stratalog.storage import reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
+from stratalog.storage.fsync_ring import open_ring
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
@@ -45,6 +46,7 @@ class StorageConfig:
     segment_ms: int = 7 * 24 * 3600 * 1000
     tail_cache_bytes: int = 0  # the whole broker's (TailCache); 0: none
     io_threads: int = 8
+    fsync_via: str = "auto"  # the group commit's fsyncs: "io_uring", "thread" or "auto"
     direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
     direct_min_bytes: int = DIRECT_MIN_BYTES  # ... writes of at least this many bytes
     hot_path: Path | None = None  # default: <data_dir>/logs
@@ -58,6 +60,10 @@ class StorageConfig:
             )
         if self.virtual_logs < 1:
             raise ValueError("storage.virtual_logs must be at least 1")
+        if self.fsync_via not in ("auto", "io_uring", "thread"):
+            raise ValueError(
+                f"storage.fsync_via must be 'auto', 'io_uring' or 'thread', not {self.fsync_via!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,7 @@ class LogStore:
         )
         self.cold_error: str | None = None  # why the cold tier is unusable right now
         self.executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="stratalog-io")
+        self.fsync_ring = open_ring(config.fsync_via) if config.fsync.mode == "always" else None
         self.logs: dict[str, VirtualLog] = {}
         self.partitions: dict[int, PartitionLog] = {}
         self._state: dict[str, dict] = {}
@@ -175,12 +182,16 @@ class LogStore:
         self.save_state()
         for vlog in self.logs.values():
             await vlog.close()
+        if self.fsync_ring is not None:
+            self.fsync_ring.close()
         self.executor.shutdown(wait=True)
         await asyncio.get_running_loop().run_in_executor(None, reaper.drain)
 
     def abandon(self) -> None:
         for vlog in self.logs.values():
             vlog.abandon()
+        if self.fsync_ring is not None:
+            self.fsync_ring.close()
         self.executor.shutdown(wait=False)
 
     # -- partitions ----------------------------------------------------------------------------
@@ -211,6 +222,7 @@ class LogStore:
             group_commit_bytes=c.group_commit_bytes,
             direct_io=c.direct_io,
             direct_min_bytes=c.direct_min_bytes,
+            ring=self.fsync_ring,
         )
         if self.cold is not None and self.cold.local:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name

@@ -295,6 +295,10 @@ class Segment:
         if not self.dir_synced:
             fsync_dir(self.directory)
             self.dir_synced = True
+        self.synced(size)
+
+    def synced(self, size: int) -> None:
+        """The first ``size`` bytes are durable (an fdatasync of ``fd`` returned)."""
         if _SYNC_LOG:
             with open(_SYNC_LOG, "a") as f:
                 f.write(f"{self.data_path} {size}\n")

@@ -20,6 +20,7 @@ from crc32c import crc32c
 
 from stratalog.storage import reaper
 from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
+from stratalog.storage.fsync_ring import FsyncRing
 from stratalog.storage.journal import FsyncPolicy, GroupCommit, StorageFailure
 from stratalog.storage.recovery import (
     CLEAN_SHUTDOWN,
@@ -91,6 +92,7 @@ class VirtualLog:
         group_commit_bytes: int,
         direct_io: bool = False,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
+        ring: FsyncRing | None = None,
     ) -> None:
         self.directory = directory
         self.direct_io = direct_io
@@ -105,6 +107,7 @@ class VirtualLog:
             self._durable,
             group_ms=group_commit_ms,
             group_bytes=group_commit_bytes,
+            ring=ring,
         )
         self.segments: dict[int, Segment] = {}
         self.active: Segment

@@ -1,0 +1,244 @@
+"""fdatasync through io_uring, its completions arriving on the event loop (storage.fsync_via).
+
+The group commit used to hand its fsyncs to a thread: the thread wakes, takes the GIL, calls
+``fdatasync``, takes the GIL again and wakes the loop. While the loop is busy (a tail of
+produces, history answers) each of those GIL hand-offs waits up to the interpreter's switch
+interval (5 ms), and a produce waiting for durability pays them all: measured, the group commit
+as the loop saw it took twice its fsyncs (docs/benchmarks.md, e-slow-cold run6). Here the loop
+writes the fsync requests into the kernel's submission ring and goes on; the kernel's own worker
+runs them, and their completion makes the ring's eventfd readable, which the loop's selector
+watches. No thread of ours and no GIL take part.
+
+The ring is driven with the raw system calls through ctypes. The ``liburing`` wheel from PyPI
+(2026.3.30) dies with SIGILL on import on this machine's CPU and its older releases are source
+only, and Debian's liburing 2.3 keeps the ring helpers inline in its header. The ring's shared
+memory is written and read with plain stores and loads, which is correct only under x86-64's
+store and load ordering; on other machines ``open_ring`` answers None and the thread stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import mmap
+import os
+import platform
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+_SYS_SETUP, _SYS_ENTER, _SYS_REGISTER = 425, 426, 427  # x86-64 system call numbers
+_OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
+_OP_FSYNC = 3
+_FSYNC_DATASYNC = 1
+_REGISTER_EVENTFD = 4
+_PARAMS_SIZE = 120  # struct io_uring_params
+_SQE = struct.Struct("=BBHiQQIIQ24x")  # opcode flags ioprio fd off addr len fsync_flags user_data
+_CQE = struct.Struct("=Qi")  # user_data res (then flags, unused)
+_CQE_SIZE = 16
+_U32 = struct.Struct("=I")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def _check(ret: int) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+@dataclass
+class _Group:
+    """fsyncs submitted together; ``done`` gets 0 or the first failure's errno."""
+
+    remaining: int
+    done: Callable[[int], None]
+    error: int = 0
+
+
+class FsyncRing:
+    """One io_uring for a broker's fsyncs. ``fdatasync(fds, done)`` queues them; ``done(errno)``
+    runs on the loop once every one of them returned (0: all durable)."""
+
+    def __init__(self, entries: int = 128) -> None:
+        params = ctypes.create_string_buffer(_PARAMS_SIZE)
+        self.fd = _check(_syscall(_SYS_SETUP, ctypes.c_uint(entries), params))
+        self._maps: list[mmap.mmap] = []
+        try:
+            sq_entries, cq_entries = struct.unpack_from("=II", params, 0)
+            sq_head, sq_tail, sq_mask, _, _, _, sq_array = struct.unpack_from("=7I", params, 40)
+            cq_head, cq_tail, cq_mask, _, _, cqes = struct.unpack_from("=6I", params, 80)
+            self.sq_ring = self._map(sq_array + sq_entries * 4, _OFF_SQ_RING)
+            self.cq_ring = self._map(cqes + cq_entries * _CQE_SIZE, _OFF_CQ_RING)
+            self.sqes = self._map(sq_entries * _SQE.size, _OFF_SQES)
+            self._sq_head, self._sq_tail, self._sq_array = sq_head, sq_tail, sq_array
+            self._sq_mask = _U32.unpack_from(self.sq_ring, sq_mask)[0]
+            self._cq_head, self._cq_tail, self._cqes = cq_head, cq_tail, cqes
+            self._cq_mask = _U32.unpack_from(self.cq_ring, cq_mask)[0]
+            # In flight at most as many as the completion ring holds, so none can overflow.
+            self.capacity = min(sq_entries, cq_entries)
+            self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            efd = ctypes.c_int(self.eventfd)
+            _check(_syscall(_SYS_REGISTER, self.fd, _REGISTER_EVENTFD, ctypes.byref(efd), 1))
+        except BaseException:
+            self._unmap()
+            os.close(self.fd)
+            raise
+        self._groups: dict[int, _Group] = {}
+        self._next_id = 1
+        self._queued: deque[tuple[int, int]] = deque()  # (fd, group id) waiting for room
+        self._in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+
+    def _map(self, size: int, offset: int) -> mmap.mmap:
+        m = mmap.mmap(
+            self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset
+        )
+        self._maps.append(m)
+        return m
+
+    def _unmap(self) -> None:
+        for m in self._maps:
+            with contextlib.suppress(BufferError):
+                m.close()
+        self._maps.clear()
+
+    # -- submission ----------------------------------------------------------------------------
+    def fdatasync(self, fds: list[int], done: Callable[[int], None]) -> None:
+        """Sync ``fds``' data; ``done(errno)`` runs on the running loop once all returned."""
+        if self.closed:
+            raise RuntimeError("the fsync ring is closed")
+        self._attach()
+        if not fds:
+            asyncio.get_running_loop().call_soon(done, 0)
+            return
+        gid = self._next_id
+        self._next_id += 1
+        self._groups[gid] = _Group(len(fds), done)
+        self._queued.extend((fd, gid) for fd in fds)
+        self._submit()
+
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self.eventfd)
+            self._loop = loop
+            loop.add_reader(self.eventfd, self._complete)
+
+    def _submit(self) -> None:
+        tail = _U32.unpack_from(self.sq_ring, self._sq_tail)[0]
+        n = 0
+        while self._queued and self._in_flight < self.capacity:
+            fd, gid = self._queued.popleft()
+            idx = (tail + n) & self._sq_mask
+            _SQE.pack_into(self.sqes, idx * _SQE.size, _OP_FSYNC, 0, 0, fd, 0, 0, 0,
+                           _FSYNC_DATASYNC, gid)  # fmt: skip
+            _U32.pack_into(self.sq_ring, self._sq_array + idx * 4, idx)
+            n += 1
+            self._in_flight += 1
+        if n == 0:
+            return
+        # The entries are written before the tail that hands them over (x86-64 keeps stores in
+        # order), and the kernel takes them all in this call.
+        _U32.pack_into(self.sq_ring, self._sq_tail, (tail + n) & 0xFFFFFFFF)
+        self._enter()
+
+    def _enter(self) -> None:
+        while True:
+            tail = _U32.unpack_from(self.sq_ring, self._sq_tail)[0]
+            head = _U32.unpack_from(self.sq_ring, self._sq_head)[0]
+            pending = (tail - head) & 0xFFFFFFFF
+            if pending == 0:
+                return
+            ret = _syscall(_SYS_ENTER, self.fd, pending, 0, 0, None, 0)
+            if ret >= 0:
+                continue
+            err = ctypes.get_errno()
+            if err == 4:  # EINTR
+                continue
+            # EAGAIN/EBUSY: the kernel is short of memory or of completion room; the entries
+            # stay in the ring and go with the next completion or a retry.
+            log.warning("io_uring_enter: %s; retrying", os.strerror(err))
+            assert self._loop is not None
+            self._loop.call_later(0.001, self._enter)
+            return
+
+    # -- completion ----------------------------------------------------------------------------
+    def _complete(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.eventfd)
+        head = _U32.unpack_from(self.cq_ring, self._cq_head)[0]
+        tail = _U32.unpack_from(self.cq_ring, self._cq_tail)[0]
+        finished: list[_Group] = []
+        while head != tail:
+            at = self._cqes + (head & self._cq_mask) * _CQE_SIZE
+            gid, res = _CQE.unpack_from(self.cq_ring, at)
+            head = (head + 1) & 0xFFFFFFFF
+            self._in_flight -= 1
+            group = self._groups.get(gid)
+            if group is None:
+                continue
+            if res < 0 and not group.error:
+                group.error = -res
+            group.remaining -= 1
+            if group.remaining == 0:
+                del self._groups[gid]
+                finished.append(group)
+        _U32.pack_into(self.cq_ring, self._cq_head, head)
+        if self._queued:
+            self._submit()
+        for group in finished:
+            group.done(group.error)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._groups)
+
+    def close(self) -> None:
+        """Stop watching the ring and release it; fsyncs still in flight finish in the kernel
+        (the group commit drains before its store closes)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.eventfd)
+        self._unmap()
+        os.close(self.eventfd)
+        os.close(self.fd)
+
+
+def open_ring(mode: str) -> FsyncRing | None:
+    """The ring for ``storage.fsync_via``: "thread" never, "io_uring" always (an error if the
+    kernel refuses), "auto" when this machine and kernel allow it."""
+    if mode == "thread":
+        return None
+    reason = ""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        reason = f"not on {platform.machine()} (the ring's memory ordering is x86-64's)"
+    else:
+        try:
+            return FsyncRing()
+        except OSError as e:  # ENOSYS, EPERM (seccomp, kernel.io_uring_disabled), ENOMEM
+            reason = f"io_uring_setup failed: {e.strerror}"
+    if mode == "io_uring":
+        raise OSError(f"storage.fsync_via=io_uring: {reason}")
+    log.info("fsyncs run on the I/O threads: %s", reason)
+    return None
+
+
+def available() -> bool:
+    """Whether "auto" finds a ring on this machine."""
+    ring = open_ring("auto")
+    if ring is not None:
+        ring.close()
+    return ring is not None

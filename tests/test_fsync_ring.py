@@ -1,0 +1,209 @@
+"""The group commit's fdatasyncs through io_uring, completed on the event loop (fsync_ring.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import urllib.request
+
+import pytest
+from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+from stratalog import Broker
+from stratalog.records import build_batch
+from stratalog.storage.fsync_ring import FsyncRing, available
+from stratalog.storage.journal import FsyncPolicy, StorageFailure
+from stratalog.storage.log_store import LogStore, StorageConfig
+
+from .conftest import create_topic
+
+pytestmark = pytest.mark.skipif(not available(), reason="no io_uring on this machine")
+
+
+def _files(tmp_path, n: int) -> list[int]:
+    fds = []
+    for i in range(n):
+        fd = os.open(tmp_path / f"f{i}", os.O_RDWR | os.O_CREAT, 0o644)
+        os.write(fd, b"x" * 4096 * (i + 1))
+        fds.append(fd)
+    return fds
+
+
+def test_groups_beyond_the_rings_room_each_complete_once_on_the_loop(tmp_path):
+    fds = _files(tmp_path, 12)
+
+    async def run() -> list[tuple[int, int, int]]:
+        ring = FsyncRing(entries=4)  # room for 4 in flight: the rest queue
+        assert ring.capacity == 4
+        loop_thread = threading.get_ident()
+        done: list[tuple[int, int, int]] = []
+        finished = asyncio.Event()
+        groups = [fds[i : i + 1 + i % 5] for i in range(10)]  # 1 to 5 files each, 29 in all
+        for gid, group in enumerate(groups):
+
+            def on_done(err: int, gid: int = gid) -> None:
+                done.append((gid, err, threading.get_ident()))
+                if len(done) == len(groups):
+                    finished.set()
+
+            ring.fdatasync(group, on_done)
+        await asyncio.wait_for(finished.wait(), 30)
+        await asyncio.sleep(0.05)  # a second completion of any group would land here
+        assert not ring.busy
+        ring.close()
+        return [(g, e, t == loop_thread) for g, e, t in done]
+
+    done = asyncio.run(run())
+    assert sorted(g for g, _, _ in done) == list(range(10))
+    assert all(err == 0 and on_loop for _, err, on_loop in done), done
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_failed_fsync_reports_the_kernels_errno(tmp_path):
+    good = _files(tmp_path, 1)[0]
+    r, w = os.pipe()
+    closed = 60_000  # no descriptor (a closed one's number could be taken by the ring's own)
+    with pytest.raises(OSError):
+        os.fstat(closed)
+
+    async def run() -> dict[str, int]:
+        ring = FsyncRing()
+        out: dict[str, int] = {}
+        futs = []
+        for name, fds in (("good", [good]), ("pipe", [good, r]), ("closed", [closed])):
+            f = asyncio.get_running_loop().create_future()
+            futs.append(f)
+            ring.fdatasync(fds, lambda err, f=f, name=name: (out.__setitem__(name, err),
+                                                               f.set_result(None)))  # fmt: skip
+        await asyncio.wait_for(asyncio.gather(*futs), 30)
+        ring.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            ring.fdatasync([good], lambda err: None)
+        return out
+
+    out = asyncio.run(run())
+    assert out["good"] == 0
+    assert out["pipe"] == 22  # EINVAL: a pipe cannot be synced; its group fails as a whole
+    assert out["closed"] == 9  # EBADF
+    for fd in (good, r, w):
+        os.close(fd)
+
+
+def _store(tmp_path, fsync_via: str) -> LogStore:
+    store = LogStore(
+        StorageConfig(
+            tmp_path,
+            fsync=FsyncPolicy.parse("always"),
+            virtual_logs=1,
+            group_commit_ms=1,
+            fsync_via=fsync_via,
+        )
+    )
+    store.open([("t", 0, 1), ("t", 1, 2)])
+    return store
+
+
+async def _append_durable(store: LogStore, n: int) -> bool:
+    loop = asyncio.get_running_loop()
+    futs = []
+    for i in range(n):
+        p = store.partitions[1 + i % 2]
+        r = p.append(build_batch([(b"k", b"v%d" % i, 1_700_000_000_000 + i)]))
+        f = loop.create_future()
+        p.vlog.when_durable(r.lsn, lambda ok, f=f: f.set_result(ok))
+        futs.append(f)
+        await asyncio.sleep(0.002)  # a group each, or nearly
+    return all(await asyncio.wait_for(asyncio.gather(*futs), 30))
+
+
+def test_the_group_commit_syncs_through_the_ring_without_its_threads(tmp_path):
+    async def run() -> None:
+        store = _store(tmp_path, "io_uring")
+        assert store.fsync_ring is not None
+        # A new segment's first sync takes a thread (its directory is synced too).
+        assert await _append_durable(store, 1)
+        # Then no thread is left to run fsyncs: every later group must go through the ring.
+        store.executor.shutdown(wait=True)
+        journal = store.logs["v0"].journal
+        syncs = journal.syncs
+        assert await _append_durable(store, 40)
+        assert journal.syncs > syncs + 5
+        assert journal.durable == journal.appended
+        assert store.partitions[1].high_watermark == 21  # 1, then 20 of the 40
+        for vlog in store.logs.values():
+            await vlog.journal.drain()
+        store.fsync_ring.close()
+
+    asyncio.run(run())
+
+
+def test_a_failed_ring_fsync_stops_the_log_acknowledging(tmp_path):
+    async def run() -> None:
+        store = _store(tmp_path, "io_uring")
+        assert await _append_durable(store, 1)
+        store.executor.shutdown(wait=True)  # only the ring can sync from here on
+        vlog = store.logs["v0"]
+        seg = vlog.active
+        real_fd = seg.fd
+        r, w = os.pipe()
+        try:
+            p = store.partitions[1]
+            res = p.append(build_batch([(b"k", b"lost?", 1_700_000_000_000)]))
+            # Fault injection, after the write and before its group's fsync (a timer on this
+            # loop): the segment's descriptor names a pipe, which the kernel refuses to sync
+            # (EINVAL), as a disk that fails its writeback would.
+            seg.fd = r
+            f = asyncio.get_running_loop().create_future()
+            p.vlog.when_durable(res.lsn, f.set_result)
+            assert await asyncio.wait_for(f, 30) is False
+            assert isinstance(vlog.journal.failed, StorageFailure)
+            assert "fsync failed" in str(vlog.journal.failed)
+            assert p.high_watermark == 1  # the unsynced record never became visible
+        finally:
+            seg.fd = real_fd
+            os.close(r)
+            os.close(w)
+        store.abandon()
+
+    asyncio.run(run())
+
+
+def test_fsync_via_names_its_choices(tmp_path):
+    with pytest.raises(ValueError, match=r"storage\.fsync_via must be"):
+        StorageConfig(tmp_path, fsync_via="aio")
+    # The thread path needs no ring; interval fsyncs never use one either.
+    assert LogStore(StorageConfig(tmp_path, fsync_via="thread")).fsync_ring is None
+    interval = StorageConfig(tmp_path, fsync=FsyncPolicy.parse("interval:100"))
+    assert LogStore(interval).fsync_ring is None
+
+
+def _commits(admin: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        s.labels["via"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "stratalog_group_commits_total"
+    }
+
+
+@pytest.mark.parametrize("via", ["io_uring", "thread"])
+def test_a_broker_acknowledges_produces_after_the_chosen_fsyncs(tmp_path, via):
+    with Broker(tmp_path / "d", config={"fsync": "always", "storage.fsync_via": via}) as b:
+        admin = b.service.core.admin_address
+        create_topic(b.bootstrap, "synced", 2)
+        before = _commits(admin)
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 1})
+        for i in range(300):
+            p.produce("synced", value=b"%d" % i, partition=i % 2)
+            if i % 50 == 49:
+                assert p.flush(10) == 0  # each flush waits for a group commit or more
+        after = _commits(admin)
+    other = "thread" if via == "io_uring" else "io_uring"
+    assert after.get(via, 0) - before.get(via, 0) >= 6
+    # A new segment's first sync (its directory with it) takes a thread either way.
+    assert after.get(other, 0) - before.get(other, 0) <= (2 if other == "thread" else 0)
