@@ -37,6 +37,7 @@ def test_toml_file_nested_tables_flatten(tmp_path):
         ({"port": "eighty"}, "setting 'port' must be int"),
         ({"fsync": "sometimes"}, "fsync must be"),
         ({"storage.layout": "columnar"}, "storage.layout must be"),
+        ({"storage.fsync_via": "aio"}, "storage.fsync_via must be"),
         ({"segment.bytes": 0}, "must be positive"),
         ({"auto.create.topics.enable": "perhaps"}, "must be bool"),
         ({"storage.direct_io": "maybe"}, "must be bool"),

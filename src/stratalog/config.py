@@ -369,6 +369,7 @@ _CHOICES = {
     "fetch.backlog.sender_priority": ("idle", "low", "normal"),
     "storage.read_priority": ("low", "normal"),
     "storage.layout": ("virtual", "per-partition"),
+    "storage.fsync_via": ("auto", "io_uring", "thread"),
 }
 
 
