@@ -48,7 +48,7 @@ def test_groups_beyond_the_rings_room_each_complete_once_on_the_loop(tmp_path):
                 if len(done) == len(groups):
                     finished.set()
 
-            ring.fdatasync(group, on_done)
+            ring.sync(group, on_done)
         await asyncio.wait_for(finished.wait(), 30)
         await asyncio.sleep(0.05)  # a second completion of any group would land here
         assert not ring.busy
@@ -76,12 +76,12 @@ def test_a_failed_fsync_reports_the_kernels_errno(tmp_path):
         for name, fds in (("good", [good]), ("pipe", [good, r]), ("closed", [closed])):
             f = asyncio.get_running_loop().create_future()
             futs.append(f)
-            ring.fdatasync(fds, lambda err, f=f, name=name: (out.__setitem__(name, err),
+            ring.sync(fds, lambda err, f=f, name=name: (out.__setitem__(name, err),
                                                                f.set_result(None)))  # fmt: skip
         await asyncio.wait_for(asyncio.gather(*futs), 30)
         ring.close()
         with pytest.raises(RuntimeError, match="closed"):
-            ring.fdatasync([good], lambda err: None)
+            ring.sync([good], lambda err: None)
         return out
 
     out = asyncio.run(run())
@@ -123,16 +123,17 @@ def test_the_group_commit_syncs_through_the_ring_without_its_threads(tmp_path):
     async def run() -> None:
         store = _store(tmp_path, "io_uring")
         assert store.fsync_ring is not None
-        # A new segment's first sync takes a thread (its directory is synced too).
-        assert await _append_durable(store, 1)
-        # Then no thread is left to run fsyncs: every later group must go through the ring.
+        # No thread is left to run fsyncs: every group must go through the ring, the new
+        # segment's first one (its directory entry too) included.
         store.executor.shutdown(wait=True)
         journal = store.logs["v0"].journal
-        syncs = journal.syncs
+        segment = store.logs["v0"].active
+        assert not segment.dir_synced  # a new segment: its directory entry is not durable yet
         assert await _append_durable(store, 40)
-        assert journal.syncs > syncs + 5
+        assert journal.syncs > 5
         assert journal.durable == journal.appended
-        assert store.partitions[1].high_watermark == 21  # 1, then 20 of the 40
+        assert segment.dir_synced
+        assert store.partitions[1].high_watermark == 20
         for vlog in store.logs.values():
             await vlog.journal.drain()
         store.fsync_ring.close()
@@ -143,8 +144,8 @@ def test_the_group_commit_syncs_through_the_ring_without_its_threads(tmp_path):
 def test_a_failed_ring_fsync_stops_the_log_acknowledging(tmp_path):
     async def run() -> None:
         store = _store(tmp_path, "io_uring")
+        store.executor.shutdown(wait=True)  # only the ring can sync
         assert await _append_durable(store, 1)
-        store.executor.shutdown(wait=True)  # only the ring can sync from here on
         vlog = store.logs["v0"]
         seg = vlog.active
         real_fd = seg.fd
@@ -205,5 +206,4 @@ def test_a_broker_acknowledges_produces_after_the_chosen_fsyncs(tmp_path, via):
         after = _commits(admin)
     other = "thread" if via == "io_uring" else "io_uring"
     assert after.get(via, 0) - before.get(via, 0) >= 6
-    # A new segment's first sync (its directory with it) takes a thread either way.
-    assert after.get(other, 0) - before.get(other, 0) <= (2 if other == "thread" else 0)
+    assert after.get(other, 0) == before.get(other, 0)  # new segments' first syncs included

@@ -27,7 +27,7 @@ import os
 import platform
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ class _Group:
 
 
 class FsyncRing:
-    """One io_uring for a broker's fsyncs. ``fdatasync(fds, done)`` queues them; ``done(errno)``
-    runs on the loop once every one of them returned (0: all durable)."""
+    """One io_uring for a broker's fsyncs. ``sync(fds, done)`` queues them; ``done(errno)`` runs
+    on the loop once every one of them returned (0: all durable)."""
 
     def __init__(self, entries: int = 128) -> None:
         params = ctypes.create_string_buffer(_PARAMS_SIZE)
@@ -94,7 +94,7 @@ class FsyncRing:
             raise
         self._groups: dict[int, _Group] = {}
         self._next_id = 1
-        self._queued: deque[tuple[int, int]] = deque()  # (fd, group id) waiting for room
+        self._queued: deque[tuple[int, int, int]] = deque()  # (fd, flags, group) waiting for room
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -113,18 +113,20 @@ class FsyncRing:
         self._maps.clear()
 
     # -- submission ----------------------------------------------------------------------------
-    def fdatasync(self, fds: list[int], done: Callable[[int], None]) -> None:
-        """Sync ``fds``' data; ``done(errno)`` runs on the running loop once all returned."""
+    def sync(self, fds: list[int], done: Callable[[int], None], full: Sequence[int] = ()) -> None:
+        """``fdatasync`` each of ``fds`` and ``fsync`` each of ``full`` (directories: a new
+        file's entry); ``done(errno)`` runs on the running loop once all returned."""
         if self.closed:
             raise RuntimeError("the fsync ring is closed")
         self._attach()
-        if not fds:
+        if not fds and not full:
             asyncio.get_running_loop().call_soon(done, 0)
             return
         gid = self._next_id
         self._next_id += 1
-        self._groups[gid] = _Group(len(fds), done)
-        self._queued.extend((fd, gid) for fd in fds)
+        self._groups[gid] = _Group(len(fds) + len(full), done)
+        self._queued.extend((fd, _FSYNC_DATASYNC, gid) for fd in fds)
+        self._queued.extend((fd, 0, gid) for fd in full)
         self._submit()
 
     def _attach(self) -> None:
@@ -139,10 +141,9 @@ class FsyncRing:
         tail = _U32.unpack_from(self.sq_ring, self._sq_tail)[0]
         n = 0
         while self._queued and self._in_flight < self.capacity:
-            fd, gid = self._queued.popleft()
+            fd, flags, gid = self._queued.popleft()
             idx = (tail + n) & self._sq_mask
-            _SQE.pack_into(self.sqes, idx * _SQE.size, _OP_FSYNC, 0, 0, fd, 0, 0, 0,
-                           _FSYNC_DATASYNC, gid)  # fmt: skip
+            _SQE.pack_into(self.sqes, idx * _SQE.size, _OP_FSYNC, 0, 0, fd, 0, 0, 0, flags, gid)
             _U32.pack_into(self.sq_ring, self._sq_array + idx * 4, idx)
             n += 1
             self._in_flight += 1

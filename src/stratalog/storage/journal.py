@@ -185,25 +185,44 @@ class GroupCommit:
         loop = self._ensure_loop()
         started = loop.time()
         ring = self._ring
-        if ring is not None and not ring.closed and all(s.dir_synced for s in segments):
-            sizes = [s.size for s in segments]
-
-            def ring_done(err: int) -> None:
-                took = self._ensure_loop().time() - started
-                # The kernel's time and the loop's are one here: no hand-off to tell apart.
-                SYNC_SECONDS.observe(took)
-                SLOWEST_SYNC.note(took)
-                if not err:
-                    for seg, size in zip(segments, sizes, strict=True):
-                        seg.synced(size)
-                failure = OSError(err, os.strerror(err)) if err else None
-                COMMITS.labels("io_uring").inc()
-                self._flushed(failure, target, segments, started)
-
-            ring.fdatasync([s.fd for s in segments], ring_done)
+        if ring is not None and not ring.closed and self._ring_flush(segments, target, started):
             return
         fut = loop.run_in_executor(self._executor, _sync_all, segments)
         fut.add_done_callback(lambda f: self._thread_flushed(f, target, segments, started))
+
+    def _ring_flush(self, segments: list[Segment], target: int, started: float) -> bool:
+        """Hand the group's syncs to the ring (a new segment's directory too); False if a
+        directory cannot be opened here, and the thread's path reports why."""
+        assert self._ring is not None
+        sizes = [s.size for s in segments]
+        new = [s for s in segments if not s.dir_synced]
+        dirs: list[int] = []
+        try:
+            for directory in {s.directory for s in new}:
+                dirs.append(os.open(directory, os.O_RDONLY | os.O_DIRECTORY))
+        except OSError:
+            for fd in dirs:
+                os.close(fd)
+            return False
+
+        def done(err: int) -> None:
+            for fd in dirs:
+                os.close(fd)
+            took = self._ensure_loop().time() - started
+            # The kernel's time and the loop's are one here: no hand-off to tell apart.
+            SYNC_SECONDS.observe(took)
+            SLOWEST_SYNC.note(took)
+            if not err:
+                for seg in new:
+                    seg.dir_synced = True
+                for seg, size in zip(segments, sizes, strict=True):
+                    seg.synced(size)
+            COMMITS.labels("io_uring").inc()
+            failure = OSError(err, os.strerror(err)) if err else None
+            self._flushed(failure, target, segments, started)
+
+        self._ring.sync([s.fd for s in segments], done, full=dirs)
+        return True
 
     def _thread_flushed(
         self, fut: asyncio.Future[None], target: int, segments: list[Segment], started: float
