@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import urllib.request
 
@@ -207,3 +209,21 @@ def test_a_broker_acknowledges_produces_after_the_chosen_fsyncs(tmp_path, via):
     other = "thread" if via == "io_uring" else "io_uring"
     assert after.get(via, 0) - before.get(via, 0) >= 6
     assert after.get(other, 0) == before.get(other, 0)  # new segments' first syncs included
+
+
+def test_the_fsync_probe_times_both_ways(tmp_path):
+    """The probe behind docs/benchmarks.md's "The group commit through io_uring"
+    (stratalog.bench.fsync_probe); here short, only to show both ways run and are timed."""
+    out = subprocess.run(
+        [sys.executable, "-m", "stratalog.bench.fsync_probe", "--dir", str(tmp_path),
+         "--fsyncs", "20", "--rounds", "1"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    rows = [line.split("|") for line in out.splitlines()[1:]]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("1", "thread"), ("1", "io_uring"), ("2", "thread"), ("2", "io_uring")
+    ]  # fmt: skip
+    for r in rows:
+        p50, p99 = float(r[2]), float(r[3])
+        assert 0 < p50 <= p99, r
+    assert list(tmp_path.iterdir()) == []  # its file is gone
