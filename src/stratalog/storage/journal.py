@@ -3,7 +3,8 @@
 Appends are written to the page cache on the event loop and counted in a log sequence number
 (LSN: bytes appended to the log so far). Under ``fsync=always`` a group gathers appends until it
 holds ``group_commit_bytes`` or is ``group_commit_ms`` old, then one ``fdatasync`` per dirty
-segment runs in a worker thread while the next group gathers. When it returns, every append up
+segment runs while the next group gathers: submitted to an io_uring from the event loop
+(storage.fsync_via), or on a worker thread. When it returns, every append up
 to the group's LSN is durable and ``on_durable`` is called with that LSN. Under ``interval:<ms>``
 and ``never`` appends count as durable at once (the page cache is the promise) and syncs run on a
 timer or only at shutdown.
@@ -120,9 +121,8 @@ class GroupCommit:
     ) -> None:
         self.policy = policy
         self._executor = executor
-        # When set, the group's fdatasyncs go through io_uring and complete on the loop, with no
-        # thread hand-off (fsync_ring.py); a new segment's first sync (its directory too) still
-        # takes the thread.
+        # When set, the group's fdatasyncs (and a new segment's directory fsync) go through
+        # io_uring and complete on the loop, with no thread hand-off (fsync_ring.py).
         self._ring = ring
         self._on_durable = on_durable
         self._group_s = group_ms / 1000.0
