@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from stratalog.storage.noatime import open_noatime
 from stratalog.storage.page_cache import PAGE, cached_pages
 from stratalog.storage.segment import Segment
 
@@ -54,7 +55,7 @@ class BacklogLoader:
         buf = getattr(self._scratch, "buf", None)
         if buf is None:
             buf = self._scratch.buf = memoryview(bytearray(self.io_bytes))
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_noatime(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead on this descriptor
             at = start

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from stratalog.storage import gentle_write
 from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.noatime import open_noatime
 
 # base offset, last delta, position, size, max timestamp, producer id, epoch, base sequence
 COLD_ENTRY = struct.Struct("<qiqiqqhi")
@@ -93,7 +94,7 @@ class ColdSegment:
         with self._lock:
             if self._fd is None:
                 try:
-                    self._fd = os.open(path, os.O_RDONLY)
+                    self._fd = open_noatime(path, os.O_RDONLY)
                 except OSError as e:
                     raise ColdTierError(f"cold segment {self.meta.name}: {e}") from e
             return self._fd

@@ -29,6 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 from stratalog.storage.chunk_index import ChunkIndex
 from stratalog.storage.cold_tier import ColdSegmentMeta, ColdStore, ColdTierError, entries_index
+from stratalog.storage.noatime import open_noatime
 from stratalog.storage.priority import die_with_parent
 
 WORKER_NICE = 10  # below the broker's threads: migration only has to keep up on average
@@ -68,7 +69,7 @@ def copy_down(
     pos, size = array("q"), array("q")
     pos.frombytes(positions)
     size.frombytes(sizes)
-    fd = os.open(hot_path, os.O_RDONLY)
+    fd = open_noatime(hot_path, os.O_RDONLY)
     try:
         batches = read_ranges(fd, pos, size, hot_path)
     finally:

@@ -24,6 +24,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from stratalog.storage import reaper
+from stratalog.storage.noatime import open_noatime
 
 FRAME = struct.Struct("<II")
 FRAME_SIZE = FRAME.size
@@ -116,8 +117,8 @@ class Segment:
         self.data_path = directory / f"{segment_name(seq)}.log"
         self.index_path = directory / f"{segment_name(seq)}.idx"
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        self.fd = os.open(self.data_path, flags, 0o644)
-        self.index_fd = os.open(self.index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = open_noatime(self.data_path, flags)
+        self.index_fd = open_noatime(self.index_path, os.O_RDWR | os.O_CREAT)
         self.size = os.fstat(self.fd).st_size
         self.index_size = os.fstat(self.index_fd).st_size
         os.lseek(self.index_fd, self.index_size, os.SEEK_SET)
