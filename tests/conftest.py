@@ -7,11 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from stratalog import Broker
 
@@ -66,6 +69,18 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """One embedded broker for a whole test module (tests use their own topics)."""
     with Broker(tmp_path_factory.mktemp("data")) as b:
         yield b
+
+
+def scrape_metrics(admin: str, prefix: str) -> list[Sample]:
+    """Every sample whose name starts with ``prefix`` from a broker's /metrics endpoint."""
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith(prefix)
+    ]
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, **configs: str) -> None:

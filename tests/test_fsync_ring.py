@@ -7,11 +7,9 @@ import os
 import subprocess
 import sys
 import threading
-import urllib.request
 
 import pytest
 from confluent_kafka import Producer
-from prometheus_client.parser import text_string_to_metric_families
 
 from stratalog import Broker
 from stratalog.records import build_batch
@@ -19,7 +17,7 @@ from stratalog.storage.fsync_ring import FsyncRing, available
 from stratalog.storage.journal import FsyncPolicy, StorageFailure
 from stratalog.storage.log_store import LogStore, StorageConfig
 
-from .conftest import create_topic
+from .conftest import create_topic, scrape_metrics
 
 pytestmark = pytest.mark.skipif(not available(), reason="no io_uring on this machine")
 
@@ -184,14 +182,8 @@ def test_fsync_via_names_its_choices(tmp_path):
 
 
 def _commits(admin: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        s.labels["via"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "stratalog_group_commits_total"
-    }
+    samples = scrape_metrics(admin, "stratalog_group_commits_total")
+    return {s.labels["via"]: s.value for s in samples}
 
 
 @pytest.mark.parametrize("via", ["io_uring", "thread"])
@@ -227,3 +219,36 @@ def test_the_fsync_probe_times_both_ways(tmp_path):
         p50, p99 = float(r[2]), float(r[3])
         assert 0 < p50 <= p99, r
     assert list(tmp_path.iterdir()) == []  # its file is gone
+
+
+_REFUSED = """
+import os, resource
+from stratalog.storage.fsync_ring import open_ring
+# Every descriptor below the soft limit in use: the kernel cannot give io_uring_setup its ring's
+# descriptor (EMFILE), a refusal as real as a container's seccomp profile's EPERM.
+limit = 64
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+while True:
+    try:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+fallback = open_ring("auto")
+try:
+    open_ring("io_uring")
+except OSError as e:
+    print("refused:", e)
+else:
+    print("not refused")
+print("auto:", fallback)
+"""
+
+
+@pytest.mark.skipif(not available(), reason="io_uring is not available here")
+def test_a_refused_ring_is_an_error_when_asked_for_and_the_threads_otherwise():
+    out = subprocess.run(
+        [sys.executable, "-c", _REFUSED], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "refused: storage.fsync_via=io_uring: io_uring_setup failed:" in out, out
+    assert "auto: None" in out, out

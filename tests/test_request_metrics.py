@@ -5,26 +5,20 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.request
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from stratalog import Broker
 
-from .conftest import BrokerProcess, create_topic
+from .conftest import BrokerProcess, create_topic, scrape_metrics
 
 
 def _scrape(admin: str) -> dict[tuple[str, str], float]:
     """Every stratalog_request_seconds sample, as (sample name, api) -> value."""
-    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
-        text = r.read().decode()
     out: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.startswith(("stratalog_request", "stratalog_fsync")):
-                key = s.name if "le" not in s.labels else f"{s.name}{{le={s.labels['le']}}}"
-                out[(key, s.labels.get("api", ""))] = s.value
+    for s in scrape_metrics(admin, "stratalog_request") + scrape_metrics(admin, "stratalog_fsync"):
+        key = s.name if "le" not in s.labels else f"{s.name}{{le={s.labels['le']}}}"
+        out[(key, s.labels.get("api", ""))] = s.value
     return out
 
 
@@ -72,13 +66,9 @@ def test_every_answered_request_is_timed_by_api(tmp_path):
 
 
 def _lag_buckets(admin: str) -> dict[float, float]:
-    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
-        text = r.read().decode()
     return {
         float(s.labels["le"]): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "stratalog_event_loop_lag_seconds_bucket"
+        for s in scrape_metrics(admin, "stratalog_event_loop_lag_seconds_bucket")
     }
 
 

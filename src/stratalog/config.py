@@ -185,6 +185,15 @@ SETTINGS: dict[str, Setting] = {
             "a small share) or normal; its disk reads are in the idle I/O class unless normal.",
         ),
         _S(
+            "fetch.backlog.sender_cpus",
+            str,
+            "",
+            "CPUs the backlog sender process runs on and the rest of the broker does not (a "
+            "Linux CPU list: '1', '2-3'); empty: no pinning. On a kernel that does not preempt "
+            "system calls, a low priority alone does not keep the event loop from waiting "
+            "behind a history send on its core (broker/cpu_isolation.py).",
+        ),
+        _S(
             "producer.id.expiration.ms",
             int,
             86_400_000,
@@ -433,7 +442,24 @@ class BrokerConfig:
                     f"fetch.backlog.min_bytes_per_sec ({self['fetch.backlog.min_bytes_per_sec']}) "
                     f"is above fetch.backlog.max_bytes_per_sec ({top})"
                 )
+        self._validate_sender_cpus()
         self._validate_ranges()
+
+    def _validate_sender_cpus(self) -> None:
+        from stratalog.broker.cpu_isolation import CpuListError, parse_cpus, split
+
+        text = self["fetch.backlog.sender_cpus"]
+        try:
+            cpus = parse_cpus(text)
+            if cpus:
+                split(cpus)
+        except CpuListError as e:
+            raise ConfigError(f"fetch.backlog.sender_cpus={text!r}: {e}") from None
+        if cpus and self["fetch.backlog.sender"] != "process":
+            raise ConfigError(
+                "fetch.backlog.sender_cpus gives the backlog sender process its CPUs: set "
+                "fetch.backlog.sender=process too"
+            )
 
     # Settings whose meaning needs at least this value (below it the broker would start and then
     # misbehave: spin, never acknowledge, or divide by nothing). Settings with special negative

@@ -32,6 +32,7 @@ from typing import Any
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender_process import MAX_FDS, MAX_MESSAGE
+from stratalog.broker.cpu_isolation import format_cpus
 from stratalog.storage.partition import FileSlice
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,11 @@ class BacklogAnswer(list):
 
 
 class BacklogSender:
-    def __init__(self, priority: str, io_bytes: int, rate: int = 0) -> None:
+    def __init__(
+        self, priority: str, io_bytes: int, rate: int = 0, cpus: frozenset[int] = frozenset()
+    ) -> None:
         self.priority = priority
+        self.cpus = cpus  # where the process runs (fetch.backlog.sender_cpus); empty: anywhere
         self.rate = rate  # bytes per second the process sends history at; 0: unlimited
         self.io_bytes = io_bytes
         self.proc: subprocess.Popen | None = None
@@ -82,6 +86,7 @@ class BacklogSender:
                 self.priority,
                 str(self.io_bytes),
                 str(self.rate),
+                format_cpus(self.cpus),
             ],
             pass_fds=[theirs.fileno()],
         )

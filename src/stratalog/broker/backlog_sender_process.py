@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratalog.broker.cpu_isolation import parse_cpus, pin_this_thread
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.priority import die_with_parent, lower_this_thread
 from stratalog.storage.throttle import PACE_SLACK_S, PACED_TURN_BYTES, ByteRate
@@ -245,8 +246,11 @@ class Sender:
 def main(argv: list[str]) -> None:
     control_fd, parent, priority = int(argv[0]), int(argv[1]), argv[2]
     io_bytes, rate = int(argv[3]), int(argv[4])
+    cpus = parse_cpus(argv[5]) if len(argv) > 5 else frozenset()
     if not die_with_parent(parent):  # never outlive the broker, even after kill -9
         return
+    if cpus:
+        pin_this_thread(cpus, "the backlog sender")  # off the broker's own CPUs
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the broker decides when this one stops
     if priority != "normal":
         lower_this_thread(sched_idle=priority == "idle")

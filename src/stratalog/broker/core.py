@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
+from stratalog.broker.cpu_isolation import parse_cpus, pin_this_thread, split
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
@@ -58,6 +59,11 @@ class BrokerCore:
     def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
         self.data_dir = Path(data_dir)
         self.config = config
+        # Before any thread or process is started: they inherit the broker's CPUs.
+        sender_cpus = parse_cpus(config["fetch.backlog.sender_cpus"])
+        if sender_cpus:
+            broker_cpus, sender_cpus = split(sender_cpus)
+            pin_this_thread(broker_cpus, "the broker")
         self.node_id: int = config["node.id"]
         self.metadata = MetadataStore(self.data_dir)
         self.offsets = OffsetStore(self.data_dir)
@@ -132,6 +138,7 @@ class BrokerCore:
                 config["fetch.backlog.io_bytes"],
                 # A fixed budget is the process's to keep; a steered one stays with the loop.
                 rate=0 if self.backlog_pacer is not None else self.backlog_rate.rate,
+                cpus=sender_cpus,
             )
         self.backlog_loader = BacklogLoader(
             config["fetch.backlog.io_bytes"], config["fetch.backlog.io_depth"]
