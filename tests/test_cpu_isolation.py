@@ -102,6 +102,7 @@ def test_the_sender_and_the_broker_run_on_their_own_cpus(tmp_path):
         "fetch.backlog.sender_priority": "low",  # SCHED_IDLE would starve under the suite
         "fetch.backlog.sender_cpus": str(ALLOWED[-1]),
         "storage.fsync_via": "auto",
+        "tiers.cold.path": str(tmp_path / "cold"),  # and so migration's copy workers
     }
     bp = BrokerProcess(tmp_path / "data", settings=settings).start()
     try:
@@ -118,12 +119,18 @@ def test_the_sender_and_the_broker_run_on_their_own_cpus(tmp_path):
         threads = _cpus_of(bp.proc.pid)
         assert len(threads) > 3, threads
         assert all(c == broker_cpus for c in threads.values()), threads
-        senders = [
-            c
-            for c in _children(bp.proc.pid)
-            if b"backlog_sender_process" in Path(f"/proc/{c}/cmdline").read_bytes()
-        ]
+        children = {c: Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(bp.proc.pid)}
+        senders = [c for c, cmd in children.items() if b"backlog_sender_process" in cmd]
         assert len(senders) == 1
+        # Migration's copy workers (nice +10) keep every CPU: on the broker's alone they would
+        # compete with the event loop.
+        workers = [c for c, cmd in children.items() if b"spawn_main" in cmd]
+        assert workers, children
+        for w in workers:
+            deadline = time.monotonic() + 30
+            while any(c != set(ALLOWED) for c in _cpus_of(w).values()):
+                assert time.monotonic() < deadline, _cpus_of(w)
+                time.sleep(0.05)
         deadline = time.monotonic() + 30
         while any(c != sender_cpu for c in _cpus_of(senders[0]).values()):
             assert time.monotonic() < deadline, _cpus_of(senders[0])

@@ -61,8 +61,10 @@ class BrokerCore:
         self.config = config
         # Before any thread or process is started: they inherit the broker's CPUs.
         sender_cpus = parse_cpus(config["fetch.backlog.sender_cpus"])
+        every_cpu: frozenset[int] = frozenset()
         if sender_cpus:
             broker_cpus, sender_cpus = split(sender_cpus)
+            every_cpu = broker_cpus | sender_cpus
             pin_this_thread(broker_cpus, "the broker")
         self.node_id: int = config["node.id"]
         self.metadata = MetadataStore(self.data_dir)
@@ -102,6 +104,9 @@ class BrokerCore:
                 threads=config["tiers.migrate.threads"],
                 interval_ms=config["tiers.migrate.interval.ms"],
                 promote=config["tiers.promote"],
+                # The copy workers (nice +10, paced) keep every CPU, as without pinning: on
+                # the broker's alone they would take the loop's core (e-slow-cold run13/run14).
+                worker_cpus=every_cpu,
             ),
             self.local_retention,
         )

@@ -10,9 +10,9 @@ sender process runs on the CPUs named, and the broker's own threads on the other
 of the loop never queues behind a history send.
 
 The broker pins the thread that builds it (its event loop's); every thread and process it
-starts afterwards (the I/O threads, the ring's kernel workers, the migration worker) inherits
-that, and the sender process moves itself to its own CPUs when it starts. Threads the embedding
-program started before are left alone.
+starts afterwards (the I/O threads, the ring's kernel workers) inherits that; the sender process
+moves itself to its own CPUs when it starts, and migration's copy workers (nice +10) back to
+all of them. Threads the embedding program started before are left alone.
 """
 
 from __future__ import annotations

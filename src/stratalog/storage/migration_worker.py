@@ -39,11 +39,13 @@ READ_SPAN = 1 << 20  # bytes read in one request at most
 _stores: dict[tuple[str, str], ColdStore] = {}  # in a worker: one ColdStore per cold tier
 
 
-def _start_worker(broker_pid: int) -> None:
+def _start_worker(broker_pid: int, cpus: frozenset[int] = frozenset()) -> None:
     # A worker must not outlive a broker that was killed (kill -9): the pool's queues stay open
     # in every worker, so it would wait for work forever. Linux stops it with its parent.
     if not die_with_parent(broker_pid):
         os._exit(0)  # the broker died before that took effect
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     try:
         os.nice(WORKER_NICE)
     except OSError:
@@ -114,8 +116,9 @@ def _plain_main():
 class CopyWorkers:
     """A pool of ``workers`` copy processes, started at the first copy."""
 
-    def __init__(self, cold: ColdStore, workers: int) -> None:
+    def __init__(self, cold: ColdStore, workers: int, cpus: frozenset[int] = frozenset()) -> None:
         self._location = cold.location
+        self._cpus = cpus
         self._options = cold.options
         self._workers = max(1, workers)
         self._pool: ProcessPoolExecutor | None = None
@@ -127,7 +130,7 @@ class CopyWorkers:
                 self._workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_start_worker,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self._cpus),
             )
         return self._pool
 

@@ -41,6 +41,8 @@ class TierSettings:
     threads: int = 2
     interval_ms: int = 1000
     promote: bool = False  # below the threshold, cache the newest cold segments in the hot tier
+    # CPUs the copy workers may use; empty: the broker's (fetch.backlog.sender_cpus widens them)
+    worker_cpus: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -76,7 +78,9 @@ class Migrator:
         # cold tier draw from the same one, as they share the device (Pafka's slow tier).
         self.cold_rate = ByteRate(settings.cold_bytes_per_sec)
         self._probed = 0.0
-        self._copier = CopyWorkers(store.cold, settings.threads) if store.cold else None
+        self._copier = (
+            CopyWorkers(store.cold, settings.threads, settings.worker_cpus) if store.cold else None
+        )
 
     def close(self) -> None:
         """Stop the copy worker processes (a copy under way is abandoned uncommitted)."""
