@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from stratalog.bench.hist import LatencyRecorder
+from stratalog.broker.cpu_isolation import parse_cpus
 
 _PACK = struct.Struct("<q").pack
 _UNPACK_FROM = struct.Struct("<q").unpack_from
@@ -66,6 +67,7 @@ class ConsumerJob:
     # for every target, whatever the broker would serve.
     max_bytes_per_s: float = 0.0
     sched_idle: bool = False  # run in SCHED_IDLE: only the CPU nobody else wants
+    cpus: str = ""  # a Linux CPU list to run on (empty: anywhere)
     # "confluent-kafka" (the factory's consumer) or "arrow": raw batches decoded into Arrow
     # columns as the Spark source does (bench/history_reader.py), for Kafka-protocol targets.
     client: str = "confluent-kafka"
@@ -374,6 +376,8 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
     try:
         if job.sched_idle:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        if job.cpus:
+            os.sched_setaffinity(0, parse_cpus(job.cpus))
         client = _consumer(factory, job)
         ready_q.put(("consumer", job.index, ""))
         start_evt.wait()

@@ -328,6 +328,7 @@ def backlog_reader_jobs(w: Workload, topics: list[str]) -> list[ConsumerJob]:
             group="backlog",
             max_bytes_per_s=w.backlog_read_mb_per_s * 1e6 / w.backlog_consumers,
             sched_idle=w.backlog_readers_idle,
+            cpus=w.backlog_readers_cpus,
             client=w.backlog_readers_client,
             extra={
                 # A paced reader keeps little in its client's queue, so the broker's reads

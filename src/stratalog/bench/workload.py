@@ -76,6 +76,7 @@ _TOP_LEVEL = {
     "backlog_cold",
     "backlog_read_mb_per_s",
     "backlog_readers_idle",
+    "backlog_readers_cpus",
     "backlog_readers_config",
     "backlog_readers_client",
     "kcat_consume",
@@ -176,6 +177,10 @@ class Workload:
     # else wants: on a small machine this keeps their own decoding off the cores the broker
     # and the producers share, as if they ran on other hosts (the broker's work for them stays).
     backlog_readers_idle: bool = False
+    # A Linux CPU list the backlog readers' processes run on (empty: anywhere): with the
+    # broker's backlog sender on the same CPUs (fetch.backlog.sender_cpus), the readers' receive
+    # work stays off the broker's cores, as it does when they run on other hosts.
+    backlog_readers_cpus: str = ""
     # librdkafka settings for the backlog readers only, e.g. a bounded socket receive buffer:
     # on this project's kernel (no preemption inside a system call) one recv of a multi-MB
     # answer holds a core for a millisecond or more whatever the reader's priority.
