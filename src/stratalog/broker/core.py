@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
-from stratalog.broker.cpu_isolation import parse_cpus, pin_this_thread, split
+from stratalog.broker.cpu_isolation import JournalThreads, parse_cpus, pin_this_thread, split
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
@@ -62,8 +62,11 @@ class BrokerCore:
         # Before any thread or process is started: they inherit the broker's CPUs.
         sender_cpus = parse_cpus(config["fetch.backlog.sender_cpus"])
         every_cpu: frozenset[int] = frozenset()
+        self._broker_cpus: frozenset[int] = frozenset()
+        self._journal_threads = JournalThreads()
         if sender_cpus:
             broker_cpus, sender_cpus = split(sender_cpus)
+            self._broker_cpus = broker_cpus
             every_cpu = broker_cpus | sender_cpus
             pin_this_thread(broker_cpus, "the broker")
         self.node_id: int = config["node.id"]
@@ -183,6 +186,10 @@ class BrokerCore:
         self.store.open(triples)
 
     def start_background(self) -> None:
+        if self._broker_cpus:
+            # The journal threads of the write path's file systems commit what the group
+            # commit's fsyncs wait for: they belong on the broker's CPUs (cpu_isolation.py).
+            self._journal_threads.pin([self.store.root, self.data_dir], self._broker_cpus)
         self._tasks.append(asyncio.ensure_future(self._loop_lag_probe()))
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
@@ -210,6 +217,7 @@ class BrokerCore:
         self.offsets.close()
         self.read_executor.shutdown(wait=True)
         self.meta_executor.shutdown(wait=True)
+        self._journal_threads.restore()
 
     def abandon(self) -> None:
         """Stop without flushing anything (tests of crash recovery in-process)."""
@@ -223,6 +231,7 @@ class BrokerCore:
         self.offsets.close()
         self.read_executor.shutdown(wait=False)
         self.meta_executor.shutdown(wait=False)
+        self._journal_threads.restore()
 
     async def _loop_lag_probe(self) -> None:
         loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +73,76 @@ def pin_this_thread(cpus: frozenset[int], who: str) -> None:
     """Run the calling thread (and what it starts from now on) on ``cpus`` only."""
     os.sched_setaffinity(0, cpus)
     log.info("%s runs on CPU %s", who, format_cpus(cpus))
+
+
+def journal_threads(paths: list[Path]) -> dict[int, str]:
+    """The ext4 journal threads (``jbd2/<device>-8``) of the file systems holding ``paths``:
+    pid -> name. A file system without a journal, or not ext4, has none."""
+    names = set()
+    for path in paths:
+        try:
+            st = os.stat(path)
+            device = os.path.basename(
+                os.readlink(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+            )
+        except OSError:
+            continue  # not a block device's file system (tmpfs, overlay)
+        names.add(f"jbd2/{device}-")
+    found = {}
+    if not names:
+        return found
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if any(comm.startswith(n) for n in names):
+            found[int(entry)] = comm
+    return found
+
+
+class JournalThreads:
+    """The journal threads of the broker's write path, moved to the broker's CPUs while it runs.
+
+    A group commit's fsync asks the file system's journal thread for a commit and waits for it;
+    that kernel thread wakes like any task, and on this project's kernel it waited 20-56 ms at
+    a time to run behind the history sender's system calls (``jbd2_run_stats``'s request delay,
+    docs/benchmarks.md, e-slow-cold, session 20): every produce waited with it. Moving a kernel
+    thread needs CAP_SYS_NICE and changes it for every user of that file system, so this is
+    done only with fetch.backlog.sender_cpus, logged, and undone when the broker stops."""
+
+    def __init__(self) -> None:
+        self._before: dict[int, set[int]] = {}
+
+    def pin(self, paths: list[Path], cpus: frozenset[int]) -> None:
+        for pid, name in journal_threads(paths).items():
+            try:
+                before = os.sched_getaffinity(pid)
+                os.sched_setaffinity(pid, cpus)
+            except PermissionError:
+                log.warning(
+                    "cannot move %s (pid %d) to the broker's CPUs %s: not permitted (needs "
+                    "CAP_SYS_NICE); group commits may wait for it behind history's work "
+                    "(taskset -p does it by hand)",
+                    name,
+                    pid,
+                    format_cpus(cpus),
+                )
+                continue
+            except ProcessLookupError:
+                continue
+            self._before[pid] = before
+            log.info(
+                "%s (pid %d) runs on CPU %s while the broker runs", name, pid, format_cpus(cpus)
+            )
+
+    def restore(self) -> None:
+        for pid, cpus in self._before.items():
+            try:
+                os.sched_setaffinity(pid, cpus)
+            except OSError:
+                pass  # gone (the file system was unmounted) or no longer ours to move
+        self._before.clear()
