@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from stratalog.broker.cpu_isolation import CpuListError, format_cpus, parse_cpus
+from stratalog.broker.cpu_isolation import CpuListError, format_cpus, journal_threads, parse_cpus
 from stratalog.config import BrokerConfig, ConfigError
 
 from .conftest import BrokerProcess, create_topic, scrape_metrics
@@ -153,3 +153,48 @@ def test_the_sender_and_the_broker_run_on_their_own_cpus(tmp_path):
         assert _sent_by_sender(admin) - before >= N * 1000 - 2 * (1 << 20)
     finally:
         bp.kill()
+
+
+@pytest.fixture
+def ext4_mount(tmp_path):
+    """A small ext4 file system with a journal on a loop device (root only), unmounted after."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a loop device needs root")
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, timeout=60)
+    mounted = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(mnt)], capture_output=True, text=True, timeout=60
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"no loop device here: {mounted.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], timeout=60)
+
+
+@pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two CPUs")
+def test_the_write_paths_journal_thread_joins_the_broker_while_it_runs(ext4_mount):
+    threads = journal_threads([ext4_mount])
+    assert len(threads) == 1, threads  # the loop device's jbd2 thread
+    (pid,) = threads
+    assert os.sched_getaffinity(pid) == set(ALLOWED)
+    settings = {
+        "fetch.backlog.sender": "process",
+        "fetch.backlog.sender_priority": "low",
+        "fetch.backlog.sender_cpus": str(ALLOWED[-1]),
+    }
+    bp = BrokerProcess(ext4_mount / "data", settings=settings).start()
+    try:
+        create_topic(bp.bootstrap, "journaled", 1)
+        assert os.sched_getaffinity(pid) == set(ALLOWED[:-1])
+        p = Producer({"bootstrap.servers": bp.bootstrap, "acks": "all"})
+        for i in range(100):
+            p.produce("journaled", value=b"%d" % i)
+        assert p.flush(30) == 0
+    finally:
+        bp.stop()
+    assert os.sched_getaffinity(pid) == set(ALLOWED)  # given back at a clean stop
