@@ -446,13 +446,13 @@ class BrokerConfig:
         self._validate_ranges()
 
     def _validate_sender_cpus(self) -> None:
-        from stratalog.broker.cpu_isolation import CpuListError, parse_cpus, split
+        from stratalog.broker.cpu_isolation import CpuListError, broker_cpus, parse_cpus
 
         text = self["fetch.backlog.sender_cpus"]
         try:
             cpus = parse_cpus(text)
             if cpus:
-                split(cpus)
+                broker_cpus(cpus)
         except CpuListError as e:
             raise ConfigError(f"fetch.backlog.sender_cpus={text!r}: {e}") from None
         if cpus and self["fetch.backlog.sender"] != "process":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
-from stratalog.broker.cpu_isolation import JournalThreads, parse_cpus, pin_this_thread, split
+from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
@@ -61,14 +61,10 @@ class BrokerCore:
         self.config = config
         # Before any thread or process is started: they inherit the broker's CPUs.
         sender_cpus = parse_cpus(config["fetch.backlog.sender_cpus"])
-        every_cpu: frozenset[int] = frozenset()
-        self._broker_cpus: frozenset[int] = frozenset()
+        self._broker_cpus = broker_cpus(sender_cpus) if sender_cpus else frozenset()
         self._journal_threads = JournalThreads()
-        if sender_cpus:
-            broker_cpus, sender_cpus = split(sender_cpus)
-            self._broker_cpus = broker_cpus
-            every_cpu = broker_cpus | sender_cpus
-            pin_this_thread(broker_cpus, "the broker")
+        if self._broker_cpus:
+            pin_this_thread(self._broker_cpus, "the broker")
         self.node_id: int = config["node.id"]
         self.metadata = MetadataStore(self.data_dir)
         self.offsets = OffsetStore(self.data_dir)
@@ -109,7 +105,7 @@ class BrokerCore:
                 promote=config["tiers.promote"],
                 # The copy workers (nice +10, paced) keep every CPU, as without pinning: on
                 # the broker's alone they would take the loop's core (e-slow-cold run13/run14).
-                worker_cpus=every_cpu,
+                worker_cpus=self._broker_cpus | sender_cpus,
             ),
             self.local_retention,
         )

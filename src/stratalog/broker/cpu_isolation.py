@@ -47,8 +47,9 @@ def parse_cpus(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def split(sender: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
-    """(the broker's CPUs, the sender's) out of those this process may run on."""
+def broker_cpus(sender: frozenset[int]) -> frozenset[int]:
+    """The CPUs left to the broker when the sender has ``sender``, out of those this process
+    may run on."""
     allowed = frozenset(os.sched_getaffinity(0))
     missing = sorted(sender - allowed)
     if missing:
@@ -62,7 +63,7 @@ def split(sender: frozenset[int]) -> tuple[frozenset[int], frozenset[int]]:
             f"it names every CPU this process may run on ({format_cpus(allowed)}): "
             "the broker needs at least one of its own"
         )
-    return broker, sender
+    return broker
 
 
 def format_cpus(cpus: frozenset[int]) -> str:
