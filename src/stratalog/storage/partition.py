@@ -28,6 +28,7 @@ from stratalog.storage.batch import (
     stamp_log_append_time,
 )
 from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.journal import StorageFailure
 from stratalog.storage.producer_state import (
     DETERMINISTIC_PRODUCER_IDS,
     BatchMeta,
@@ -36,7 +37,7 @@ from stratalog.storage.producer_state import (
 )
 from stratalog.storage.segment import Segment
 from stratalog.storage.tail_cache import TailCache
-from stratalog.storage.virtual_log import VirtualLog
+from stratalog.storage.virtual_log import VirtualLog, WriteBatch
 
 if TYPE_CHECKING:
     from stratalog.records import Record
@@ -87,13 +88,19 @@ class FileSlice:
         self.segment.release()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendResult:
+    """What one partition's append became. Under a WriteBatch the bytes are written at its
+    commit: until then ``written`` is False; after it, either ``written`` (with the ``lsn`` to
+    wait on for durability) or ``failure`` is set."""
+
     base_offset: int
     last_offset: int
     log_append_time: int  # -1 unless the topic uses LogAppendTime
-    lsn: int  # 0 when nothing was appended (a duplicate)
+    lsn: int = 0  # 0 until written, and for a duplicate (nothing appended)
     duplicate_of: BatchMeta | None = None
+    written: bool = False
+    failure: StorageFailure | None = None
 
 
 @dataclass(slots=True)
@@ -144,8 +151,11 @@ class PartitionLog:
         max_batch_bytes: int = 1024 * 1024 + 12,
         timestamp_check=None,
         now_ms: int = -1,
+        writes: WriteBatch | None = None,
     ) -> AppendResult:
-        """Validate, assign offsets and append; raises AppendError or CorruptBatchError.
+        """Validate, assign offsets and append; raises AppendError, CorruptBatchError or
+        StorageFailure. With ``writes`` the bytes are staged and written at its commit; the
+        result says then whether they were (nothing is recorded for bytes never written).
 
         Nothing is appended unless every batch in ``records`` is valid. ``timestamp_check(h)``
         may raise, or return True to have that batch stamped with broker time ``now_ms``.
@@ -173,7 +183,9 @@ class PartitionLog:
         if duplicate is not None:
             if found[0][1].producer_id >= DETERMINISTIC_PRODUCER_IDS:
                 self._check_repeat(mv, *found[0])
-            return AppendResult(duplicate.base_offset, duplicate.last_offset, -1, 0, duplicate)
+            return AppendResult(
+                duplicate.base_offset, duplicate.last_offset, -1, 0, duplicate, written=True
+            )
 
         items: list[tuple[bytes, memoryview, BatchHeader, int]] = []
         offset = self.next_offset
@@ -194,32 +206,63 @@ class PartitionLog:
             items.append((_OFF.pack(offset), batch, h, offset))
             offset += h.last_offset_delta + 1
 
-        seg, positions, lsn = self.vlog.append(self.uid, items)
         base = self.next_offset
-        seq = seg.seq
-        chunks_append = self.chunks.append
-        record = self.producers.record
-        tail_put = self._tail.put
-        uid = self.uid
-        for (off8, batch, h, b), p in zip(items, positions, strict=True):
-            size = h.batch_length + LOG_OVERHEAD
-            chunks_append(b, b + h.last_offset_delta, seq, p, size, h.max_timestamp)
-            if h.producer_id >= 0:
-                record(
-                    h.producer_id,
-                    h.producer_epoch,
-                    h.base_sequence,
-                    h.record_count,
-                    b,
-                    h.max_timestamp,
-                )
-            tail_put(uid, b, off8, batch[8:])
-            self.size_bytes += size
-        if self.on_append is not None:
-            self.on_append(self, seq, len(items))
+        result = AppendResult(base, offset - 1, log_append_time_ms)
+
+        def written(seg: Segment, positions: list[int], lsn: int) -> None:
+            # Only now, with the bytes in the segment, do index, producer state and (once
+            # durable) the high watermark learn of them.
+            seq = seg.seq
+            chunks_append = self.chunks.append
+            record = self.producers.record
+            tail_put = self._tail.put
+            uid = self.uid
+            for (off8, batch, h, b), p in zip(items, positions, strict=True):
+                size = h.batch_length + LOG_OVERHEAD
+                chunks_append(b, b + h.last_offset_delta, seq, p, size, h.max_timestamp)
+                if h.producer_id >= 0:
+                    record(
+                        h.producer_id,
+                        h.producer_epoch,
+                        h.base_sequence,
+                        h.record_count,
+                        b,
+                        h.max_timestamp,
+                    )
+                tail_put(uid, b, off8, batch[8:])
+                self.size_bytes += size
+            if self.on_append is not None:
+                self.on_append(self, seq, len(items))
+            result.lsn = lsn
+            result.written = True
+            self.vlog.when_durable(lsn, lambda ok: ok and self.advance_high_watermark(offset))
+
+        def failed(failure: StorageFailure) -> None:
+            # Every append of a failed write fails: the earliest one's base is where to go on.
+            self.next_offset = min(self.next_offset, base)
+            result.failure = failure
+
+        if writes is not None:
+            writes.join(self.vlog)
+        self.vlog.append(self.uid, items, written, failed)
+        # Tentatively at once, so a later append of this request continues from here.
         self.next_offset = offset
-        self.vlog.when_durable(lsn, lambda ok: ok and self.advance_high_watermark(offset))
-        return AppendResult(base, offset - 1, log_append_time_ms, lsn)
+        return result
+
+    def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
+        """``callback(True)`` once the append at ``lsn`` is durable, ``callback(False)`` if its
+        log failed first."""
+        self.vlog.when_durable(lsn, callback)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why this partition's log stopped acknowledging, if it did."""
+        return self.vlog.journal.failed
+
+    @property
+    def spilling(self) -> bool:
+        """Whether appends now land in the cold tier's directory (the hot tier is full)."""
+        return self.vlog.active.directory != self.vlog.directory
 
     def _check_sequences(self, found: list[tuple[int, BatchHeader]]) -> BatchMeta | None:
         try:

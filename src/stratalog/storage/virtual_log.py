@@ -9,11 +9,13 @@ partition gets a log of its own, as in Kafka, so both layouts run on the same co
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
@@ -50,16 +52,34 @@ def _write(seg: Segment, parts: list[bytes | memoryview], nbytes: int) -> None:
         seg.write(chunk, nbytes if len(parts) <= _IOV_MAX else sum(len(p) for p in chunk))
 
 
+class WriteFailed(StorageFailure):
+    """A segment write failed for want of space (ENOSPC, EDQUOT, EFBIG): what it carried was cut
+    back, nothing of it was recorded, and the log stays writable (a retry is appended once space
+    returns)."""
+
+
+# Errors a write can meet without the disk having failed: the bytes are cut back and the log
+# goes on. Anything else (EIO, ...) fails the log as a failed fsync does.
+_SPACE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+# Called once a staged append is written: (segment, the batches' positions, the append's LSN).
+OnWritten = Callable[[Segment, list[int], int], None]
+
+
 class WriteBatch:
     """The appends of one Produce request: each virtual log it touches stages them and writes
     them with one writev at commit (KerA: one write for many streams), instead of one per
-    partition. Nothing can read the staged bytes before commit: the high watermark moves only
-    when the journal has them, and commit runs before the request handler yields."""
+    partition. Nothing is recorded for a staged append (index, producer state, high watermark)
+    until its bytes are written: each append's ``on_written`` runs then, or its ``on_failed`` if
+    the write failed. Commit runs before the request handler yields, so nothing can observe the
+    staged state in between."""
 
-    __slots__ = ("vlogs",)
+    __slots__ = ("failed", "vlogs")
 
     def __init__(self) -> None:
         self.vlogs: list[VirtualLog] = []
+        # Virtual logs whose write failed at commit, and why.
+        self.failed: dict[VirtualLog, StorageFailure] = {}
 
     def join(self, vlog: VirtualLog) -> None:
         if vlog._batched is None:
@@ -67,12 +87,13 @@ class WriteBatch:
             self.vlogs.append(vlog)
 
     def commit(self) -> StorageFailure | None:
-        """Write every staged append; the first failure, if any (its log is failed)."""
+        """Write every staged append; the first failure, if any (``failed`` has them all)."""
         failure = None
         for v in self.vlogs:
             try:
                 v.flush_batch(end=True)
             except StorageFailure as e:
+                self.failed[v] = e
                 failure = failure or e
         self.vlogs.clear()
         return failure
@@ -128,6 +149,7 @@ class VirtualLog:
         # handed to the journal once) when it commits, instead of one writev per partition.
         self._batched: list[bytes | memoryview] | None = None
         self._batched_bytes = 0
+        self._staged: list[_Staged] = []
 
     # -- opening and closing -------------------------------------------------------------------
     def open(self) -> dict[int, list[IndexEntry]]:
@@ -185,14 +207,21 @@ class VirtualLog:
 
     # -- appending -----------------------------------------------------------------------------
     def append(
-        self, uid: int, batches: list[tuple[bytes, memoryview, BatchHeader, int]]
-    ) -> tuple[Segment, list[int], int]:
-        """Append the frames of one partition's batches in one write.
+        self,
+        uid: int,
+        batches: list[tuple[bytes, memoryview, BatchHeader, int]],
+        on_written: OnWritten,
+        on_failed: Callable[[StorageFailure], None] | None = None,
+    ) -> None:
+        """Append the frames of one partition's batches in one write (or stage them in the
+        WriteBatch in progress).
 
         Each item is (new 8-byte baseOffset, the batch as received, its header, the new base
-        offset as an int); the batch's own
-        first 8 bytes are replaced by the new offset without copying the rest (zero copy).
-        Returns the segment, the position of each batch and the LSN to wait on for durability.
+        offset as an int); the batch's own first 8 bytes are replaced by the new offset without
+        copying the rest (zero copy). Once the bytes are written, their index entries are added
+        and ``on_written(segment, positions, lsn)`` runs (the LSN to wait on for durability);
+        if the write fails, ``on_failed(failure)`` runs instead and StorageFailure is raised (at
+        once, or from the WriteBatch's commit).
         """
         if self.journal.failed:
             raise self.journal.failed
@@ -210,53 +239,97 @@ class VirtualLog:
             positions.append(pos + FRAME_SIZE)
             pos += FRAME_SIZE + len(batch)
         nbytes = pos - start
+        staged = _Staged(uid, batches, positions, nbytes, on_written, on_failed)
         if self._batched is not None:
             self._batched += parts
             self._batched_bytes += nbytes
+            self._staged.append(staged)
             seg.size += nbytes  # reserved now, written by flush_batch
-        else:
+            return
+        self._write_staged(seg, parts, start, nbytes, [staged])
+
+    def _write_staged(
+        self,
+        seg: Segment,
+        parts: list[bytes | memoryview],
+        start: int,
+        nbytes: int,
+        staged: list[_Staged],
+    ) -> None:
+        """Write ``parts`` at ``start`` (where ``seg.size`` stands) and record the staged
+        appends, or cut the bytes back and tell each append it failed."""
+        try:
             _write(seg, parts, nbytes)
+        except OSError as e:
+            self._cut_back(seg, start)
+            failure: StorageFailure
+            if e.errno in _SPACE_ERRORS:
+                log.warning(
+                    "%s: write of %d B failed (%s); cut back, the log stays writable",
+                    self.name,
+                    nbytes,
+                    e,
+                )
+                failure = WriteFailed(f"write failed: {e}")
+            else:
+                self.journal.fail(StorageFailure(f"write failed: {e}"))
+                failure = self.journal.failed  # type: ignore[assignment]
+            for st in staged:
+                if st.on_failed is not None:
+                    st.on_failed(failure)
+            raise failure from None
         add_index = seg.add_index_fields
-        for (_off8, _batch, h, base), p in zip(batches, positions, strict=True):
-            add_index(
-                uid,
-                base,
-                h.last_offset_delta,
-                p,
-                h.batch_length + LOG_OVERHEAD,
-                h.max_timestamp,
-                h.producer_id,
-                h.producer_epoch,
-                h.base_sequence,
-            )
-        self.lsn += nbytes
-        if self._batched is None:
-            self.journal.note_append(seg, self.lsn, nbytes)
-        return seg, positions, self.lsn
+        lsn = self.lsn
+        for st in staged:
+            lsn += st.nbytes
+            for (_off8, _batch, h, base), p in zip(st.batches, st.positions, strict=True):
+                add_index(
+                    st.uid,
+                    base,
+                    h.last_offset_delta,
+                    p,
+                    h.batch_length + LOG_OVERHEAD,
+                    h.max_timestamp,
+                    h.producer_id,
+                    h.producer_epoch,
+                    h.base_sequence,
+                )
+        self.lsn = lsn
+        self.journal.note_append(seg, lsn, nbytes)
+        lsn -= nbytes
+        for st in staged:
+            lsn += st.nbytes
+            st.on_written(seg, st.positions, lsn)
+
+    def _cut_back(self, seg: Segment, start: int) -> None:
+        """Forget a failed write: the segment ends at ``start`` again, on disk too, so a
+        partly written frame is neither overwritten half-way nor found by recovery."""
+        seg.size = start
+        try:
+            if os.fstat(seg.fd).st_size > start:
+                os.ftruncate(seg.fd, start)
+        except OSError as e:  # recovery cuts it (no index entry vouches for it)
+            log.warning("%s: cannot cut back a failed write: %s", seg, e)
 
     def begin_batch(self) -> None:
         """Stage appends until flush_batch (see WriteBatch)."""
         self._batched = []
         self._batched_bytes = 0
+        self._staged = []
 
     def flush_batch(self, end: bool = False) -> None:
-        """Write what was staged in one writev and hand it to the journal; ``end`` stops
-        staging. A failed write fails the journal: nothing staged is acknowledged."""
-        parts, nbytes = self._batched, self._batched_bytes
+        """Write what was staged in one writev and record it; ``end`` stops staging. A failed
+        write is cut back and every staged append is told (raises StorageFailure)."""
+        parts, nbytes, staged = self._batched, self._batched_bytes, self._staged
         self._batched = None if end else []
         self._batched_bytes = 0
+        self._staged = []
         if not parts:
             return
         seg = self.active
-        reserved_end = seg.size
-        try:
-            seg.size -= nbytes
-            _write(seg, parts, nbytes)
-        except OSError as e:
-            seg.size = reserved_end  # the reserved range stays reserved: the log is read-only
-            self.journal.fail(StorageFailure(f"write failed: {e}"))
-            raise self.journal.failed from None
-        self.journal.note_append(seg, self.lsn, nbytes)
+        start = seg.size - nbytes
+        seg.size = start
+        self._write_staged(seg, parts, start, nbytes, staged)
 
     def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
         """Call ``callback(True)`` once ``lsn`` is durable (or ``callback(False)`` on failure)."""
@@ -300,7 +373,14 @@ class VirtualLog:
                 # hot device can still take: past its capacity is better than an error.
                 log.warning("cannot spill to the cold tier (%s): segment stays hot", e)
         if new is None:
-            new = Segment(self.directory, old.seq + 1, create=True)
+            try:
+                new = Segment(self.directory, old.seq + 1, create=True)
+            except OSError as e:
+                # No room for a new file: the old segment stays active; the next append tries
+                # again (an ENOSPC here must not make the log read-only).
+                old.sealed = False
+                log.warning("%s: cannot start a new segment: %s", self.name, e)
+                raise WriteFailed(f"cannot start a new segment: {e}") from None
         if self.direct_io:
             new.enable_direct(self.direct_min_bytes)
         # Cut the sealed segment's padding now: recovery treats a segment that ends short of its
@@ -361,6 +441,18 @@ class VirtualLog:
             self._checkpointed = (seg.seq, position)
         finally:
             self._checkpointing = False
+
+
+@dataclass(slots=True)
+class _Staged:
+    """One partition's append waiting for its write."""
+
+    uid: int
+    batches: list[tuple[bytes, memoryview, BatchHeader, int]]
+    positions: list[int]
+    nbytes: int
+    on_written: OnWritten
+    on_failed: Callable[[StorageFailure], None] | None
 
 
 def _seal(seg: Segment) -> None:

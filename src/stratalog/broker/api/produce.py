@@ -17,7 +17,7 @@ from stratalog.protocol.errors import code
 from stratalog.protocol.produce import PartitionProduceResult, encode_produce_response
 from stratalog.storage.batch import BatchHeader, CorruptBatchError
 from stratalog.storage.journal import StorageFailure
-from stratalog.storage.partition import AppendError, PartitionLog
+from stratalog.storage.partition import AppendError, AppendResult, PartitionLog
 from stratalog.storage.virtual_log import WriteBatch
 
 from .common import NONE, err, reply
@@ -68,21 +68,32 @@ def handle_produce(core, req: Request, conn):
         return encode_produce_response(req.api_version, req.correlation_id, results)
     pending = _Pending(req, results) if acks == -1 else None
     writes = WriteBatch()
+    appended: list[tuple[PartitionLog, AppendResult, PartitionProduceResult, int, bool]] = []
     try:
-        produced, spilled, any_error = _append_all(core, body, now, results, pending, writes)
+        any_error = _append_all(core, body, now, results, appended, writes)
     finally:
         # Always, so no virtual log is left staging if an append raised unexpectedly.
-        failure = writes.commit()
-    if failure is not None:
-        # A write failed at commit: what that log took in this request was never written.
-        for name, parts in results:
-            for r in parts:
-                p = core.partition(name, r.index)
-                if not r.error_code and p is not None and p.vlog.journal.failed is not None:
-                    r.error_code = code("KAFKA_STORAGE_ERROR")
-                    r.error_message = str(p.vlog.journal.failed)
-                    r.base_offset = -1
-                    any_error = True
+        writes.commit()
+    # Only now is it known which appends were written: a failed write's partitions answer
+    # KAFKA_STORAGE_ERROR at once (nothing of them was recorded, so a retry is appended).
+    produced = spilled = 0
+    for p, res, r, nbytes, spilling in appended:
+        if res.failure is not None or not res.written:
+            r.error_code = code("KAFKA_STORAGE_ERROR")
+            r.error_message = str(res.failure or "the write was not made")
+            r.base_offset = -1
+            any_error = True
+            continue
+        if res.duplicate_of is None:
+            produced += nbytes
+            if spilling:
+                spilled += nbytes
+        if pending is not None:
+            if res.duplicate_of is not None:
+                if p.high_watermark <= res.last_offset:
+                    pending.wait_visible(p, res.last_offset, r)
+            else:
+                pending.wait_durable(p, res.lsn, r)
     if produced:
         metrics.PRODUCED_BYTES.inc(produced)
     if spilled:
@@ -92,7 +103,7 @@ def handle_produce(core, req: Request, conn):
             # Kafka's answer to a failed acks=0 produce: drop the connection so the client sees.
             conn.abort()
         return None
-    if pending is None or pending.all_registered():
+    if pending is None or pending.all_registered(_timeout_ms(body)):
         answer = encode_produce_response(req.api_version, req.correlation_id, results)
     else:
         answer = pending.future
@@ -104,10 +115,10 @@ def handle_produce(core, req: Request, conn):
     return answer
 
 
-def _append_all(core, body, now: int, results: list, pending, writes: WriteBatch):
-    """Validate and append every partition of a Produce request, in request order, filling
-    ``results``; returns (bytes produced, bytes spilled to the cold tier, any error)."""
-    produced = spilled = 0
+def _append_all(core, body, now: int, results: list, appended: list, writes: WriteBatch):
+    """Validate and stage every partition of a Produce request, in request order, filling
+    ``results`` and ``appended`` (what was staged, its size, whether it spilled to the cold
+    tier); returns whether any partition failed."""
     any_error = False
     for td in body.topic_data:
         name = td.name
@@ -142,13 +153,13 @@ def _append_all(core, body, now: int, results: list, pending, writes: WriteBatch
             try:
                 if pd.records is None:
                     raise CorruptBatchError("null records", "INVALID_RECORD")
-                writes.join(p.vlog)
                 res = p.append(
                     pd.records,
                     log_append_time_ms=log_append_time,
                     max_batch_bytes=max_batch_bytes,
                     timestamp_check=check,
                     now_ms=now,
+                    writes=writes,
                 )
             except (AppendError, CorruptBatchError) as e:
                 r.error_code = code(e.error)
@@ -160,20 +171,17 @@ def _append_all(core, body, now: int, results: list, pending, writes: WriteBatch
                 r.error_message = str(e)
                 any_error = True
                 continue
-            if res.duplicate_of is None:
-                produced += len(pd.records)
-                if p.vlog.active.directory != p.vlog.directory:
-                    spilled += len(pd.records)
             r.base_offset = res.base_offset
             r.log_append_time = res.log_append_time
             r.log_start_offset = p.log_start_offset
-            if pending is not None:
-                if res.duplicate_of is not None:
-                    if p.high_watermark <= res.last_offset:
-                        pending.wait_visible(p, res.last_offset)
-                else:
-                    pending.wait_durable(p, res.lsn, r)
-    return produced, spilled, any_error
+            appended.append((p, res, r, len(pd.records), p.spilling))
+    return any_error
+
+
+def _timeout_ms(body) -> int:
+    """The request's own timeout (kio gives a timedelta)."""
+    t = body.timeout
+    return int(t.total_seconds() * 1000) if hasattr(t, "total_seconds") else int(t)
 
 
 async def _after(delay, answer):
@@ -183,9 +191,10 @@ async def _after(delay, answer):
 
 class _Pending:
     """An acks=all Produce waiting for its partitions: one future for the whole request,
-    completed (with the response) by the last partition to become durable or visible."""
+    completed (with the response) by the last partition to become durable or visible, or by the
+    request's own timeout, whichever comes first: no answer waits for what may never happen."""
 
-    __slots__ = ("future", "left", "req", "results")
+    __slots__ = ("future", "left", "req", "results", "timer", "waiting")
 
     def __init__(self, req: Request, results: list) -> None:
         self.req = req
@@ -194,40 +203,74 @@ class _Pending:
         # One extra count until every partition is registered: a callback that runs at once
         # (already durable) must not answer before later partitions are appended.
         self.left = 1
+        self.waiting: set[int] = set()  # id() of the results still waited for
+        self.timer: asyncio.TimerHandle | None = None
 
     def wait_durable(self, p: PartitionLog, lsn: int, r: PartitionProduceResult) -> None:
-        self.left += 1
+        self._register(r)
 
         def done(ok: bool) -> None:
-            if not ok:
+            if not ok and id(r) in self.waiting:
                 r.error_code = code("KAFKA_STORAGE_ERROR")
                 r.error_message = "fsync failed; the write may not be durable"
                 r.base_offset = -1
-            self._one_done()
+            self._one_done(r)
 
-        p.vlog.when_durable(lsn, done)
+        p.when_durable(lsn, done)
 
-    def wait_visible(self, p: PartitionLog, last_offset: int) -> None:
-        self.left += 1
-        asyncio.ensure_future(_visible(p, last_offset)).add_done_callback(
-            lambda _t: self._one_done()
+    def wait_visible(self, p: PartitionLog, last_offset: int, r: PartitionProduceResult) -> None:
+        self._register(r)
+        asyncio.ensure_future(_visible(p, last_offset, r)).add_done_callback(
+            lambda _t: self._one_done(r)
         )
 
-    def all_registered(self) -> bool:
-        """Drop the registration count; True if nothing is left to wait for."""
-        self.left -= 1
-        return self.left == 0
+    def _register(self, r: PartitionProduceResult) -> None:
+        self.left += 1
+        self.waiting.add(id(r))
 
-    def _one_done(self) -> None:
+    def all_registered(self, timeout_ms: int) -> bool:
+        """Drop the registration count; True if nothing is left to wait for. Otherwise the
+        answer is given after ``timeout_ms`` at the latest (the request's own timeout)."""
         self.left -= 1
-        if self.left == 0 and not self.future.done():
+        if self.left == 0:
+            return True
+        delay = (timeout_ms if timeout_ms > 0 else 30_000) / 1000
+        self.timer = asyncio.get_running_loop().call_later(delay, self._timed_out)
+        return False
+
+    def _timed_out(self) -> None:
+        for _name, parts in self.results:
+            for r in parts:
+                if id(r) in self.waiting:
+                    r.error_code = code("REQUEST_TIMED_OUT")
+                    r.error_message = "not durable within the request's timeout"
+        self.waiting.clear()
+        self._answer()
+
+    def _one_done(self, r: PartitionProduceResult) -> None:
+        self.waiting.discard(id(r))
+        self.left -= 1
+        if self.left == 0:
+            self._answer()
+
+    def _answer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if not self.future.done():
             self.future.set_result(
                 encode_produce_response(self.req.api_version, self.req.correlation_id, self.results)
             )
 
 
-async def _visible(p: PartitionLog, last_offset: int) -> None:
+async def _visible(p: PartitionLog, last_offset: int, r: PartitionProduceResult) -> None:
+    """A retried batch's original: wait until consumers can see it (its log may fail first)."""
     while p.high_watermark <= last_offset and not p.deleted:
+        if p.failure is not None:
+            r.error_code = code("KAFKA_STORAGE_ERROR")
+            r.error_message = str(p.failure)
+            r.base_offset = -1
+            return
         await p.waiter()
 
 
