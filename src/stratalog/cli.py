@@ -25,6 +25,10 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list, describe and delete topics.")
 app.add_typer(topics_app, name="topics")
+cluster_app = typer.Typer(
+    no_args_is_help=True, help="A local cluster (etcd and brokers on 127.0.0.1) to try things."
+)
+app.add_typer(cluster_app, name="cluster")
 # Piped or captured output has no terminal width; rich would then squeeze tables into 80 columns
 # and cut topic names and times short.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250)
@@ -66,6 +70,13 @@ def serve(
     ] = None,
     set_: Annotated[list[str], typer.Option("--set", help="Override a setting: key=value.")] = [],  # noqa: B006
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    node_id: Annotated[
+        int | None, typer.Option("--node-id", help="This broker's id (node.id).")
+    ] = None,
+    etcd: Annotated[
+        str | None,
+        typer.Option(help="Join the cluster whose metadata is in this etcd (cluster.etcd)."),
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then shut down cleanly."""
     from stratalog.broker import gc_policy, metrics
@@ -81,6 +92,10 @@ def serve(
         values["port"] = port
     if host is not None:
         values["host"] = host
+    if node_id is not None:
+        values["node.id"] = node_id
+    if etcd is not None:
+        values["cluster.etcd"] = etcd
     try:
         cfg = BrokerConfig(values, config)
     except ConfigError as e:
@@ -96,11 +111,16 @@ def serve(
             service.open_storage()
         except OSError as e:
             fail(f"cannot open the data directory {data_dir}: {e}")
+        from stratalog.cluster.errors import ClusterError
+
         try:
             await service.listen()
         except OSError as e:
             await service.core.close()
             fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        except ClusterError as e:
+            await service.core.close()
+            fail(f"cannot join the cluster: {e}")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gc_policy.apply(cfg["gc.freeze"], cfg["gc.young_threshold"])
@@ -168,11 +188,56 @@ def _metadata(admin, bootstrap: str, topic: str | None = None):
         fail(f"cannot reach a broker at {bootstrap}: {e.args[0].str() if e.args else e}")
 
 
+@cluster_app.command("up")
+def cluster_up(
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", "-d", help="Where etcd and brokers live.")
+    ],
+    brokers: Annotated[int, typer.Option(help="How many brokers.")] = 3,
+    set_: Annotated[list[str], typer.Option("--set", help="A broker setting: key=value.")] = [],  # noqa: B006
+) -> None:
+    """Start one etcd and N brokers on 127.0.0.1, detached; print the bootstrap list."""
+    from stratalog.cluster.errors import ClusterError
+    from stratalog.cluster.local_cluster import STATE_FILE, LocalCluster
+
+    if brokers < 1:
+        fail(f"--brokers must be at least 1, not {brokers}")
+    if (data_dir / STATE_FILE).exists():
+        fail(f"a cluster is already up in {data_dir}: stop it with 'stratalog cluster down'")
+    cluster = LocalCluster(data_dir, brokers, _parse_pairs(set_, "--set"))
+    try:
+        cluster.start()
+    except ClusterError as e:
+        fail(f"cannot start the cluster: {e}")
+    print(f"etcd at {cluster.etcd.endpoint}")
+    for b in cluster.brokers:
+        print(f"broker {b.node_id} at {b.bootstrap} (pid {b.pid}, log {b.log_path})")
+    print(f"bootstrap: {cluster.bootstrap}")
+
+
+@cluster_app.command("down")
+def cluster_down(
+    data_dir: Annotated[Path, typer.Option("--data-dir", "-d", help="As given to 'cluster up'.")],
+) -> None:
+    """Stop the etcd and brokers that 'cluster up' started there, by PID."""
+    from stratalog.cluster.errors import ClusterError
+    from stratalog.cluster.local_cluster import down
+
+    try:
+        for what in down(data_dir):
+            print(f"stopped {what}")
+    except ClusterError as e:
+        fail(str(e))
+
+
 @topics_app.command("create")
 def topics_create(
     name: str,
     bootstrap: Bootstrap = "127.0.0.1:9092",
     partitions: Annotated[int, typer.Option("--partitions", "-p")] = 1,
+    replication_factor: Annotated[
+        int, typer.Option("--replication-factor", "-r", help="Replicas (-1: the broker's default).")
+    ] = -1,
     config: Annotated[list[str], typer.Option("--config", help="Topic config key=value.")] = [],  # noqa: B006
 ) -> None:
     """Create a topic."""
@@ -180,7 +245,7 @@ def topics_create(
 
     admin = _admin(bootstrap)
     fs = admin.create_topics(
-        [NewTopic(name, partitions, 1, config=_parse_pairs(config, "--config"))],
+        [NewTopic(name, partitions, replication_factor, config=_parse_pairs(config, "--config"))],
         request_timeout=TIMEOUT,
     )
     _result(fs[name], f"cannot create topic {name!r}")

@@ -33,7 +33,26 @@ SETTINGS: dict[str, Setting] = {
         _S("port", int, 9092, "Port of the Kafka listener; 0 picks a free port."),
         _S("advertised.host", str, "", "Host clients are told to connect to (default: host)."),
         _S("advertised.port", int, 0, "Port clients are told to connect to (default: port)."),
-        _S("node.id", int, 0, "This broker's id in Metadata responses."),
+        _S("node.id", int, 0, "This broker's id in Metadata responses (unique in a cluster)."),
+        _S(
+            "cluster.etcd",
+            str,
+            "",
+            "etcd endpoints (comma-separated, e.g. http://127.0.0.1:2379) of the cluster to "
+            "join; empty: the embedded single node, whose metadata stays in its data directory.",
+        ),
+        _S(
+            "cluster.name",
+            str,
+            "stratalog",
+            "The cluster's name: its metadata lives under /stratalog/<name>/ in etcd.",
+        ),
+        _S(
+            "default.replication.factor",
+            int,
+            1,
+            "Replicas of a topic created without a replication factor (Kafka's setting).",
+        ),
         _S(
             "admin.port",
             int,
@@ -483,6 +502,7 @@ class BrokerConfig:
         "node.id": 0,
         "gc.young_threshold": 0,
         "num.partitions": 1,
+        "default.replication.factor": 1,
         "fetch.backlog.max_bytes_per_sec": 0,
         "fetch.backlog.fsync_target_ms": 0,
         "fetch.backlog.min_bytes_per_sec": 1,

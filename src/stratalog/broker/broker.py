@@ -64,6 +64,14 @@ class BrokerService:
             self.admin = AdminServer(self.core, self.core.host, self.core.config["admin.port"])
             await self.admin.start()
             self.core.admin_address = f"{self.core.advertised_host}:{self.admin.port}"
+        if self.core.config["cluster.etcd"]:
+            try:
+                await self.core.join_cluster()
+            except BaseException:
+                await self.server.stop()
+                if self.admin is not None:
+                    await self.admin.stop()
+                raise
         self.core.start_background()
 
     async def stop(self) -> None:

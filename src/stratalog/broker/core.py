@@ -21,6 +21,7 @@ from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
+from stratalog.cluster.node import ClusterNode, ClusterTopic
 from stratalog.config import BrokerConfig
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
@@ -66,6 +67,8 @@ class BrokerCore:
         if self._broker_cpus:
             pin_this_thread(self._broker_cpus, "the broker")
         self.node_id: int = config["node.id"]
+        # Cluster mode (cluster.etcd set): this broker's membership, joined once listening.
+        self.cluster: ClusterNode | None = None
         self.metadata = MetadataStore(self.data_dir)
         self.offsets = OffsetStore(self.data_dir)
         self.coordinator = GroupCoordinator(
@@ -197,6 +200,8 @@ class BrokerCore:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
 
     async def close(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.leave()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -293,6 +298,57 @@ class BrokerCore:
                 out[uid] = (ms, nbytes)
         return out
 
+    # -- cluster mode --------------------------------------------------------------------------
+    async def join_cluster(self) -> None:
+        """Join the cluster in ``cluster.etcd`` (once the listener's port is known); raises
+        ClusterError when etcd cannot be reached, the node id is taken or the data directory
+        belongs to another cluster."""
+        endpoints = [e.strip() for e in self.config["cluster.etcd"].split(",") if e.strip()]
+        node = ClusterNode(
+            endpoints,
+            self.config["cluster.name"],
+            self.node_id,
+            self.advertised_host,
+            self.advertised_port,
+        )
+        try:
+            cid = await node.connect(None if self.metadata.fresh else self.metadata.cluster_id)
+            if self.metadata.fresh:
+                self.metadata.adopt_cluster(cid)
+            node.on_topic = lambda name, t: self._cluster_topic(node, name, t)
+            await node.register()
+        except BaseException:
+            await node.leave()
+            raise
+        self.cluster = node
+        log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
+
+    def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
+        """Mirror a topic change from etcd: metadata for every topic, storage for the
+        partitions whose virtual log this broker replicates."""
+        old = self.metadata.topics.get(name)
+        if old is not None and (topic is None or old.topic_id != topic.topic_id):
+            self.metadata.forget_topic(name)
+            for uid in old.partitions:
+                self.store.remove_partition(uid)
+        if topic is None:
+            return
+        self.metadata.put_topic(TopicMeta(name, topic.topic_id, topic.partitions, topic.configs))
+        for i, (uid, vid) in enumerate(zip(topic.partitions, topic.vlogs, strict=True)):
+            if uid not in self.store.partitions and node.hosts(vid):
+                self.store.add_partition(name, i, uid, log_name=node.vlogs[vid].log_name)
+
+    def leader_error(self, topic: str, index: int) -> str | None:
+        """Why this broker may not lead ``topic``-``index`` now (None: it may)."""
+        if self.cluster is None:
+            return None
+        v = self.cluster.vlog_of(topic, index)
+        if v is None:
+            return "UNKNOWN_TOPIC_OR_PARTITION"
+        if v.primary != self.node_id:
+            return "NOT_LEADER_OR_FOLLOWER"
+        return None
+
     # -- topics --------------------------------------------------------------------------------
     def topic_config(self, topic: TopicMeta) -> TopicConfigView:
         return TopicConfigView(topic.configs, self.config)
@@ -328,8 +384,9 @@ class BrokerCore:
             self.store.add_partition(name, first + i, uid)
 
     def auto_create(self, name: str) -> TopicMeta | None:
-        """Create ``name`` if auto-creation is on; None when it is off or the name is invalid."""
-        if not self.config["auto.create.topics.enable"]:
+        """Create ``name`` if auto-creation is on; None when it is off or the name is invalid
+        (or in cluster mode, where topics are created through CreateTopics only)."""
+        if not self.config["auto.create.topics.enable"] or self.cluster is not None:
             return None
         try:
             return self.create_topic(name, self.config["num.partitions"], {})

@@ -67,6 +67,7 @@ class MetadataStore:
         self._lock = threading.Lock()
         self.topics: dict[str, TopicMeta] = {}
         self.cluster_id = ""
+        self.fresh = False  # the data directory had no metadata before this start
         self.next_uid = 1
         self.producer_id_limit = 0
         self._next_producer_id = 0
@@ -90,6 +91,7 @@ class MetadataStore:
             while cid.startswith("-"):  # as Kafka: never an id a command line reads as an option
                 cid = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
             self.cluster_id = cid
+            self.fresh = True
             self._save()
         # Ids below the persisted limit may have been handed out before a crash: skip them.
         self._next_producer_id = self.producer_id_limit
@@ -172,6 +174,29 @@ class MetadataStore:
                 else:
                     t.configs[k] = v
             self._save()
+
+    # -- cluster mode: a copy of what etcd holds -----------------------------------------------
+    def adopt_cluster(self, cluster_id: str) -> None:
+        """A fresh data directory joins a cluster: take its id, so a later start with another
+        cluster's etcd is refused."""
+        with self._lock:
+            self.cluster_id = cluster_id
+            self.fresh = False
+            self._save()
+
+    def put_topic(self, topic: TopicMeta) -> None:
+        """Record a topic as the cluster has it (its uids come from etcd)."""
+        with self._lock:
+            self.topics[topic.name] = topic
+            self.next_uid = max([self.next_uid, *(u + 1 for u in topic.partitions)])
+            self._save()
+
+    def forget_topic(self, name: str) -> TopicMeta | None:
+        with self._lock:
+            t = self.topics.pop(name, None)
+            if t is not None:
+                self._save()
+            return t
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicMeta | None:
         for t in self.topics.values():

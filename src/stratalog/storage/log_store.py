@@ -239,7 +239,13 @@ class LogStore:
         self._state.setdefault(str(uid), {})["log"] = name
         return p
 
-    def add_partition(self, topic: str, idx: int, uid: int) -> PartitionLog:
+    def add_partition(
+        self, topic: str, idx: int, uid: int, log_name: str | None = None
+    ) -> PartitionLog:
+        """A new partition, in the virtual log ``log_name`` if given (a cluster names its
+        replicated logs), else in the one its uid maps to."""
+        if log_name is not None:
+            self._state.setdefault(str(uid), {})["log"] = log_name
         name = self._log_name(uid)
         vlog = self._make_log(name)
         if not vlog.opened:

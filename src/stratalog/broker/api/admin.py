@@ -27,19 +27,39 @@ SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
 
-def handle_create_topics(core, req: Request, conn) -> bytes:
+class _TopicPlan:
+    """One topic of a CreateTopics request: what was asked, and what became of it."""
+
+    __slots__ = ("configs", "error", "factor", "message", "meta", "partitions", "request")
+
+    def __init__(self, request, partitions: int, factor: int) -> None:
+        self.request = request
+        self.partitions = partitions
+        self.factor = factor
+        self.configs: dict[str, str] = {}
+        self.error = "NONE"
+        self.message: str | None = None
+        self.meta = None
+
+
+def handle_create_topics(core, req: Request, conn):
     body = req.body
     counts = Counter(t.name for t in body.topics)
-    results = []
+    plans: list[_TopicPlan] = []
     answered: set[str] = set()
+    brokers = len(core.cluster.brokers) if core.cluster is not None else 1
     for t in body.topics:
         if t.name in answered:
             continue  # a duplicate gets one answer, as from Kafka
         answered.add(t.name)
-        error, message = "NONE", None
         partitions = t.num_partitions if t.num_partitions != -1 else core.config["num.partitions"]
-        meta = None
-        configs: dict[str, str] = {}
+        factor = (
+            t.replication_factor
+            if t.replication_factor != -1
+            else core.config["default.replication.factor"]
+        )
+        plan = _TopicPlan(t, partitions, factor)
+        plans.append(plan)
         try:
             if counts[t.name] > 1:
                 raise MetadataError(
@@ -53,12 +73,12 @@ def handle_create_topics(core, req: Request, conn) -> bytes:
                 raise MetadataError(
                     "INVALID_REQUEST", "manual replica assignments are not supported"
                 )
-            if t.replication_factor not in (-1, 1):
+            if not 1 <= factor <= brokers:
                 raise MetadataError(
                     "INVALID_REPLICATION_FACTOR",
-                    f"Unable to replicate the partition {t.replication_factor} time(s): The "
-                    f"target replication factor of {t.replication_factor} cannot be reached "
-                    f"because only 1 broker(s) are registered.",
+                    f"Unable to replicate the partition {factor} time(s): The "
+                    f"target replication factor of {factor} cannot be reached "
+                    f"because only {brokers} broker(s) are registered.",
                 )
             if partitions < 1:
                 raise MetadataError(
@@ -66,19 +86,45 @@ def handle_create_topics(core, req: Request, conn) -> bytes:
                     "Number of partitions was set to an invalid non-positive value.",
                 )
             try:
-                configs = {
+                plan.configs = {
                     k: v
                     for k, v in validate_topic_configs({c.name: c.value for c in t.configs}).items()
                     if v is not None
                 }
             except TopicConfigError as e:
                 raise MetadataError("INVALID_CONFIG", str(e)) from None
-            if not body.validate_only:
-                meta = core.create_topic(t.name, partitions, configs)
         except MetadataError as e:
-            error, message = e.error, str(e)
-        ok = error == "NONE"
-        view = TopicConfigView(configs, core.config)
+            plan.error, plan.message = e.error, str(e)
+    todo = [p for p in plans if p.error == "NONE" and not body.validate_only]
+    if core.cluster is None:
+        for plan in todo:
+            try:
+                plan.meta = core.create_topic(plan.request.name, plan.partitions, plan.configs)
+            except MetadataError as e:
+                plan.error, plan.message = e.error, str(e)
+        return _created(core, req, plans)
+
+    async def in_cluster() -> bytes:
+        # Created through etcd: every broker learns of it from its watch.
+        for plan in todo:
+            name = plan.request.name
+            try:
+                await core.cluster.create_topic(name, plan.partitions, plan.factor, plan.configs)
+                plan.meta = core.metadata.topics.get(name)
+            except KeyError:
+                plan.error, plan.message = "TOPIC_ALREADY_EXISTS", f"Topic '{name}' already exists."
+            except ValueError as e:
+                plan.error, plan.message = "INVALID_REPLICATION_FACTOR", str(e)
+        return _created(core, req, plans)
+
+    return in_cluster()
+
+
+def _created(core, req: Request, plans: list[_TopicPlan]) -> bytes:
+    results = []
+    for plan in plans:
+        ok = plan.error == "NONE"
+        view = TopicConfigView(plan.configs, core.config)
         cfgs = (
             tuple(
                 sub(
@@ -99,13 +145,13 @@ def handle_create_topics(core, req: Request, conn) -> bytes:
             sub(
                 req,
                 "CreatableTopicResult",
-                name=t.name,
-                topic_id=meta.topic_id if meta else _zero_uuid(),
-                error_code=err(error),
-                error_message=message,
+                name=plan.request.name,
+                topic_id=plan.meta.topic_id if plan.meta else _zero_uuid(),
+                error_code=err(plan.error),
+                error_message=plan.message,
                 topic_config_error_code=0,
-                num_partitions=partitions if ok else -1,
-                replication_factor=1 if ok else -1,
+                num_partitions=plan.partitions if ok else -1,
+                replication_factor=plan.factor if ok else -1,
                 configs=cfgs if ok else (),
             )
         )
@@ -118,13 +164,14 @@ def _zero_uuid():
     return uuid.UUID(int=0)
 
 
-def handle_delete_topics(core, req: Request, conn) -> bytes:
+def handle_delete_topics(core, req: Request, conn):
     body = req.body
     if hasattr(body, "topic_names"):
         targets = [(n, None) for n in body.topic_names]
     else:
         targets = [(t.name, t.topic_id) for t in body.topics]
     results = []
+    deletes: list[str] = []  # in a cluster: deleted through etcd after validation
     for name, tid in targets:
         error, message = "NONE", None
         topic_id = tid or _zero_uuid()
@@ -141,7 +188,11 @@ def handle_delete_topics(core, req: Request, conn) -> bytes:
                 raise MetadataError(
                     "UNKNOWN_TOPIC_OR_PARTITION", "This server does not host this topic-partition."
                 )
-            topic_id = core.delete_topic(name).topic_id
+            if core.cluster is not None:
+                topic_id = core.metadata.topics[name].topic_id
+                deletes.append(name)
+            else:
+                topic_id = core.delete_topic(name).topic_id
         except MetadataError as e:
             error, message = e.error, str(e)
             if error == "INVALID_TOPIC_EXCEPTION":
@@ -156,7 +207,15 @@ def handle_delete_topics(core, req: Request, conn) -> bytes:
                 error_message=message,
             )
         )
-    return reply(req, responses=tuple(results))
+    if not deletes:
+        return reply(req, responses=tuple(results))
+
+    async def in_cluster() -> bytes:
+        for name in deletes:
+            await core.cluster.delete_topic(name)
+        return reply(req, responses=tuple(results))
+
+    return in_cluster()
 
 
 def handle_create_partitions(core, req: Request, conn) -> bytes:

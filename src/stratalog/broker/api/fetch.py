@@ -54,9 +54,10 @@ def _gather(core, req: Request, plan, max_bytes: int):
         for fp in fparts:
             r = PartitionFetchResult(fp.partition)
             results.append(r)
-            p = core.partition(name, fp.partition) if t is not None else None
+            lead = core.leader_error(name, fp.partition) if t is not None else None
+            p = core.partition(name, fp.partition) if t is not None and lead is None else None
             if p is None:
-                r.error_code = code(missing or "UNKNOWN_TOPIC_OR_PARTITION")
+                r.error_code = code(missing or lead or "UNKNOWN_TOPIC_OR_PARTITION")
                 errors = True
                 continue
             logs.append(p)

@@ -1,7 +1,9 @@
 """Metadata, DescribeCluster and DescribeTopicPartitions: what the cluster looks like.
 
-A single node leads every partition at leader epoch 0 and is its only replica. The advertised
-host and port are what clients reconnect to, so they must be reachable from the client.
+A single node leads every partition at leader epoch 0 and is its only replica. In a cluster a
+partition's leader is its virtual log's primary, its leader epoch the log's epoch, and the
+brokers listed are the live ones registered in etcd. The advertised host and port are what
+clients reconnect to, so they must be reachable from the client.
 """
 
 from __future__ import annotations
@@ -25,7 +27,43 @@ from .common import (
 _ZERO_UUID = uuid.UUID(int=0)
 
 
+def _placement(core, t: TopicMeta, i: int) -> tuple[str, int, int, tuple, tuple]:
+    """(error, leader, leader epoch, replicas, in-sync replicas) of partition ``i``: in a cluster,
+    its virtual log's primary, epoch, replicas and in-sync set; alone, this broker."""
+    node = core.node_id
+    if core.cluster is None:
+        return "NONE", node, 0, (node,), (node,)
+    v = core.cluster.vlog_of(t.name, i)
+    if v is None:
+        return "LEADER_NOT_AVAILABLE", -1, -1, (), ()
+    live = core.cluster.brokers
+    leader = v.primary if v.primary in live else -1
+    error = "NONE" if leader >= 0 else "LEADER_NOT_AVAILABLE"
+    return error, leader, v.epoch, tuple(v.replicas), tuple(v.isr)
+
+
 def _partitions(core, req: Request, t: TopicMeta, cls_name: str) -> tuple:
+    if core.cluster is not None:
+        out = []
+        for i in range(len(t.partitions)):
+            error, leader, epoch, replicas, isr = _placement(core, t, i)
+            live = core.cluster.brokers
+            out.append(
+                sub(
+                    req,
+                    cls_name,
+                    error_code=err(error),
+                    partition_index=i,
+                    leader_id=leader,
+                    leader_epoch=epoch,
+                    replica_nodes=replicas,
+                    isr_nodes=isr,
+                    offline_replicas=tuple(r for r in replicas if r not in live),
+                    eligible_leader_replicas=(),
+                    last_known_elr=(),
+                )
+            )
+        return tuple(out)
     node = core.node_id
     return tuple(
         sub(
@@ -102,19 +140,15 @@ def handle_metadata(core, req: Request, conn) -> bytes:
                 topics.append(_missing(req, name, None, "UNKNOWN_TOPIC_OR_PARTITION"))
             else:
                 topics.append(_topic(core, req, t, ops))
-    broker = sub(
-        req,
-        "MetadataResponseBroker",
-        node_id=core.node_id,
-        host=core.advertised_host,
-        port=core.advertised_port,
-        rack=None,
+    brokers = tuple(
+        sub(req, "MetadataResponseBroker", node_id=n, host=h, port=p, rack=None)
+        for n, h, p in _brokers(core)
     )
     return reply(
         req,
-        brokers=(broker,),
+        brokers=brokers,
         cluster_id=core.metadata.cluster_id,
-        controller_id=core.node_id,
+        controller_id=_controller(core),
         topics=tuple(topics),
         cluster_authorized_operations=authorized(
             getattr(body, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS
@@ -122,14 +156,24 @@ def handle_metadata(core, req: Request, conn) -> bytes:
     )
 
 
+def _brokers(core) -> list[tuple[int, str, int]]:
+    """(node id, host, port) of every live broker: this one alone, or the cluster's."""
+    if core.cluster is None:
+        return [(core.node_id, core.advertised_host, core.advertised_port)]
+    return [(b.node_id, b.host, b.port) for _n, b in sorted(core.cluster.brokers.items())]
+
+
+def _controller(core) -> int:
+    # No controller is elected yet: the lowest live node id stands for it.
+    if core.cluster is None or not core.cluster.brokers:
+        return core.node_id
+    return min(core.cluster.brokers)
+
+
 def handle_describe_cluster(core, req: Request, conn) -> bytes:
-    broker = sub(
-        req,
-        "DescribeClusterBroker",
-        broker_id=core.node_id,
-        host=core.advertised_host,
-        port=core.advertised_port,
-        rack=None,
+    brokers = tuple(
+        sub(req, "DescribeClusterBroker", broker_id=n, host=h, port=p, rack=None)
+        for n, h, p in _brokers(core)
     )
     return reply(
         req,
@@ -137,8 +181,8 @@ def handle_describe_cluster(core, req: Request, conn) -> bytes:
         error_message=None,
         endpoint_type=getattr(req.body, "endpoint_type", 1),
         cluster_id=core.metadata.cluster_id,
-        controller_id=core.node_id,
-        brokers=(broker,),
+        controller_id=_controller(core),
+        brokers=brokers,
         cluster_authorized_operations=authorized(
             req.body.include_cluster_authorized_operations, CLUSTER_OPERATIONS
         ),

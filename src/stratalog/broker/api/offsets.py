@@ -39,14 +39,15 @@ def handle_list_offsets(core, req: Request, conn) -> bytes:
     for t in req.body.topics:
         parts = []
         for rp in t.partitions:
-            p = core.partition(t.name, rp.partition_index)
+            lead = core.leader_error(t.name, rp.partition_index)
+            p = core.partition(t.name, rp.partition_index) if lead is None else None
             if p is None:
                 parts.append(
                     sub(
                         req,
                         "ListOffsetsPartitionResponse",
                         partition_index=rp.partition_index,
-                        error_code=err("UNKNOWN_TOPIC_OR_PARTITION"),
+                        error_code=err(lead or "UNKNOWN_TOPIC_OR_PARTITION"),
                         timestamp=-1,
                         offset=-1,
                         leader_epoch=-1,

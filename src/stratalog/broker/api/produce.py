@@ -140,6 +140,11 @@ def _append_all(core, body, now: int, results: list, appended: list, writes: Wri
         for pd in td.partition_data:
             r = PartitionProduceResult(pd.index)
             parts.append(r)
+            lead = core.leader_error(name, pd.index) if topic else None
+            if lead is not None:
+                r.error_code = code(lead)
+                any_error = True
+                continue
             p: PartitionLog | None = core.partition(name, pd.index) if topic else None
             if p is None:
                 r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
@@ -288,5 +293,12 @@ def handle_init_producer_id(core, req: Request, conn) -> bytes:
     if pid >= 0 and 0 <= epoch < 32766:
         # KIP-360: an idempotent producer may bump its own epoch after a sequence error.
         return reply(req, error_code=NONE, producer_id=pid, producer_epoch=epoch + 1)
+    if core.cluster is not None:
+        # Ids unique cluster-wide: from blocks this broker takes from etcd.
+        async def from_cluster() -> bytes:
+            new = await core.cluster.allocate_producer_id()
+            return reply(req, error_code=NONE, producer_id=new, producer_epoch=0)
+
+        return from_cluster()
     new = core.metadata.allocate_producer_id()
     return reply(req, error_code=NONE, producer_id=new, producer_epoch=0)

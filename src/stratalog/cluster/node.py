@@ -1,0 +1,321 @@
+"""A broker's membership of a cluster whose metadata lives in etcd.
+
+Everything shared lives under ``/stratalog/<cluster>/`` (``keys`` below): the cluster id, the
+live brokers (each under its own lease, so a dead broker's key goes with its lease), topics with
+their partitions' storage uids and virtual logs, each virtual log's replicas, primary, epoch and
+in-sync set, and the id generators. Every change is a transaction guarded by the revision it
+read (``EtcdStore.txn``), so two brokers creating topics at once cannot hand out one uid twice.
+A lease never proves anything to a replica: the epoch in each virtual log does.
+
+The node keeps a copy of that state, filled by one read at join and kept current by a watch on
+the prefix; the broker reads the copy (``brokers``, ``topics``, ``vlogs``) without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stratalog.cluster.errors import ClusterError
+from stratalog.cluster.etcd import EtcdStore, Lease
+from stratalog.cluster.placement import VirtualLogState, assign_virtual_logs, replica_lists
+
+log = logging.getLogger(__name__)
+
+PRODUCER_ID_BLOCK = 1000
+LEASE_TTL_S = 3.0  # a stuck event loop loses its lease within this (replication-facts.md §6)
+
+
+class Keys:
+    def __init__(self, cluster: str) -> None:
+        self.root = f"/stratalog/{cluster}/"
+        self.cluster_id = self.root + "id"
+        self.brokers = self.root + "brokers/"
+        self.topics = self.root + "topics/"
+        self.vlogs = self.root + "vlogs/"
+        self.next_uid = self.root + "idgen/uid"
+        self.next_vid = self.root + "idgen/vid"
+        self.next_producer = self.root + "idgen/producer"
+
+    def broker(self, node: int) -> str:
+        return f"{self.brokers}{node}"
+
+    def topic(self, name: str) -> str:
+        return self.topics + name
+
+    def vlog(self, vid: int) -> str:
+        return f"{self.vlogs}{vid}"
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    incarnation: str
+
+
+@dataclass
+class ClusterTopic:
+    name: str
+    topic_id: uuid.UUID
+    partitions: list[int]  # partition index -> storage uid
+    vlogs: list[int]  # partition index -> virtual log id
+    configs: dict[str, str]
+
+    def to_json(self) -> dict:
+        return {
+            "id": str(self.topic_id),
+            "partitions": self.partitions,
+            "vlogs": self.vlogs,
+            "configs": self.configs,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, raw: dict) -> ClusterTopic:
+        return cls(
+            name,
+            uuid.UUID(raw["id"]),
+            list(raw["partitions"]),
+            list(raw["vlogs"]),
+            dict(raw["configs"]),
+        )
+
+
+def _dump(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True).encode()
+
+
+class ClusterNode:
+    """This broker in its cluster: registration, the shared state, and its changes."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        cluster: str,
+        node_id: int,
+        host: str,
+        port: int,
+    ) -> None:
+        self.endpoints = endpoints
+        self.keys = Keys(cluster)
+        self.cluster = cluster
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.incarnation = uuid.uuid4().hex
+        self.store: EtcdStore | None = None
+        self.lease: Lease | None = None
+        self.cluster_id = ""
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.topics: dict[str, ClusterTopic] = {}
+        self.vlogs: dict[int, VirtualLogState] = {}
+        # Called with (name, topic or None) when a topic appears, changes or goes away.
+        self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
+        self._watch: asyncio.Task | None = None
+        self._producer_ids: tuple[int, int] = (0, 0)  # [next, limit) of this node's block
+
+    # -- joining and leaving -------------------------------------------------------------------
+    async def connect(self, local_cluster_id: str | None) -> str:
+        """Reach etcd and agree on the cluster id: a new cluster takes ``local_cluster_id`` (or
+        a fresh one); a data directory that already belongs to another cluster is refused.
+        Returns the cluster id."""
+        self.store = await EtcdStore.connect(self.endpoints)
+        proposal = local_cluster_id or uuid.uuid4().hex
+        await self.store.create(self.keys.cluster_id, proposal.encode())
+        got = await self.store.get(self.keys.cluster_id)
+        assert got is not None
+        self.cluster_id = got[0].decode()
+        if local_cluster_id and local_cluster_id != self.cluster_id:
+            raise ClusterError(
+                f"the data directory belongs to cluster {local_cluster_id}, but etcd at "
+                f"{', '.join(self.endpoints)} holds cluster {self.cluster_id} under "
+                f"{self.keys.root!r}: use this broker's own data directory"
+            )
+        return self.cluster_id
+
+    async def register(self) -> None:
+        """Register this broker under a lease; refused if its node id is live elsewhere."""
+        assert self.store is not None
+        self.lease = await self.store.grant_lease(LEASE_TTL_S)
+        me = {"host": self.host, "port": self.port, "incarnation": self.incarnation}
+        key = self.keys.broker(self.node_id)
+        if not await self.store.create(key, _dump(me), lease=self.lease):
+            got = await self.store.get(key)
+            other = json.loads(got[0]) if got else {}
+            await self.lease.revoke()
+            raise ClusterError(
+                f"node id {self.node_id} is already registered in cluster {self.cluster!r} by "
+                f"a live broker at {other.get('host')}:{other.get('port')}: every broker needs "
+                f"its own node.id"
+            )
+        await self.load()
+        self._watch = asyncio.ensure_future(self._follow())
+
+    async def load(self) -> int:
+        """Read the whole shared state; returns the revision it was read at."""
+        assert self.store is not None
+        revision = 0
+        brokers, topics, vlogs = {}, {}, {}
+        for key, value, rev in await self.store.get_prefix(self.keys.root):
+            revision = max(revision, rev)
+            self._apply(key, value, brokers, topics, vlogs)
+        self.brokers, self.vlogs = brokers, vlogs
+        for name in set(self.topics) - set(topics):
+            self._topic_changed(name, None)
+        for name, t in topics.items():
+            self._topic_changed(name, t)
+        return revision
+
+    def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs) -> None:
+        k = self.keys
+        if key.startswith(k.brokers):
+            node = int(key[len(k.brokers) :])
+            if value is None:
+                brokers.pop(node, None)
+            else:
+                raw = json.loads(value)
+                brokers[node] = BrokerInfo(node, raw["host"], raw["port"], raw["incarnation"])
+        elif key.startswith(k.topics):
+            name = key[len(k.topics) :]
+            if value is None:
+                topics.pop(name, None)
+            else:
+                topics[name] = ClusterTopic.from_json(name, json.loads(value))
+        elif key.startswith(k.vlogs):
+            vid = int(key[len(k.vlogs) :])
+            if value is None:
+                vlogs.pop(vid, None)
+            else:
+                vlogs[vid] = VirtualLogState.from_json(vid, json.loads(value))
+
+    def _topic_changed(self, name: str, topic: ClusterTopic | None) -> None:
+        if topic is None:
+            self.topics.pop(name, None)
+        else:
+            self.topics[name] = topic
+        if self.on_topic is not None:
+            self.on_topic(name, topic)
+
+    async def _follow(self) -> None:
+        """Keep the copy current: one watch on the whole prefix, re-read on any trouble."""
+        assert self.store is not None
+        while True:
+            try:
+                revision = await self.load()
+                async for ev in self.store.watch_prefix(self.keys.root, revision + 1):
+                    topics = dict(self.topics)
+                    self._apply(ev.key, ev.value, self.brokers, topics, self.vlogs)
+                    if ev.key.startswith(self.keys.topics):
+                        name = ev.key[len(self.keys.topics) :]
+                        self._topic_changed(name, topics.get(name))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("cluster watch lost (%s); reading the state again", e)
+                await asyncio.sleep(0.5)
+
+    async def leave(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            try:
+                await self._watch
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.lease is not None:
+            try:
+                await self.lease.revoke()
+            except Exception as e:  # etcd gone: the lease expires by itself
+                log.warning("could not revoke the broker's lease: %s", e)
+        if self.store is not None:
+            await self.store.close()
+
+    # -- changes -------------------------------------------------------------------------------
+    async def _next_ids(self, key: str, count: int, start: int = 1) -> int:
+        """Take ``count`` ids from the counter at ``key`` (a guarded read-modify-write)."""
+        assert self.store is not None
+        while True:
+            got = await self.store.get(key)
+            first, rev = (int(got[0]), got[1]) if got else (start, 0)
+            if await self.store.replace(key, str(first + count).encode(), rev):
+                return first
+
+    async def create_topic(
+        self, name: str, partitions: int, factor: int, configs: dict[str, str]
+    ) -> ClusterTopic:
+        """Create a topic cluster-wide; raises ValueError for too few brokers and KeyError if
+        the name is taken."""
+        assert self.store is not None
+        live = sorted(self.brokers)
+        lists = replica_lists(live, partitions, factor, first=int(time.time()) % max(1, len(live)))
+        while True:
+            vl_items = await self.store.get_prefix(self.keys.vlogs)
+            existing = {
+                int(k[len(self.keys.vlogs) :]): VirtualLogState.from_json(
+                    int(k[len(self.keys.vlogs) :]), json.loads(v)
+                )
+                for k, v, _r in vl_items
+            }
+            got = await self.store.get(self.keys.next_vid)
+            next_vid, vid_rev = (int(got[0]), got[1]) if got else (0, 0)
+            vids, new_logs, after = assign_virtual_logs(lists, existing, next_vid)
+            first_uid = await self._next_ids(self.keys.next_uid, partitions)
+            topic = ClusterTopic(
+                name,
+                uuid.uuid4(),
+                list(range(first_uid, first_uid + partitions)),
+                vids,
+                dict(configs),
+            )
+            # The new virtual logs go first: a watcher meets them before the topic using them.
+            puts: dict[str, bytes] = {}
+            expect = {self.keys.topic(name): 0}
+            if new_logs:
+                expect[self.keys.next_vid] = vid_rev
+                puts[self.keys.next_vid] = str(after).encode()
+                for vid, v in new_logs.items():
+                    puts[self.keys.vlog(vid)] = _dump(v.to_json())
+                    expect[self.keys.vlog(vid)] = 0
+            puts[self.keys.topic(name)] = _dump(topic.to_json())
+            if await self.store.txn(expect, puts):
+                self.vlogs.update(new_logs)
+                self._topic_changed(name, topic)
+                return topic
+            if await self.store.get(self.keys.topic(name)) is not None:
+                raise KeyError(name)
+            # Another broker made virtual logs meanwhile: plan again on the new state.
+
+    async def delete_topic(self, name: str) -> bool:
+        assert self.store is not None
+        got = await self.store.get(self.keys.topic(name))
+        if got is None:
+            return False
+        ok = await self.store.txn({self.keys.topic(name): got[1]}, {}, [self.keys.topic(name)])
+        if ok:
+            self._topic_changed(name, None)
+        return ok
+
+    async def allocate_producer_id(self) -> int:
+        """A cluster-unique producer id, from blocks this node takes from etcd."""
+        nxt, limit = self._producer_ids
+        if nxt >= limit:
+            nxt = await self._next_ids(self.keys.next_producer, PRODUCER_ID_BLOCK, start=0)
+            limit = nxt + PRODUCER_ID_BLOCK
+        self._producer_ids = (nxt + 1, limit)
+        return nxt
+
+    # -- questions the broker asks -------------------------------------------------------------
+    def vlog_of(self, topic: str, index: int) -> VirtualLogState | None:
+        t = self.topics.get(topic)
+        if t is None or not 0 <= index < len(t.vlogs):
+            return None
+        return self.vlogs.get(t.vlogs[index])
+
+    def hosts(self, vid: int) -> bool:
+        v = self.vlogs.get(vid)
+        return v is not None and self.node_id in v.replicas
