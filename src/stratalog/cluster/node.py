@@ -154,7 +154,14 @@ class ClusterNode:
             "replication_port": self.replication_port,
         }
         key = self.keys.broker(self.node_id)
-        if not await self.store.create(key, _dump(me), lease=self.lease):
+        # A broker restarted at once finds its previous registration still there until that
+        # lease expires: wait that long before calling the node id taken.
+        deadline = time.monotonic() + LEASE_TTL_S * 1.5
+        while not (created := await self.store.create(key, _dump(me), lease=self.lease)):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
+        if not created:
             got = await self.store.get(key)
             other = json.loads(got[0]) if got else {}
             await self.lease.revoke()

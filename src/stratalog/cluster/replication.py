@@ -61,7 +61,13 @@ class _Peer:
         self.codec = ReplicationConnection(MAX_MESSAGE)
 
     def send(self, msg) -> None:
-        self.writer.writelines(encode(msg))
+        # Called from durability callbacks too: a peer that went away is not their problem.
+        if self.writer.is_closing():
+            return
+        try:
+            self.writer.writelines(encode(msg))
+        except (RuntimeError, OSError) as e:
+            log.debug("replication peer gone: %s", e)
 
     async def receive(self):
         while True:
@@ -321,6 +327,8 @@ class Replicator:
         self.primaries: dict[int, PrimaryLog] = {}
         self._server: asyncio.Server | None = None
         self._peers: set[asyncio.Task] = set()
+        self._bumping: set[int] = set()
+        self._tasks: set[asyncio.Future] = set()
 
     async def start(self, host: str) -> int:
         self._server = await asyncio.start_server(self._serve, host, 0)
@@ -338,11 +346,43 @@ class Replicator:
                     continue
                 if current is not None:
                     current.close(fail_waiters=True)
+                    del self.primaries[vid]
+                if self.store.open_log(st.log_name).promised_epoch >= st.epoch:
+                    # This broker led at this epoch before a restart: what it wrote then may
+                    # not be what its backups have. It leads again only at a new epoch.
+                    self._bump(st)
+                    continue
                 self._lead(st)
             elif current is not None:
                 log.info("%s: no longer primary (epoch %d)", current.vlog.name, st.epoch)
                 current.close(fail_waiters=True)
                 del self.primaries[vid]
+
+    def _bump(self, st: VirtualLogState) -> None:
+        if st.vid in self._bumping:
+            return
+        self._bumping.add(st.vid)
+        me = self.node.node_id
+
+        def bump(now: VirtualLogState) -> VirtualLogState | None:
+            if now.primary != me or now.epoch != st.epoch:
+                return None
+            return VirtualLogState(now.vid, now.replicas, me, now.epoch + 1, now.isr)
+
+        async def run() -> None:
+            try:
+                new = await self.node.update_vlog(st.vid, bump)
+                if new is not None:
+                    log.info("%s: epoch %d after a restart", st.log_name, new.epoch)
+            except Exception as e:
+                log.warning("%s: cannot start a new epoch: %s", st.log_name, e)
+            finally:
+                self._bumping.discard(st.vid)
+                self.reconcile()
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _lead(self, st: VirtualLogState) -> None:
         vlog = self.store.open_log(st.log_name)
