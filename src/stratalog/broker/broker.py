@@ -58,6 +58,8 @@ class BrokerService:
 
     async def listen(self) -> None:
         """Open the Kafka listener (may raise OSError for the address) and start tending."""
+        # Before any client: a legacy offsets.log is migrated into the offsets topic (durably).
+        await self.core.offsets.start()
         await self.server.start()
         self.core.port = self.server.port
         if self.core.config["admin.port"] >= 0:

@@ -18,6 +18,7 @@ from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
 from stratalog.broker.group_coordinator import GroupCoordinator
+from stratalog.broker.offset_records import OFFSETS_TOPIC
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
@@ -46,6 +47,12 @@ def _raise_fd_limit() -> None:
 # the broker's produce p99 (docs/benchmarks.md). Direct appends leave nothing in the page cache.
 DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
 LOOP_LAG_PROBE_S = 0.01  # the event-loop lag probe's timer (stratalog_event_loop_lag_seconds)
+# Kafka's topic configs of __consumer_offsets (DescribeConfigs shows the same).
+OFFSETS_TOPIC_CONFIGS = {
+    "cleanup.policy": "compact",
+    "compression.type": "producer",
+    "segment.bytes": "104857600",
+}
 
 
 def tail_cache_bytes(config: BrokerConfig) -> int:
@@ -67,7 +74,7 @@ class BrokerCore:
             pin_this_thread(self._broker_cpus, "the broker")
         self.node_id: int = config["node.id"]
         self.metadata = MetadataStore(self.data_dir)
-        self.offsets = OffsetStore(self.data_dir)
+        self.offsets = OffsetStore(self.data_dir, self)
         self.coordinator = GroupCoordinator(
             min_session_ms=config["group.min.session.timeout.ms"],
             max_session_ms=config["group.max.session.timeout.ms"],
@@ -173,13 +180,13 @@ class BrokerCore:
         _raise_fd_limit()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.metadata.load()
-        self.offsets.load()
         triples = [
             (t.name, i, uid)
             for t in self.metadata.topics.values()
             for i, uid in enumerate(t.partitions)
         ]
         self.store.open(triples)
+        self.offsets.load()  # reads the offsets topic: after the logs are recovered
 
     def start_background(self) -> None:
         if self._broker_cpus:
@@ -209,8 +216,8 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
+        await self.offsets.close()
         await self.store.close()
-        self.offsets.close()
         self.read_executor.shutdown(wait=True)
         self.meta_executor.shutdown(wait=True)
         self._journal_threads.restore()
@@ -223,8 +230,8 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
+        self.offsets.abandon()
         self.store.abandon()
-        self.offsets.close()
         self.read_executor.shutdown(wait=False)
         self.meta_executor.shutdown(wait=False)
         self._journal_threads.restore()
@@ -314,9 +321,11 @@ class BrokerCore:
         t = self.metadata.delete_topic(name)
         for uid in t.partitions:
             self.store.remove_partition(uid)
-        keys = self.offsets.keys_for_topic(name)
-        if keys:
-            self.offsets.write([(k, None) for k in keys])
+        if name == OFFSETS_TOPIC:
+            # Kafka lets the offsets topic be deleted; every committed offset goes with it.
+            self.offsets.reset()
+        else:
+            self.offsets.forget_topic(name)
         log.info("deleted topic %s", name)
         return t
 
@@ -331,6 +340,8 @@ class BrokerCore:
         """Create ``name`` if auto-creation is on; None when it is off or the name is invalid."""
         if not self.config["auto.create.topics.enable"]:
             return None
+        if name == OFFSETS_TOPIC:
+            return self.ensure_offsets_topic()  # as Kafka: with the offsets topic's settings
         try:
             return self.create_topic(name, self.config["num.partitions"], {})
         except MetadataError as e:
@@ -340,3 +351,26 @@ class BrokerCore:
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicMeta | None:
         return self.metadata.topic_by_id(topic_id)
+
+    # -- the offsets topic (OffsetsHost) -------------------------------------------------------
+    def ensure_offsets_topic(self) -> TopicMeta:
+        """__consumer_offsets, created at a group's first need (FindCoordinator, OffsetCommit)
+        with Kafka's settings for it: offsets.topic.num.partitions, compact (here: kept short by
+        the offset store, never by retention), uncompressed by the broker, 100 MiB segments."""
+        t = self.metadata.topics.get(OFFSETS_TOPIC)
+        if t is None:
+            t = self.create_topic(
+                OFFSETS_TOPIC,
+                self.config["offsets.topic.num.partitions"],
+                dict(OFFSETS_TOPIC_CONFIGS),
+            )
+        return t
+
+    def offsets_partitions(self, create: bool) -> list[PartitionLog]:
+        t = self.ensure_offsets_topic() if create else self.metadata.topics.get(OFFSETS_TOPIC)
+        if t is None:
+            return []
+        return [self.store.partitions[uid] for uid in t.partitions]
+
+    def delete_records(self, p: PartitionLog, before: int) -> None:
+        self.store.delete_records(p.uid, before)
