@@ -360,6 +360,15 @@ SETTINGS: dict[str, Setting] = {
             0,
             "Wait for more members before the first rebalance of an empty group.",
         ),
+        _S(
+            "offsets.topic.num.partitions",
+            int,
+            50,
+            "Partitions of the internal topic __consumer_offsets, created at the first "
+            "FindCoordinator for a group or the first OffsetCommit; a group's commits go to "
+            "partition abs(hash(group)) % this, as in Kafka. Changing it later does not change "
+            "an existing topic.",
+        ),
     ]
 }
 
@@ -531,6 +540,7 @@ class BrokerConfig:
         "group.min.session.timeout.ms": 1,
         "group.max.session.timeout.ms": 1,
         "group.initial.rebalance.delay.ms": 0,
+        "offsets.topic.num.partitions": 1,
     }
 
     def _validate_ranges(self) -> None:

@@ -211,3 +211,48 @@ def _check_leader_epochs(cluster: LocalCluster, t: dict) -> None:
     assert now["leader_epoch"] == epoch and old["leader_epoch"] == 0
     # Epoch 0 ended where the new leader's writes began: not past its log's end.
     assert 0 <= old["end_offset"] <= now["end_offset"]
+
+
+def test_committed_offsets_survive_the_coordinators_death(cluster):
+    bootstrap = ",".join(b.bootstrap for b in cluster.brokers)
+    _create(bootstrap, "grp")
+    _wait_in_sync(cluster.brokers[0].bootstrap, "grp", 3)
+    p = _producer(bootstrap)
+    for i in range(600):
+        p.produce("grp", b"g%04d" % i)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "survivors",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c.subscribe(["grp"])
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < 600 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            seen += 1
+    assert seen == 600
+    c.commit(asynchronous=False)
+    committed = {tp.partition: tp.offset for tp in c.committed(
+        [TopicPartition("grp", i) for i in range(PARTITIONS)], timeout=30)}  # fmt: skip
+    c.close()
+    assert sum(committed.values()) == 600
+    found = wire.call(cluster.brokers[0].bootstrap, 10, 4, key_type=0,
+                      coordinator_keys=["survivors"])["coordinators"][0]  # fmt: skip
+    assert found["error_code"] == 0
+    coordinator = next(b for b in cluster.brokers if b.node_id == found["node_id"])
+    cluster.stop_broker(coordinator, signal.SIGKILL)
+    # Another broker coordinates the group now, with the commits replicated to it.
+    c2 = Consumer({"bootstrap.servers": bootstrap, "group.id": "survivors"})
+    deadline = time.monotonic() + 60
+    again: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            tps = c2.committed([TopicPartition("grp", i) for i in range(PARTITIONS)], timeout=10)
+            again = {tp.partition: tp.offset for tp in tps}
+            if again == committed:
+                break
+        except Exception:
+            pass
+        time.sleep(0.5)
+    c2.close()
+    assert again == committed

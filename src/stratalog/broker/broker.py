@@ -61,6 +61,8 @@ class BrokerService:
 
     async def listen(self) -> None:
         """Open the Kafka listener (may raise OSError for the address) and start tending."""
+        # Before any client: a legacy offsets.log is migrated into the offsets topic (durably).
+        await self.core.offsets.start()
         # A cluster member answers nothing before it has joined: until then it would act as a
         # single node and take writes for logs it does not lead.
         clustered = bool(self.core.config["cluster.etcd"])
