@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
+from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.broker.offset_store import OffsetStore
@@ -172,6 +173,7 @@ class BrokerCore:
             initializer=lower_this_thread if config["storage.read_priority"] == "low" else None,
         )
         self.meta_executor = ThreadPoolExecutor(1, thread_name_prefix="stratalog-meta")
+        self.disk = DiskGuard(self.store.root, config["storage.min_free_bytes"])
         self.host = config["host"]
         self.port = config["port"]
         self._tasks: list[asyncio.Task] = []
@@ -206,6 +208,7 @@ class BrokerCore:
             # commit's fsyncs wait for: they belong on the broker's CPUs (cpu_isolation.py).
             self._journal_threads.pin([self.store.root, self.data_dir], self._broker_cpus)
         self._tasks.append(asyncio.ensure_future(self._loop_lag_probe()))
+        self._tasks.append(asyncio.ensure_future(self.disk.run()))
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
         if self.backlog_pacer is not None:
