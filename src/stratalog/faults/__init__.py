@@ -30,7 +30,7 @@ runs, and the current run's phase), and writes under ``--results`` (``faults-res
     faults-results/<target>-<UTC time>/
         summary.json                      one row per run, updated after each
         run-001-seed-<seed>/
-            history.jsonl                 every event (stratalog.faults.history)
+            history.jsonl.gz              every event (stratalog.faults.history), gzipped
             result.json                   config, timings, nemesis, the checker's verdict
             clients.log                   librdkafka's log lines
             logs/                         the brokers' (and etcd's) logs
@@ -43,7 +43,7 @@ seconds after each fault, ``--restart-delay 0,5``, ``--pause 5,5``, ``--settle 1
 ``--flush-messages`` (Kafka: ``flush.messages=1``), ``--stop-on-anomaly``. Then::
 
     python -m stratalog.faults summary faults-results/            # the table of every run
-    python -m stratalog.faults check  <run>/history.jsonl --json   # check one history again
+    python -m stratalog.faults check <run>/history.jsonl.gz --json  # check a history again
     python -m stratalog.faults run --target kafka --duration 60 --seed 7   # a single run
 
 A run's verdict is ``valid``: ``True`` (no anomaly), ``False`` (a safety anomaly) or

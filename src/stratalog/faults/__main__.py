@@ -22,7 +22,7 @@ from rich.progress import (
 )
 
 from stratalog.faults.checker import check
-from stratalog.faults.history import load_history
+from stratalog.faults.history import compress, load_history
 from stratalog.faults.nemesis import FAULTS
 from stratalog.faults.report import anomaly_table, load_results, row, table
 from stratalog.faults.runner import RunConfig, run
@@ -136,6 +136,8 @@ def _soak(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                           traceback.format_exc()}  # fmt: skip
                 out.mkdir(parents=True, exist_ok=True)
                 (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+            if (out / "history.jsonl").is_file():
+                compress(out / "history.jsonl")
             r = row(out, result)
             rows.append(r)
             (root / "summary.json").write_text(json.dumps(rows, indent=1, default=str))

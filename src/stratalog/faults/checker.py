@@ -35,7 +35,9 @@ A port of the ideas in jepsen.tests.kafka (our own code). Inputs are the history
     cannot be decided, so the run is ``unknown`` rather than valid).
 
 :func:`check` returns ``{"valid": True | False | "unknown", "counts": {anomaly: n},
-"anomalies": {anomaly: [examples]}, "stats": {...}}``.
+"anomalies": {anomaly: [examples]}, "stats": {...}}``; the stats count sends by outcome, reads,
+final reads, nemesis operations and errors, and give acknowledged sends' latency quantiles and,
+per fault, the time until the partitions it hit acknowledged a new send (``recovery``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class _Send:
     status: str | None = None  # ok | fail | info | None (no completion recorded)
     offset: int = -1
     error: str | None = None
+    invoked_at: float = 0.0
+    done_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
     sessions: dict[Any, _Session] = {}  # process -> its current session
     final: dict[int, dict[str, Any]] = {}
     nemesis: Counter[str] = Counter()
+    faults: list[Event] = []
     polls = Counter[str]()
     errors: Counter[str] = Counter()
 
@@ -121,7 +126,7 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
         if f == "send":
             v = ev["value"]
             if typ == INVOKE:
-                sends[v] = _Send(proc, int(ev["partition"]), ev["index"])
+                sends[v] = _Send(proc, int(ev["partition"]), ev["index"], invoked_at=ev["time"])
                 send_order[(proc, int(ev["partition"]))].append(v)
                 continue
             s = sends.get(v)
@@ -130,6 +135,7 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
             if s.status == OK:
                 continue  # an acknowledgement is never taken back by a later report
             s.status = typ
+            s.done_at = ev["time"]
             if typ == OK:
                 s.offset = int(ev.get("offset", -1))
             else:
@@ -161,6 +167,8 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
                 reads.append(_Read("final", sess, _p, o, v, ev["index"]))
         elif proc == "nemesis" and typ == INVOKE:
             nemesis[f] += 1
+            if f in ("kill", "pause"):
+                faults.append(ev)
 
     found: dict[str, list[dict[str, Any]]] = {a: [] for a in ANOMALIES}
 
@@ -362,6 +370,8 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
             "high": {str(p): fr["high"] for p, fr in sorted(final.items())},
         },
         "nemesis": dict(nemesis),
+        "latency_ms": _latency(sends),
+        "recovery": _recovery(sends, faults),
         "errors": dict(errors.most_common(10)),
     }
     return {
@@ -370,3 +380,60 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
         "anomalies": {a: found[a][:examples] for a in ANOMALIES if found[a]},
         "stats": stats,
     }
+
+
+def _latency(sends: dict[Any, _Send]) -> dict[str, float]:
+    """Acknowledged sends' latency (invoke to ok): p50, p99, max in milliseconds."""
+    lat = sorted(
+        s.done_at - s.invoked_at for s in sends.values() if s.status == OK and s.done_at is not None
+    )
+    if not lat:
+        return {}
+
+    def q(x: float) -> float:
+        return round(1000 * lat[min(len(lat) - 1, int(x * len(lat)))], 1)
+
+    return {"p50": q(0.5), "p99": q(0.99), "max": round(1000 * lat[-1], 1)}
+
+
+def _recovery(sends: dict[Any, _Send], faults: list[Event]) -> list[dict[str, Any]]:
+    """For each kill or pause: seconds from it until a send invoked after it was acknowledged,
+    in the slowest of the partitions its victims led (of every partition, for the
+    coordinator). A rough unavailability per fault, from the history alone."""
+    per: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for s in sends.values():
+        if s.status == OK and s.done_at is not None:
+            per[s.partition].append((s.invoked_at, s.done_at))
+    suffix_min: dict[int, tuple[list[float], list[float]]] = {}
+    for p, items in per.items():
+        items.sort()
+        mins = [0.0] * len(items)
+        low = float("inf")
+        for i in range(len(items) - 1, -1, -1):
+            low = min(low, items[i][1])
+            mins[i] = low
+        suffix_min[p] = ([t for t, _d in items], mins)
+    out = []
+    for ev in faults:
+        value = ev.get("value") or {}
+        leads = value.get("leads") or {}
+        parts = sorted({int(p) for ps in leads.values() for p in ps}) if leads else sorted(per)
+        t = ev["time"]
+        firsts = []
+        for p in parts:
+            if p not in suffix_min:
+                continue
+            invoked, mins = suffix_min[p]
+            i = bisect.bisect_left(invoked, t)
+            if i < len(invoked):
+                firsts.append(mins[i] - t)
+        out.append(
+            {
+                "f": ev["f"],
+                "time": t,
+                "nodes": value.get("nodes"),
+                "partitions": parts,
+                "first_ok_s": round(max(firsts), 3) if firsts else None,
+            }
+        )
+    return out

@@ -30,7 +30,9 @@ for the final reads. Operations (``f``):
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -101,12 +103,14 @@ class History:
 
 
 def load_history(path: Path) -> list[Event]:
-    """Read a JSONL history; a torn last line (the writer was killed) is skipped."""
+    """Read a JSONL history (gzipped when it ends in ``.gz``); a torn line (the writer was
+    killed) is skipped."""
     return list(iter_history(path))
 
 
 def iter_history(path: Path) -> Iterator[Event]:
-    with open(path) as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:
         for line in fh:
             line = line.strip()
             if not line:
@@ -115,6 +119,15 @@ def iter_history(path: Path) -> Iterator[Event]:
                 yield json.loads(line)
             except json.JSONDecodeError:
                 continue
+
+
+def compress(path: Path) -> Path:
+    """``path`` gzipped beside itself (``.jsonl.gz``, a tenth of the size); the original goes."""
+    out = path.with_name(path.name + ".gz")
+    with open(path, "rb") as src, gzip.open(out, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    path.unlink()
+    return out
 
 
 def write_history(path: Path, events: Iterable[Event]) -> None:

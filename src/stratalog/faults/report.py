@@ -39,6 +39,11 @@ def load_results(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
+def _slowest_recovery(check: dict[str, Any]) -> float | None:
+    times = [f.get("first_ok_s") for f in check.get("stats", {}).get("recovery", [])]
+    return max((t for t in times if t is not None), default=None)
+
+
 def row(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
     cfg = result.get("config", {})
     check = result.get("check", {})
@@ -54,6 +59,7 @@ def row(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         "fail": sends.get("fail", 0),
         **{a: check.get("counts", {}).get(a, 0) for a in ANOMALIES},
         "valid": check.get("valid", result.get("error", "error")),
+        "recovery_s": _slowest_recovery(check),
         "wall_s": result.get("timings", {}).get("checked"),
     }
 
@@ -65,6 +71,7 @@ def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -
     for a in ANOMALIES:
         t.add_column(_SHORT[a], justify="right")
     t.add_column("valid")
+    t.add_column("recov s", justify="right")
     t.add_column("wall s", justify="right")
     totals = dict.fromkeys(ANOMALIES, 0)
     n = 0
@@ -85,6 +92,7 @@ def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -
             str(r["fail"]),
             *[(f"[bold red]{r[a]}[/]" if r[a] else "0") for a in ANOMALIES],
             f"[{style}]{valid}[/]",
+            f"{r['recovery_s']:.1f}" if isinstance(r.get("recovery_s"), int | float) else "",
             f"{r['wall_s']:.0f}" if isinstance(r["wall_s"], int | float) else "",
         )
     if n > 1:
@@ -99,6 +107,7 @@ def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -
             "",
             "",
             *[str(totals[a]) for a in ANOMALIES],
+            "",
             "",
             "",
         )

@@ -457,3 +457,24 @@ def test_the_history_round_trips_through_jsonl(tmp_path) -> None:
 )
 def test_only_definite_errors_fail_a_send(err: KafkaError, expected: str) -> None:
     assert outcome(err) == expected
+
+
+def test_latency_and_recovery_per_fault_from_the_history_alone() -> None:
+    h = H()
+    h.events.append({"index": 0, "time": 0.0, "process": 0, "type": "invoke", "f": "send",
+                     "partition": 0, "value": 1})  # fmt: skip
+    h.events.append({"index": 1, "time": 0.1, "process": 0, "type": "ok", "f": "send",
+                     "partition": 0, "value": 1, "offset": 0})  # fmt: skip
+    h.events.append({"index": 2, "time": 1.0, "process": "nemesis", "type": "invoke",
+                     "f": "kill", "value": {"nodes": ["b-1"], "leads": {"b-1": [0]}}})  # fmt: skip
+    h.events.append({"index": 3, "time": 1.5, "process": 0, "type": "invoke", "f": "send",
+                     "partition": 0, "value": 2})  # fmt: skip
+    h.events.append({"index": 4, "time": 4.0, "process": 0, "type": "ok", "f": "send",
+                     "partition": 0, "value": 2, "offset": 1})  # fmt: skip
+    h.final(0, [[0, 0, 1], [0, 1, 2]])
+    r = h.check()
+    assert r["valid"] is True
+    assert r["stats"]["latency_ms"] == {"p50": 2500.0, "p99": 2500.0, "max": 2500.0}
+    assert r["stats"]["recovery"] == [
+        {"f": "kill", "time": 1.0, "nodes": ["b-1"], "partitions": [0], "first_ok_s": 3.0}
+    ]
