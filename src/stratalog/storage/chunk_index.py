@@ -227,6 +227,25 @@ class ChunkIndex:
         for col in self._columns():
             del col[keep:]
 
+    def count_before_location(self, segment: int, position: int) -> int:
+        """How many of the first chunks lie before (segment, position) (a truncation point):
+        chunks are in (segment, position) order."""
+        lo = bisect_left(self._seg, segment)
+        hi = bisect_right(self._seg, segment, lo)
+        return bisect_left(self._pos, position, lo, hi)
+
+    def bases_from(self, i: int) -> array:
+        return self._base[i:]
+
+    def bytes_from(self, i: int) -> int:
+        return sum(self._size[i:])
+
+    def count_by_segment_from(self, i: int) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for seq in self._seg[i:]:
+            counts[seq] = counts.get(seq, 0) + 1
+        return counts
+
     def segments(self) -> set[int]:
         return set(self._seg)
 

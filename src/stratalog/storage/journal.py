@@ -168,6 +168,11 @@ class GroupCommit:
         elif self._timer is None:
             self._timer = loop.call_at(self._group_start + self._group_s, self._start_flush)
 
+    def forget(self, segment: Segment) -> None:
+        """A segment that is going away (truncated off): its unsynced bytes need no fsync."""
+        if self._dirty.get(segment.seq) is segment:
+            del self._dirty[segment.seq]
+
     def _start_flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

@@ -2,9 +2,14 @@
 
 ``storage.layout=virtual`` maps each partition to one of V shared virtual logs
 (``logs/v<N>``); ``per-partition`` gives each partition its own log (``logs/p<uid>``), as Kafka
-does. The engine remembers which log a partition lives in and its start/end offsets in
+does; in cluster mode the caller names the log (``logs/<name>``, the cluster-wide virtual log
+id). The engine remembers which log a partition lives in and its start/end offsets in
 ``partition-state.json`` so that a partition whose chunks were all removed by retention keeps
 its offsets across a restart.
+
+On a backup the engine routes the frames a replicated log takes (VirtualLog.append_replica) to
+their partitions (PartitionLog.apply_replica), and ``truncate_log`` cuts a log and its
+partitions back together.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +32,27 @@ from stratalog.storage.fsync_ring import open_ring
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
-from stratalog.storage.segment import DIRECT_MIN_BYTES, IndexEntry, fsync_dir
+from stratalog.storage.segment import DIRECT_MIN_BYTES, FRAME_SIZE, IndexEntry, Segment, fsync_dir
 from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "partition-state.json"
+# A log named by the caller is a directory of the hot tier: a plain name, and not one the
+# engine gives itself (p<uid> logs of deleted partitions are removed at start) or uses.
+_LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+_RESERVED = re.compile(r"p[0-9]+|promoted")
+_LAYOUT_NAME = re.compile(r"[vp][0-9]+")  # the logs storage.layout names itself
+
+# (topic, partition, uid) or (topic, partition, uid, log name or None)
+PartitionSpec = tuple[str, int, int] | tuple[str, int, int, str | None]
+
+
+def check_log_name(name: str) -> str:
+    if not _LOG_NAME.fullmatch(name) or _RESERVED.fullmatch(name):
+        raise ValueError(f"{name!r} cannot name a virtual log")
+    return name
 
 
 @dataclass
@@ -89,10 +110,14 @@ class LogStore:
         # log name -> segment seq -> live chunks referring to it
         self._live: dict[str, dict[int, int]] = {}
         self.recovery: dict[str, RecoveryReport] = {}
+        # Replicated frames of partitions not added yet (their metadata may trail the data):
+        # uid -> (log name, segment seq, entry), applied by add_partition.
+        self._orphans: dict[int, list[tuple[str, int, IndexEntry]]] = {}
 
     # -- start and stop ------------------------------------------------------------------------
-    def open(self, partitions: list[tuple[str, int, int]]) -> None:
-        """Open every log and load the given (topic, partition, uid) triples."""
+    def open(self, partitions: Iterable[PartitionSpec]) -> None:
+        """Open every log and load the given (topic, partition, uid) triples; a fourth item,
+        when not None, names the log the partition lives in (cluster mode)."""
         self.root.mkdir(parents=True, exist_ok=True)
         # Promoted copies are a cache of cold segments: start without them.
         shutil.rmtree(self.root / "promoted", ignore_errors=True)
@@ -101,24 +126,34 @@ class LogStore:
         state_path = self.root / STATE_FILE
         if state_path.exists():
             self._state = json.loads(state_path.read_text())
-        wanted = {uid: (topic, idx) for topic, idx, uid in partitions}
+        wanted: dict[int, tuple[str, int]] = {}
+        for topic, idx, uid, *named in partitions:
+            wanted[uid] = (topic, idx)
+            if named and named[0] is not None:
+                self._assign_log(uid, named[0])
         names = {p.name for p in self.root.iterdir() if p.is_dir()}
         for uid in wanted:
             names.add(self._log_name(uid))
         entries_by_uid: dict[int, list[tuple[str, int, IndexEntry]]] = {}
         for name in sorted(names):
-            if name.startswith("p") and int(name[1:]) not in wanted:
+            if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in wanted:
                 shutil.rmtree(self.root / name, ignore_errors=True)  # a deleted topic's log
                 continue
             vlog = self._make_log(name)
             by_seq = vlog.open()
             self.recovery[name] = vlog.report
             live = self._live[name]
+            # A log the caller named (cluster mode) holds replicated chunks of partitions this
+            # broker may not know of yet: kept for add_partition, not collected as garbage.
+            named = not _LAYOUT_NAME.fullmatch(name)
             for seq, entries in by_seq.items():
                 live.setdefault(seq, 0)
                 for e in entries:
                     if e.uid in wanted:
                         entries_by_uid.setdefault(e.uid, []).append((name, seq, e))
+                    elif named:
+                        self._orphans.setdefault(e.uid, []).append((name, seq, e))
+                        live[seq] += 1
         for uid, (topic, idx) in wanted.items():
             p = self._make_partition(topic, idx, uid)
             st = self._state.get(str(uid), {})
@@ -203,6 +238,13 @@ class LogStore:
             return f"p{uid}"
         return f"v{uid % self.config.virtual_logs}"
 
+    def _assign_log(self, uid: int, name: str) -> None:
+        check_log_name(name)
+        st = self._state.setdefault(str(uid), {})
+        if st.get("log", name) != name:
+            raise ValueError(f"partition {uid} lives in log {st['log']!r}, not {name!r}")
+        st["log"] = name
+
     def _make_log(self, name: str) -> VirtualLog:
         vlog = self.logs.get(name)
         if vlog is None:
@@ -226,6 +268,7 @@ class LogStore:
         )
         if self.cold is not None and self.cold.local:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name
+        vlog.on_replica_entries = lambda seg, entries: self._replica_entries(name, seg, entries)
         self.logs[name] = vlog
         self._live[name] = {}
         return vlog
@@ -242,18 +285,99 @@ class LogStore:
     def add_partition(
         self, topic: str, idx: int, uid: int, log_name: str | None = None
     ) -> PartitionLog:
-        """A new partition, in the virtual log ``log_name`` if given (a cluster names its
-        replicated logs), else in the one its uid maps to."""
+        """A new partition, in log ``log_name`` if given (cluster mode: the cluster-wide
+        virtual log id), else in the one the layout maps it to."""
         if log_name is not None:
-            self._state.setdefault(str(uid), {})["log"] = log_name
+            self._assign_log(uid, log_name)
         name = self._log_name(uid)
         vlog = self._make_log(name)
         if not vlog.opened:
             vlog.open()
         p = self._make_partition(topic, idx, uid)
         p.size_bytes = 0
+        self._adopt_orphans(p)
         self.save_state()
         return p
+
+    def open_log(self, name: str) -> VirtualLog:
+        """The virtual log ``name`` (cluster mode), created and opened if need be: a backup
+        takes replicated frames into it before it knows their partitions."""
+        vlog = self.logs.get(name) or self._new_log(check_log_name(name))
+        if not vlog.opened:
+            for seq in vlog.open():
+                self._live[name].setdefault(seq, 0)
+        return vlog
+
+    # -- replication ---------------------------------------------------------------------------
+    def _replica_entries(self, name: str, seg: Segment, entries: list[IndexEntry]) -> None:
+        """Route the entries of a replicated write to their partitions (VirtualLog's
+        ``on_replica_entries``)."""
+        by_uid: dict[int, list[IndexEntry]] = {}
+        for e in entries:
+            by_uid.setdefault(e.uid, []).append(e)
+        for uid, mine in by_uid.items():
+            p = self.partitions.get(uid)
+            if p is not None and p.vlog.name == name:
+                p.apply_replica(seg, mine)
+                continue
+            # Not known here yet: kept for add_partition, and the segment kept alive for it.
+            self._orphans.setdefault(uid, []).extend((name, seg.seq, e) for e in mine)
+            live = self._live[name]
+            live[seg.seq] = live.get(seg.seq, 0) + len(mine)
+
+    def _adopt_orphans(self, p: PartitionLog) -> None:
+        orphans = self._orphans.pop(p.uid, None)
+        if not orphans:
+            return
+        name = p.vlog.name
+        live = self._live[name]
+        runs: list[tuple[Segment, list[IndexEntry]]] = []
+        for n, seq, e in orphans:
+            seg = p.vlog.segment(seq)
+            if n != name or seg is None:
+                continue
+            live[seq] = live.get(seq, 0) - 1  # apply_replica counts it again
+            if runs and runs[-1][0] is seg:
+                runs[-1][1].append(e)
+            else:
+                runs.append((seg, [e]))
+        for seg, entries in runs:
+            p.apply_replica(seg, entries)
+
+    def drop_orphans(self, uid: int) -> None:
+        """Forget the replicated chunks of partition ``uid``, which will never be added here
+        (deleted cluster-wide): their segments may go."""
+        for name, seq, _e in self._orphans.pop(uid, []):
+            live = self._live.get(name)
+            if live is not None and seq in live:
+                live[seq] -= 1
+        self._collect_garbage()
+
+    def truncate_log(self, name: str, seq: int, position: int) -> None:
+        """Cut log ``name`` at (seq, position) (VirtualLog.truncate_to) and every partition in
+        it with it: their chunks past the cut, next offsets, high watermarks, producer state."""
+        vlog = self.logs[name]
+        vlog.truncate_to(seq, position)
+        live = self._live[name]
+        for p in self.partitions.values():
+            if p.vlog is vlog:
+                for s, n in p.truncate_to(seq, position).items():
+                    live[s] = live.get(s, 0) - n
+        cut = (seq, position + FRAME_SIZE)
+        for uid in list(self._orphans):
+            kept = []
+            for n, s, e in self._orphans[uid]:
+                if n != name or (s, e.position) < cut:
+                    kept.append((n, s, e))
+                else:
+                    live[s] = live.get(s, 0) - 1
+            if kept:
+                self._orphans[uid] = kept
+            else:
+                del self._orphans[uid]
+        for s in [s for s in live if s not in vlog.segments]:
+            del live[s]
+        self.save_state()
 
     def remove_partition(self, uid: int) -> None:
         p = self.partitions.pop(uid, None)

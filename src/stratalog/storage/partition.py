@@ -35,7 +35,7 @@ from stratalog.storage.producer_state import (
     ProducerStateTable,
     SequenceError,
 )
-from stratalog.storage.segment import Segment
+from stratalog.storage.segment import FRAME_SIZE, IndexEntry, Segment
 from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog, WriteBatch
 
@@ -249,9 +249,57 @@ class PartitionLog:
         self.next_offset = offset
         return result
 
+    def apply_replica(self, seg: Segment, entries: list[IndexEntry]) -> None:
+        """A backup's view of frames of this partition its log took from the primary
+        (VirtualLog.append_replica, through LogStore): learn of them exactly as ``append``'s
+        ``written`` does on the primary (chunk index, producer state for dedup after a
+        failover, next offset), and move the high watermark once they are durable here
+        (consumers are served by the primary; ``vlog.lsn`` is the replicated write's LSN)."""
+        seq = seg.seq
+        if not len(self.chunks) and not len(self.cold):
+            # The first chunk here may follow others the primary no longer has (retention).
+            self.log_start_offset = max(self.log_start_offset, entries[0].base_offset)
+        chunks_append = self.chunks.append
+        record = self.producers.record
+        for e in entries:
+            chunks_append(e.base_offset, e.last_offset, seq, e.position, e.size, e.max_timestamp)
+            record(
+                e.producer_id,
+                e.producer_epoch,
+                e.base_sequence,
+                e.last_offset_delta + 1,
+                e.base_offset,
+                e.max_timestamp,
+            )
+            self.size_bytes += e.size
+        end = entries[-1].last_offset + 1
+        self.next_offset = end
+        if self.on_append is not None:
+            self.on_append(self, seq, len(entries))
+        self.vlog.when_durable(self.vlog.lsn, lambda ok: ok and self.advance_high_watermark(end))
+
+    def truncate_to(self, seq: int, position: int) -> dict[int, int]:
+        """Forget the hot chunks whose frames lie at or past (seq, position) of the log (its
+        truncation): next offset, high watermark and producer state go back with them. Returns
+        the cut chunks' counts per segment."""
+        chunks = self.chunks
+        keep = chunks.count_before_location(seq, position + FRAME_SIZE)
+        if keep >= len(chunks):
+            return {}
+        first_cut = chunks.base_of(keep)
+        counts = chunks.count_by_segment_from(keep)
+        self._tail.drop_many(self.uid, chunks.bases_from(keep))
+        self.size_bytes -= chunks.bytes_from(keep)
+        chunks.drop_back(keep)
+        self.next_offset = first_cut
+        self.high_watermark = min(self.high_watermark, first_cut)
+        self.producers.truncate(first_cut)
+        self._wake()
+        return counts
+
     def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
-        """``callback(True)`` once the append at ``lsn`` is durable, ``callback(False)`` if its
-        log failed first."""
+        """``callback(True)`` once the append at ``lsn`` is committed (durable here and, in
+        cluster mode, on every in-sync backup), ``callback(False)`` if its log failed first."""
         self.vlog.when_durable(lsn, callback)
 
     @property

@@ -135,6 +135,24 @@ class ProducerStateTable:
                 entry.history = []
             entry.history.append(meta)
 
+    def truncate(self, offset: int) -> None:
+        """Forget batches at or past ``offset`` (a replica's log was cut there, KIP-101). A
+        producer whose retained batches all went is forgotten, as if expired: with at most
+        five batches in flight, whatever it may retry was cut, so no duplicate gets through;
+        only its next sequence is no longer checked."""
+        gone = []
+        for pid, entry in self.producers.items():
+            batches = entry.batches
+            while batches and batches[-1].base_offset >= offset:
+                batches.pop()
+            if entry.history is not None:
+                while entry.history and entry.history[-1].base_offset >= offset:
+                    entry.history.pop()
+            if not batches:
+                gone.append(pid)
+        for pid in gone:
+            del self.producers[pid]
+
     def originals(self, producer_id: int, first_seq: int, last_seq: int) -> list[BatchMeta]:
         """The batches a deterministic producer appended that hold sequences first..last: what a
         re-run's batch under those sequences repeats. A Spark task numbers its records from 0

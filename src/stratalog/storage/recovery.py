@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
 CLEAN_SHUTDOWN = ".clean-shutdown"
 _SCAN_CHUNK = 8 * 1024 * 1024
+_UID = struct.Struct("<I")
 
 
 @dataclass
@@ -63,6 +66,74 @@ def _frame_end(e: IndexEntry) -> int:
     return e.position + e.size
 
 
+# The frame header plus the batch header: what must be read before a frame's size is known.
+FRAME_HEAD = FRAME_SIZE + 61
+
+
+def frame_size(buf: bytes | memoryview, at: int) -> int:
+    """Size (frame header and batch) of the frame at ``buf[at:]`` if its frame CRC holds and its
+    batch length is plausible, else -1. ``buf`` must hold ``FRAME_SIZE + 21`` bytes from ``at``."""
+    uid, crc = FRAME.unpack_from(buf, at)
+    batch_at = at + FRAME_SIZE
+    if frame_crc(uid, buf[batch_at : batch_at + 21]) != crc:
+        return -1
+    batch_len = int.from_bytes(buf[batch_at + 8 : batch_at + 12], "big", signed=True)
+    if batch_len < 49:
+        return -1
+    return FRAME_SIZE + batch_len + 12
+
+
+def frame_entry(
+    buf: bytes | memoryview, at: int, position: int, expected: MutableMapping[int, int]
+) -> IndexEntry | None:
+    """The index entry of the whole frame at ``buf[at:]``, which lies at ``position`` of its
+    segment, if its batch is valid and continues its partition's offsets in ``expected``
+    (partition uid -> next offset, updated); else None. Call after ``frame_size`` accepted it."""
+    (uid,) = _UID.unpack_from(buf, at)
+    batch_at = at + FRAME_SIZE
+    batch_len = int.from_bytes(buf[batch_at + 8 : batch_at + 12], "big", signed=True)
+    try:
+        h = validate_batch(memoryview(buf)[batch_at : batch_at + batch_len + 12])
+    except CorruptBatchError:
+        return None
+    want = expected.get(uid)
+    if want is not None and h.base_offset != want:
+        return None
+    expected[uid] = h.last_offset + 1
+    return IndexEntry(
+        uid,
+        h.base_offset,
+        h.last_offset_delta,
+        position + FRAME_SIZE,
+        h.size,
+        h.max_timestamp,
+        h.producer_id,
+        h.producer_epoch,
+        h.base_sequence,
+    )
+
+
+def parse_frames(
+    data: bytes | memoryview, position: int, expected: MutableMapping[int, int]
+) -> tuple[list[IndexEntry], int]:
+    """Walk the frames of ``data``, which starts at ``position`` of a segment, as ``scan`` walks
+    a file: return the valid entries and how many bytes of ``data`` they cover (the first bad or
+    incomplete frame ends them). ``expected`` as for ``scan``."""
+    entries: list[IndexEntry] = []
+    at = 0
+    n = len(data)
+    while at + FRAME_HEAD <= n:
+        total = frame_size(data, at)
+        if total < 0 or at + total > n:
+            break
+        e = frame_entry(data, at, position + at, expected)
+        if e is None:
+            break
+        entries.append(e)
+        at += total
+    return entries, at
+
+
 def scan(segment: Segment, start: int, expected: dict[int, int]) -> tuple[list[IndexEntry], int]:
     """Walk frames from ``start``; return the valid entries and where validity ends.
 
@@ -75,47 +146,23 @@ def scan(segment: Segment, start: int, expected: dict[int, int]) -> tuple[list[I
     buf_at = pos
     while pos < size:
         # Make sure the buffer holds the frame header and batch header, then the whole batch.
-        need = FRAME_SIZE + 61
-        if pos + need > size:
+        if pos + FRAME_HEAD > size:
             break
-        if pos + need > buf_at + len(buf):
-            buf = segment.read(pos, max(_SCAN_CHUNK, need))
+        if pos + FRAME_HEAD > buf_at + len(buf):
+            buf = segment.read(pos, max(_SCAN_CHUNK, FRAME_HEAD))
             buf_at = pos
         rel = pos - buf_at
-        uid, crc = FRAME.unpack_from(buf, rel)
-        batch_at = rel + FRAME_SIZE
-        if frame_crc(uid, buf[batch_at : batch_at + 21]) != crc:
-            break
-        batch_len = int.from_bytes(buf[batch_at + 8 : batch_at + 12], "big", signed=True)
-        total = FRAME_SIZE + batch_len + 12
-        if batch_len < 49 or pos + total > size:
+        total = frame_size(buf, rel)
+        if total < 0 or pos + total > size:
             break
         if rel + total > len(buf):
             buf = segment.read(pos, max(_SCAN_CHUNK, total))
             buf_at = pos
             rel = 0
-            batch_at = FRAME_SIZE
-        try:
-            h = validate_batch(memoryview(buf)[batch_at : batch_at + batch_len + 12])
-        except CorruptBatchError:
+        e = frame_entry(buf, rel, pos, expected)
+        if e is None:
             break
-        want = expected.get(uid)
-        if want is not None and h.base_offset != want:
-            break
-        expected[uid] = h.last_offset + 1
-        entries.append(
-            IndexEntry(
-                uid,
-                h.base_offset,
-                h.last_offset_delta,
-                pos + FRAME_SIZE,
-                h.size,
-                h.max_timestamp,
-                h.producer_id,
-                h.producer_epoch,
-                h.base_sequence,
-            )
-        )
+        entries.append(e)
         pos += total
     return entries, pos
 

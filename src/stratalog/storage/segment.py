@@ -350,6 +350,18 @@ class Segment:
         self._reap = background
         self.release()
 
+    def discard(self) -> None:
+        """Delete now as far as the log can tell (a truncation): the files are renamed out of
+        the way at once, so a new segment may take the name and recovery never finds them,
+        and go once no reader holds the segment."""
+        self._index_buf.clear()
+        for attr in ("data_path", "index_path"):
+            path = getattr(self, attr)
+            gone = path.with_name(path.name + reaper.DELETING)
+            os.rename(path, gone)
+            setattr(self, attr, gone)
+        self.delete()
+
     def close(self) -> None:
         self.flush_index()
         self.finish_direct()

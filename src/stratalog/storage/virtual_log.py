@@ -4,16 +4,26 @@ Partitioning is separate from the physical log: every partition maps to one virt
 virtual log interleaves the chunks of all partitions mapped to it, so a broker with thousands of
 partitions still writes and fsyncs a handful of files. With ``storage.layout=per-partition`` each
 partition gets a log of its own, as in Kafka, so both layouts run on the same code.
+
+In cluster mode a virtual log is also the unit of replication: its bytes are identical on every
+replica, segment boundaries included, so a position (segment seq, byte position) names the same
+bytes everywhere. On the primary ``on_write`` hands each written run of frames over for shipping
+and ``require_replicas``/``replica_acked`` hold ``when_durable`` back until the in-sync backups
+have the bytes; on a backup ``append_replica`` appends them, ``truncate_to`` cuts a divergent
+tail and ``read_range`` serves a lagging backup. Nothing here knows of networks (storage/replica.py
+has the errors and the epoch history).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import os
-from collections import deque
-from collections.abc import Callable
+from bisect import bisect_right
+from collections import ChainMap, deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +37,18 @@ from stratalog.storage.journal import FsyncPolicy, GroupCommit, StorageFailure
 from stratalog.storage.recovery import (
     CLEAN_SHUTDOWN,
     RecoveryReport,
+    frame_size,
+    parse_frames,
+    read_checkpoint,
     recover_log,
     write_checkpoint,
+)
+from stratalog.storage.replica import (
+    CorruptReplica,
+    EpochHistory,
+    PositionUnavailable,
+    ReplicaGap,
+    StaleEpoch,
 )
 from stratalog.storage.segment import (
     DIRECT_MIN_BYTES,
@@ -40,6 +60,18 @@ from stratalog.storage.segment import (
     list_segments,
     uid_crc,
 )
+
+__all__ = [
+    "CorruptReplica",
+    "OnReplicaEntries",
+    "OnWrite",
+    "PositionUnavailable",
+    "ReplicaGap",
+    "StaleEpoch",
+    "VirtualLog",
+    "WriteBatch",
+    "WriteFailed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +96,10 @@ _SPACE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 # Called once a staged append is written: (segment, the batches' positions, the append's LSN).
 OnWritten = Callable[[Segment, list[int], int], None]
+# VirtualLog.on_write: (segment seq, start position, the parts written, the LSN at their end).
+OnWrite = Callable[[int, int, list[bytes | memoryview], int], None]
+# VirtualLog.on_replica_entries: (segment, index entries of the frames a backup appended).
+OnReplicaEntries = Callable[[Segment, list[IndexEntry]], None]
 
 
 class WriteBatch:
@@ -133,8 +169,28 @@ class VirtualLog:
         self.segments: dict[int, Segment] = {}
         self.active: Segment
         self.lsn = 0
-        # (lsn, callback) in LSN order: called once the append at that LSN is durable.
+        # (lsn, callback) in LSN order: called once the append at that LSN is committed.
         self._pending: deque[tuple[int, Callable[[bool], None]]] = deque()
+        # The commit gate (cluster mode): backups whose acknowledgement a commit needs, what
+        # each acknowledged (a local LSN), and the LSN committed while the set is not empty.
+        self._required: frozenset[int] = frozenset()
+        self._acked: dict[int, int] = {}
+        self._committed = 0
+        # Primary: called with every run of frames written, before its fsync, for shipping.
+        # The parts are the objects written (bytes, memoryviews of the requests' immutable
+        # buffers) in a list nothing reuses: keep them as they are, never mutate them.
+        self.on_write: OnWrite | None = None
+        # Backup: called with the entries of every replicated write (LogStore routes them to
+        # the partitions).
+        self.on_replica_entries: OnReplicaEntries | None = None
+        # Next offset of each partition whose frames this log holds (what recovery checks):
+        # a replicated frame must continue it.
+        self._next_offsets: dict[int, int] = {}
+        # (LSN, seq, position) where a run of contiguous bytes began in this process (open,
+        # each roll, each truncation): maps a position to the LSN it was written at.
+        self._runs: list[tuple[int, int, int]] = []
+        self._truncations = 0
+        self.epochs: EpochHistory
         self._checkpointed: tuple[int, int] = (-1, 0)
         self._checkpointing = False
         self.report = RecoveryReport()
@@ -177,6 +233,14 @@ class VirtualLog:
         if self.direct_io:
             self.active.enable_direct(self.direct_min_bytes)
         self._checkpointed = (self.active.seq, self.active.size)
+        nxt = self._next_offsets
+        for seq in sorted(entries):
+            for e in entries[seq]:
+                nxt[e.uid] = e.last_offset + 1
+        self._runs = [(0, self.active.seq, self.active.size)]
+        self.epochs = EpochHistory.load(self.directory)
+        if self.epochs.cut(*self._after_end()):  # epochs whose bytes recovery cut
+            self.epochs.save()
         self.opened = True
         return entries
 
@@ -261,24 +325,13 @@ class VirtualLog:
         try:
             _write(seg, parts, nbytes)
         except OSError as e:
-            self._cut_back(seg, start)
-            failure: StorageFailure
-            if e.errno in _SPACE_ERRORS:
-                log.warning(
-                    "%s: write of %d B failed (%s); cut back, the log stays writable",
-                    self.name,
-                    nbytes,
-                    e,
-                )
-                failure = WriteFailed(f"write failed: {e}")
-            else:
-                self.journal.fail(StorageFailure(f"write failed: {e}"))
-                failure = self.journal.failed  # type: ignore[assignment]
+            failure = self._write_failed(seg, start, nbytes, e)
             for st in staged:
                 if st.on_failed is not None:
                     st.on_failed(failure)
             raise failure from None
         add_index = seg.add_index_fields
+        nxt = self._next_offsets
         lsn = self.lsn
         for st in staged:
             lsn += st.nbytes
@@ -294,12 +347,38 @@ class VirtualLog:
                     h.producer_epoch,
                     h.base_sequence,
                 )
+            nxt[st.uid] = base + h.last_offset_delta + 1
         self.lsn = lsn
+        if self.on_write is not None:
+            self._ship(seg.seq, start, parts, lsn)
         self.journal.note_append(seg, lsn, nbytes)
         lsn -= nbytes
         for st in staged:
             lsn += st.nbytes
             st.on_written(seg, st.positions, lsn)
+
+    def _write_failed(self, seg: Segment, start: int, nbytes: int, e: OSError) -> StorageFailure:
+        """Cut a failed write back; what to raise (the log stays writable after ENOSPC)."""
+        self._cut_back(seg, start)
+        if e.errno in _SPACE_ERRORS:
+            log.warning(
+                "%s: write of %d B failed (%s); cut back, the log stays writable",
+                self.name,
+                nbytes,
+                e,
+            )
+            return WriteFailed(f"write failed: {e}")
+        self.journal.fail(StorageFailure(f"write failed: {e}"))
+        return self.journal.failed  # type: ignore[return-value]
+
+    def _ship(self, seq: int, start: int, parts: list[bytes | memoryview], lsn: int) -> None:
+        assert self.on_write is not None
+        try:
+            self.on_write(seq, start, parts, lsn)
+        except Exception:
+            # The bytes are written and must be recorded whatever the hook did; a backup that
+            # missed them sees a gap at its next append and catches up (read_range).
+            log.exception("%s: on_write failed for (%d, %d)", self.name, seq, start)
 
     def _cut_back(self, seg: Segment, start: int) -> None:
         """Forget a failed write: the segment ends at ``start`` again, on disk too, so a
@@ -332,17 +411,77 @@ class VirtualLog:
         self._write_staged(seg, parts, start, nbytes, staged)
 
     def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
-        """Call ``callback(True)`` once ``lsn`` is durable (or ``callback(False)`` on failure)."""
-        if self.journal.durable >= lsn:
+        """Call ``callback(True)`` once ``lsn`` is committed: durable here and acknowledged by
+        every replica ``require_replicas`` named (none: durable here); ``callback(False)`` if the
+        log fails first, or if a truncation cuts the bytes."""
+        # Inlined ``committed``: the produce path calls this once per partition and request.
+        if (self._committed if self._required else self.journal.durable) >= lsn:
             callback(True)
+        elif self.journal.failed is not None:
+            callback(False)
         else:
             self._pending.append((lsn, callback))
+
+    @property
+    def committed(self) -> int:
+        """The LSN committed so far (what ``when_durable`` has released)."""
+        if not self._required:
+            return self.journal.durable
+        return self._committed
+
+    def require_replicas(self, ids: Iterable[int]) -> None:
+        """The in-sync backups whose acknowledgement a commit needs from now on (empty: local
+        durability alone, the single-node default). A smaller set releases the waiters it
+        now satisfies; a replica that leaves forgets its acknowledgements, so it must
+        acknowledge again after it rejoins (it may have been truncated meanwhile)."""
+        new = frozenset(ids)
+        if new == self._required:
+            return
+        committed = self.committed  # committed never goes back, whoever joins
+        for r in self._required - new:
+            self._acked.pop(r, None)
+        self._required = new
+        self._committed = committed
+        self._release()
+
+    def replica_acked(self, replica_id: int, lsn: int) -> None:
+        """Backup ``replica_id`` has every byte up to the primary's local ``lsn`` durably."""
+        if lsn > self._acked.get(replica_id, -1):
+            self._acked[replica_id] = lsn
+            if replica_id in self._required:
+                self._release()
+
+    def _commit_point(self) -> int:
+        lsn = self.journal.durable
+        acked = self._acked
+        for r in self._required:
+            a = acked.get(r, 0)
+            if a < lsn:
+                lsn = a
+        return lsn
+
+    def _release(self) -> None:
+        if self.journal.failed is not None:
+            return
+        if self._required:
+            point = self._commit_point()
+            if point <= self._committed:
+                return
+            self._committed = point
+        else:
+            point = self.journal.durable
+        pending = self._pending
+        while pending and pending[0][0] <= point:
+            pending.popleft()[1](True)
 
     def _durable(self, lsn: int) -> None:
         pending = self._pending
         if lsn < 0:
             while pending:
                 pending.popleft()[1](False)
+            return
+        if self._required:
+            self._release()
             return
         while pending and pending[0][0] <= lsn:
             pending.popleft()[1](True)
@@ -354,10 +493,12 @@ class VirtualLog:
         if seg.size >= self.segment_bytes or seg.age_seconds() * 1000 >= self.segment_ms:
             self.roll()
 
-    def roll(self) -> Segment:
+    def roll(self, seq: int | None = None) -> Segment:
+        """Seal the active segment and start segment ``seq`` (default: the next one)."""
         if self._batched:
             self.flush_batch()  # staged bytes belong to the segment about to be sealed
         old = self.active
+        seq = old.seq + 1 if seq is None else seq
         old.sealed = True
         old.flush_index()
         if self.spill_policy is not None and self.spill_directory is not None:
@@ -367,14 +508,14 @@ class VirtualLog:
             # The hot tier is full: new segments go to the cold tier's directory (Pafka).
             try:
                 self.spill_directory.mkdir(parents=True, exist_ok=True)
-                new = Segment(self.spill_directory, old.seq + 1, create=True)
+                new = Segment(self.spill_directory, seq, create=True)
             except OSError as e:
                 # A cold tier that went away or turned read-only must not fail a write the
                 # hot device can still take: past its capacity is better than an error.
                 log.warning("cannot spill to the cold tier (%s): segment stays hot", e)
         if new is None:
             try:
-                new = Segment(self.directory, old.seq + 1, create=True)
+                new = Segment(self.directory, seq, create=True)
             except OSError as e:
                 # No room for a new file: the old segment stays active; the next append tries
                 # again (an ENOSPC here must not make the log read-only).
@@ -388,10 +529,276 @@ class VirtualLog:
         old.finish_direct()
         self.segments[new.seq] = new
         self.active = new
+        self._runs.append((self.lsn, new.seq, 0))
         # The sealed segment's index must be durable before a checkpoint can point past it.
         old.acquire()
         self._executor.submit(_seal, old)
         return new
+
+    # -- replication ---------------------------------------------------------------------------
+    @property
+    def end(self) -> tuple[int, int]:
+        """(active segment seq, its size): the position the next written byte takes, the same
+        on every replica. Bytes staged in a WriteBatch in progress are not written yet."""
+        return self.active.seq, self.active.size - self._batched_bytes
+
+    def _after_end(self) -> tuple[int, int]:
+        seq, position = self.end
+        return seq, position + 1
+
+    def lsn_at(self, seq: int, position: int) -> int:
+        """The local LSN at which this log reached (seq, position), in the LSNs ``when_durable``
+        and ``replica_acked`` count (a primary maps a backup's acknowledged end with it).
+        Positions written before this process opened the log give 0 (durable since)."""
+        if (seq, position) > self.end:
+            raise ValueError(f"{self.name}: ({seq}, {position}) is past the end {self.end}")
+        runs = self._runs
+        i = bisect_right(runs, (seq, position), key=lambda r: (r[1], r[2])) - 1
+        if i < 0:
+            return 0
+        lsn, run_seq, run_position = runs[i]
+        if run_seq == seq:
+            return lsn + position - run_position
+        # In no segment written here (a seq a roll skipped): where the next run starts.
+        return runs[i + 1][0] if i + 1 < len(runs) else self.lsn
+
+    def append_replica(
+        self,
+        seq: int,
+        position: int,
+        data: bytes | memoryview,
+        *,
+        epoch: int | None = None,
+    ) -> int:
+        """Backup: append the primary's bytes for (seq, position) as they are; return the local
+        LSN to wait on with ``when_durable`` (then acknowledge).
+
+        They must continue this log exactly: at its end in the active segment, or at position
+        0 of a later segment, which this log then rolls to (the primary rolled); else
+        ReplicaGap says where the log ends. They must be whole frames that pass recovery's
+        checks (frame and batch CRC, each partition's offsets continuing), else CorruptReplica.
+        With ``epoch``, an epoch below the promised one is refused (StaleEpoch) and a newer
+        one is recorded as starting here (durably, before the bytes). Nothing is written when
+        anything is refused. The frames' index entries go to ``on_replica_entries`` once
+        written. A write error raises as ``append`` does (WriteFailed: cut back, writable).
+        """
+        if self.journal.failed:
+            raise self.journal.failed
+        if self._batched is not None:
+            raise RuntimeError(f"{self.name}: append_replica during a WriteBatch")
+        seg = self.active
+        if epoch is not None and epoch < self.epochs.promised:
+            raise StaleEpoch(epoch, self.epochs.promised)
+        if seq == seg.seq:
+            if position != seg.size:
+                raise ReplicaGap(seg.seq, seg.size)
+        elif seq < seg.seq or position != 0:
+            raise ReplicaGap(seg.seq, seg.size)
+        mv = memoryview(data)
+        nbytes = mv.nbytes
+        learned: dict[int, int] = {}
+        entries, whole = parse_frames(mv, position, ChainMap(learned, self._next_offsets))
+        if whole != nbytes:
+            raise CorruptReplica(
+                f"{self.name}: no valid whole frame at ({seq}, {position + whole}) "
+                f"({nbytes - whole} of {nbytes} B refused)"
+            )
+        if epoch is not None and epoch > self.epochs.last:
+            self.epochs.starts.append((epoch, seq, position))
+            self.epochs.promised = max(self.epochs.promised, epoch)
+            self.epochs.save()
+        if seq != seg.seq:
+            old = seg
+            seg = self.roll(seq)
+            if old.size == 0:
+                self.delete_segment(old.seq)  # an empty segment the primary never had
+        if not nbytes:
+            return self.lsn
+        start = seg.size
+        try:
+            _write(seg, [mv], nbytes)
+        except OSError as e:
+            raise self._write_failed(seg, start, nbytes, e) from None
+        for e in entries:
+            seg.add_index(e)
+        self._next_offsets.update(learned)
+        self.lsn += nbytes
+        lsn = self.lsn
+        self.journal.note_append(seg, lsn, nbytes)
+        if self.on_replica_entries is not None and entries:
+            self.on_replica_entries(seg, entries)
+        return lsn
+
+    def truncate_to(self, seq: int, position: int) -> None:
+        """Cut every byte at or past (seq, position), a frame boundary (KIP-101, one cut for
+        every partition of the log): later segments go, the segment is truncated and its index
+        rewritten, the checkpoint moves back, epochs that started in the cut are forgotten.
+        Waiters for cut bytes get ``callback(False)``. A position at or past the end cuts
+        nothing. The partitions are told by the caller (LogStore.truncate_log)."""
+        if self._batched is not None:
+            raise RuntimeError(f"{self.name}: truncate_to during a WriteBatch")
+        if (seq, position) >= self.end:
+            return
+        seg = self.segments.get(seq)
+        kept: list[IndexEntry] = []
+        cut: list[IndexEntry] = []
+        if seg is None:
+            if position != 0:
+                raise ValueError(f"{self.name}: no segment {seq} to cut at {position}")
+        else:
+            for e in seg.read_index():
+                (kept if e.position - FRAME_SIZE < position else cut).append(e)
+            boundary = kept[-1].position + kept[-1].size if kept else 0
+            if position != boundary:
+                raise ValueError(f"{self.name}: ({seq}, {position}) is not a frame boundary")
+        cut_lsn = self.lsn_at(seq, position)
+        later = sorted(s for s in self.segments if s > seq)
+        for s in later:
+            cut += self.segments[s].read_index()
+        # A partition with frames left continues where its first cut frame began; one with
+        # none left is free to start anywhere, as recovery would find it.
+        first_cut: dict[int, int] = {}
+        for e in cut:
+            first_cut.setdefault(e.uid, e.base_offset)
+        left = self._uids_left(seq, kept, set(first_cut))
+        nxt = self._next_offsets
+        for uid, base in first_cut.items():
+            if uid in left:
+                nxt[uid] = base
+            else:
+                nxt.pop(uid, None)
+
+        # Later segments first, newest first, so a crash midway leaves a prefix of the log.
+        directories = set()
+        for s in reversed(later):
+            gone = self.segments.pop(s)
+            self.journal.forget(gone)
+            directories.add(gone.directory)
+            gone.discard()
+        for d in directories:
+            fsync_dir(d)
+        if seg is None:
+            seg = self.segments[max(self.segments)] if self.segments else None
+            if seg is None:
+                seg = Segment(self.directory, seq, create=True)
+                self.segments[seq] = seg
+                fsync_dir(self.directory)
+        elif position < seg.size:
+            seg.truncate(position)  # fsyncs: the bytes below the cut are durable
+            seg.rewrite_index(kept)
+        if seg is not self.active:
+            seg.sealed = False
+            self.active = seg
+            if self.direct_io:
+                seg.enable_direct(self.direct_min_bytes)
+        end = (seg.seq, seg.size)
+        self._runs = [r for r in self._runs if (r[1], r[2]) < end]
+        self._runs.append((self.lsn, *end))
+
+        pending, self._pending = self._pending, deque()
+        failed = []
+        for lsn, callback in pending:
+            (self._pending if lsn <= cut_lsn else failed).append((lsn, callback))
+        for r, lsn in self._acked.items():
+            self._acked[r] = min(lsn, cut_lsn)
+
+        # The checkpoint must not vouch for index entries the cut removed.
+        ckpt = read_checkpoint(self.directory)
+        if ckpt is None or ckpt > end:
+            write_checkpoint(self.directory, *end)
+        self._checkpointed = min(self._checkpointed, end)
+        self._truncations += 1
+        if self.epochs.cut(seq, position):
+            self.epochs.save()
+        log.warning("%s: truncated to (%d, %d): %d frames cut", self.name, seq, position, len(cut))
+        for _lsn, callback in failed:
+            callback(False)
+
+    def _uids_left(self, seq: int, kept: list[IndexEntry], uids: set[int]) -> set[int]:
+        """Which of ``uids`` have frames before a cut in segment ``seq`` (``kept``: its entries
+        before the cut). Older segments' indexes are read newest first, and only while some
+        partition is not found yet (in a busy log, none is read)."""
+        missing = set(uids)
+        older = sorted((s for s in self.segments if s < seq), reverse=True)
+        for entries in itertools.chain([kept], (self.segments[s].read_index() for s in older)):
+            if not missing:
+                break
+            missing.difference_update(e.uid for e in entries)
+        return uids - missing
+
+    def read_range(self, seq: int, position: int, max_bytes: int) -> tuple[int, int, bytes]:
+        """Whole frames from (seq, position) for a lagging backup: up to ``max_bytes`` (at least
+        one frame) within one segment, and the (seq, position) they start at, which moves to
+        the next segment at position 0 when the given one ends. At the end: no bytes. A copy
+        read with pread on the calling thread (the event loop's: ``segments`` changes there);
+        PositionUnavailable if the segment is gone."""
+        if (seq, position) > self.end:
+            raise ValueError(f"{self.name}: ({seq}, {position}) is past the end {self.end}")
+        while True:
+            seg = self.segments.get(seq)
+            if seg is None:
+                first = min(self.segments)
+                if seq < first:
+                    raise PositionUnavailable(first, 0)
+                if position != 0:
+                    raise ValueError(f"{self.name}: no segment {seq}")
+                seq = min(s for s in self.segments if s > seq)  # a seq a roll skipped
+                continue
+            stop = self.end[1] if seg is self.active else seg.size
+            if position > stop:
+                raise ValueError(f"{self.name}: ({seq}, {position}) is past segment end {stop}")
+            if position == stop:
+                if seg is self.active:
+                    return seq, position, b""
+                seq, position = min(s for s in self.segments if s > seq), 0
+                continue
+            break
+        want = min(stop - position, max(max_bytes, _FRAME_HEAD))
+        buf = _read_exactly(seg, position, want)
+        total = frame_size(buf, 0) if len(buf) >= _FRAME_HEAD else -1
+        if total < 0 or total > stop - position:
+            raise ValueError(f"{self.name}: no frame starts at ({seq}, {position})")
+        if total > len(buf):
+            return seq, position, _read_exactly(seg, position, total)
+        at = total
+        while at + _FRAME_HEAD <= len(buf):
+            total = frame_size(buf, at)
+            if total < 0 or at + total > len(buf):
+                break
+            at += total
+        return seq, position, buf if at == len(buf) else buf[:at]
+
+    @property
+    def promised_epoch(self) -> int:
+        """The highest epoch this log promised (-1: none): older ones are refused."""
+        return self.epochs.promised
+
+    def promise_epoch(self, epoch: int) -> None:
+        """Promise, durably, to take nothing from an epoch below ``epoch`` (a new primary's
+        fence, BookKeeper's; BP-46: a promise forgotten in a crash loses data). StaleEpoch if
+        a newer epoch was promised."""
+        if epoch < self.epochs.promised:
+            raise StaleEpoch(epoch, self.epochs.promised)
+        if epoch > self.epochs.promised:
+            self.epochs.promised = epoch
+            self.epochs.save()
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Primary: write under ``epoch`` from here on; it is promised and recorded as
+        starting at the end (what ``epoch_end`` answers for older epochs)."""
+        self.promise_epoch(epoch)
+        if epoch > self.epochs.last:
+            self.epochs.starts.append((epoch, *self.end))
+            self.epochs.save()
+
+    def epoch_end(self, epoch: int) -> tuple[int, int]:
+        """Where the bytes of ``epoch`` (and older) end here: the start of the first newer
+        epoch, or the log's end (Kafka's OffsetForLeaderEpoch, KIP-101): a backup whose last
+        epoch is ``epoch`` cuts its log there, or at its own end if that is earlier."""
+        for e, s, p in self.epochs.starts:
+            if e > epoch:
+                return s, p
+        return self.end
 
     # -- reading -------------------------------------------------------------------------------
     def segment(self, seq: int) -> Segment | None:
@@ -427,9 +834,10 @@ class VirtualLog:
         if (seg.seq, seg.size) == self._checkpointed:
             return
         self._checkpointing = True
+        truncations = self._truncations
         try:
             seg.flush_index()
-            position = seg.size
+            position = seg.size - self._batched_bytes
             seg.acquire()
             loop = asyncio.get_running_loop()
             try:
@@ -438,7 +846,12 @@ class VirtualLog:
                 )
             finally:
                 seg.release()
-            self._checkpointed = (seg.seq, position)
+            if truncations != self._truncations:
+                # A truncation ran meanwhile: the checkpoint just written may vouch for bytes
+                # it cut; put back the one the truncation wrote.
+                write_checkpoint(self.directory, *self._checkpointed)
+            else:
+                self._checkpointed = (seg.seq, position)
         finally:
             self._checkpointing = False
 
@@ -453,6 +866,16 @@ class _Staged:
     nbytes: int
     on_written: OnWritten
     on_failed: Callable[[StorageFailure], None] | None
+
+
+_FRAME_HEAD = FRAME_SIZE + 61  # frame header and batch header: the least a frame can be
+
+
+def _read_exactly(seg: Segment, position: int, size: int) -> bytes:
+    data = seg.read(position, size)
+    if len(data) != size:
+        raise OSError(f"{seg}: short read at {position}: {len(data)} of {size} B")
+    return data
 
 
 def _seal(seg: Segment) -> None:

@@ -1,0 +1,108 @@
+"""What a replicated virtual log needs beyond appending: its errors and its epoch history.
+
+In cluster mode the unit of replication is the virtual log (KerA): its primary ships every run
+of frames it writes, byte for byte, to its backups, which append them at the same (segment seq,
+byte position), so a position names the same bytes on every replica. The network side lives in
+``cluster/``; storage only checks what it is handed (continuity, frame CRCs, epochs) and says
+why it refuses, with the exceptions below.
+
+The epoch history (Kafka's leader-epoch cache, KIP-101) is kept per log in ``epochs.json``: the
+highest epoch the log promised (BookKeeper's fence: a backup that promised epoch e refuses
+anything older, and the promise survives a crash, BP-46) and, for each epoch that wrote, the
+position its first byte went to. ``VirtualLog.epoch_end(e)`` answers where epoch ``e`` ended,
+which is where a backup whose last epoch is ``e`` must cut its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratalog.storage.segment import fsync_dir
+
+EPOCHS_FILE = "epochs.json"
+
+
+class ReplicaError(Exception):
+    """A replicated write or read that this log refuses; nothing of it was written."""
+
+
+class ReplicaGap(ReplicaError):
+    """The bytes do not continue this log: it ends at (``expected_seq``,
+    ``expected_position``), where the next bytes must go."""
+
+    def __init__(self, expected_seq: int, expected_position: int, message: str = "") -> None:
+        super().__init__(
+            message or f"gap: this log continues at ({expected_seq}, {expected_position})"
+        )
+        self.expected_seq = expected_seq
+        self.expected_position = expected_position
+
+
+class CorruptReplica(ReplicaError):
+    """The bytes are not whole valid frames (a frame or batch CRC fails, a frame is cut short,
+    or a partition's offsets do not continue): nothing was written."""
+
+
+class StaleEpoch(ReplicaError):
+    """An epoch below the one this log promised (a deposed primary's write)."""
+
+    def __init__(self, epoch: int, promised: int) -> None:
+        super().__init__(f"epoch {epoch} is older than the promised epoch {promised}")
+        self.epoch = epoch
+        self.promised = promised
+
+
+class PositionUnavailable(ReplicaError):
+    """A read from a position whose segment is gone (retention, migration): the log holds
+    nothing before (``first_seq``, ``first_position``)."""
+
+    def __init__(self, first_seq: int, first_position: int) -> None:
+        super().__init__(f"this log starts at ({first_seq}, {first_position})")
+        self.first_seq = first_seq
+        self.first_position = first_position
+
+
+@dataclass
+class EpochHistory:
+    """The promised epoch and (epoch, start seq, start position) of each epoch that wrote, in
+    order; kept in ``<log>/epochs.json``, replaced atomically and fsynced on every change (a
+    change is a failover, never an append)."""
+
+    directory: Path
+    promised: int = -1
+    starts: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, directory: Path) -> EpochHistory:
+        h = cls(directory)
+        try:
+            doc = json.loads((directory / EPOCHS_FILE).read_text())
+        except FileNotFoundError:
+            return h
+        h.promised = int(doc["promised"])
+        h.starts = [(int(e), int(s), int(p)) for e, s, p in doc["starts"]]
+        return h
+
+    def save(self) -> None:
+        tmp = self.directory / (EPOCHS_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"promised": self.promised, "starts": self.starts}, f)
+            f.flush()
+            os.fdatasync(f.fileno())
+        os.replace(tmp, self.directory / EPOCHS_FILE)
+        fsync_dir(self.directory)
+
+    @property
+    def last(self) -> int:
+        """The newest epoch that wrote (-1: none)."""
+        return self.starts[-1][0] if self.starts else -1
+
+    def cut(self, seq: int, position: int) -> bool:
+        """Forget epochs whose first byte is at or past (seq, position); whether any went."""
+        keep = [e for e in self.starts if (e[1], e[2]) < (seq, position)]
+        changed = len(keep) != len(self.starts)
+        self.starts = keep
+        return changed
