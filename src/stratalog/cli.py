@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -128,7 +129,13 @@ def serve(
         print(f"Stratalog ready at {service.bootstrap}", flush=True)
         await stop.wait()
         logging.getLogger("stratalog").info("shutting down")
-        await service.stop()
+        if not await service.stop():
+            # A step was given up (logged by name): threads it left behind would hold the
+            # interpreter's exit forever. Nothing more is to be written; recovery has the rest.
+            logging.getLogger("stratalog").error("stopped without finishing every step")
+            logging.shutdown()
+            os._exit(1)
+        logging.getLogger("stratalog").info("stopped")
 
     try:
         loop.run_until_complete(main())

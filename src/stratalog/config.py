@@ -48,6 +48,13 @@ SETTINGS: dict[str, Setting] = {
             "The cluster's name: its metadata lives under /stratalog/<name>/ in etcd.",
         ),
         _S(
+            "replica.lag.time.max.ms",
+            int,
+            10_000,
+            "A backup that has not caught up with its primary for this long leaves the "
+            "in-sync set (Kafka's setting); acks=all waits for the in-sync set only.",
+        ),
+        _S(
             "default.replication.factor",
             int,
             1,
@@ -503,6 +510,7 @@ class BrokerConfig:
         "gc.young_threshold": 0,
         "num.partitions": 1,
         "default.replication.factor": 1,
+        "replica.lag.time.max.ms": 1,
         "fetch.backlog.max_bytes_per_sec": 0,
         "fetch.backlog.fsync_target_ms": 0,
         "fetch.backlog.min_bytes_per_sec": 1,

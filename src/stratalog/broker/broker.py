@@ -20,9 +20,12 @@ from stratalog.broker.admin_http import AdminServer
 from stratalog.broker.core import BrokerCore
 from stratalog.broker.dispatch import make_dispatch, request_timers
 from stratalog.broker.server import KafkaServer
+from stratalog.broker.stopping import BoundedStop
 from stratalog.config import BrokerConfig
 
 log = logging.getLogger(__name__)
+
+STOP_STEP_S = 30.0  # the longest one step of a clean stop may take before it is given up
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -74,11 +77,13 @@ class BrokerService:
                 raise
         self.core.start_background()
 
-    async def stop(self) -> None:
-        await self.server.stop()
+    async def stop(self) -> bool:
+        """A clean stop, bounded step by step; False if a step was given up (logged)."""
+        stop = BoundedStop(STOP_STEP_S)
+        await stop.step("the Kafka listener", self.server.stop())
         if self.admin is not None:
-            await self.admin.stop()
-        await self.core.close()
+            await stop.step("the admin endpoint", self.admin.stop())
+        return await self.core.close(STOP_STEP_S) and stop.complete
 
     @property
     def bootstrap(self) -> str:

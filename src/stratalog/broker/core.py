@@ -13,15 +13,16 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_store import OffsetStore
+from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
-from stratalog.cluster.node import ClusterNode, ClusterTopic
 from stratalog.config import BrokerConfig
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
@@ -31,6 +32,11 @@ from stratalog.storage.partition import PartitionLog
 from stratalog.storage.priority import lower_this_thread
 from stratalog.storage.throttle import ByteRate, FsyncGuidedRate
 from stratalog.storage.tiering import Migrator, TierSettings
+
+if TYPE_CHECKING:
+    from stratalog.cluster.controller import Controller
+    from stratalog.cluster.node import ClusterNode, ClusterTopic
+    from stratalog.cluster.replication import Replicator
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,8 @@ class BrokerCore:
         self.node_id: int = config["node.id"]
         # Cluster mode (cluster.etcd set): this broker's membership, joined once listening.
         self.cluster: ClusterNode | None = None
+        self.replicator: Replicator | None = None
+        self.controller: Controller | None = None
         self.metadata = MetadataStore(self.data_dir)
         self.offsets = OffsetStore(self.data_dir)
         self.coordinator = GroupCoordinator(
@@ -199,9 +207,16 @@ class BrokerCore:
         if self.store.cold is not None:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
 
-    async def close(self) -> None:
+    async def close(self, bound_s: float = 30.0) -> bool:
+        """Stop everything, each step bounded (stopping.py); False if any was given up."""
+        stop = BoundedStop(bound_s)
+        if self.controller is not None:
+            await stop.step("the controller", self.controller.close())
+        if self.replicator is not None:
+            await stop.step("handing leadership over", self.replicator.hand_over())
+            await stop.step("the replication links", self.replicator.close())
         if self.cluster is not None:
-            await self.cluster.leave()
+            await stop.step("leaving the cluster", self.cluster.leave())
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -214,11 +229,12 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
-        await self.store.close()
+        await stop.step("the logs' last fsyncs and clean-shutdown markers", self.store.close())
         self.offsets.close()
-        self.read_executor.shutdown(wait=True)
-        self.meta_executor.shutdown(wait=True)
+        await stop.blocking("the read threads", lambda: self.read_executor.shutdown(wait=True))
+        await stop.blocking("the metadata thread", lambda: self.meta_executor.shutdown(wait=True))
         self._journal_threads.restore()
+        return stop.complete
 
     def abandon(self) -> None:
         """Stop without flushing anything (tests of crash recovery in-process)."""
@@ -303,6 +319,11 @@ class BrokerCore:
         """Join the cluster in ``cluster.etcd`` (once the listener's port is known); raises
         ClusterError when etcd cannot be reached, the node id is taken or the data directory
         belongs to another cluster."""
+        # Imported here: the embedded single node loads no cluster code.
+        from stratalog.cluster.controller import Controller
+        from stratalog.cluster.node import ClusterNode
+        from stratalog.cluster.replication import Replicator
+
         endpoints = [e.strip() for e in self.config["cluster.etcd"].split(",") if e.strip()]
         node = ClusterNode(
             endpoints,
@@ -311,16 +332,29 @@ class BrokerCore:
             self.advertised_host,
             self.advertised_port,
         )
+        replicator = Replicator(node, self.store, self.config["replica.lag.time.max.ms"])
         try:
             cid = await node.connect(None if self.metadata.fresh else self.metadata.cluster_id)
             if self.metadata.fresh:
                 self.metadata.adopt_cluster(cid)
+            node.replication_port = await replicator.start(self.host)
             node.on_topic = lambda name, t: self._cluster_topic(node, name, t)
+            node.on_change = replicator.reconcile
             await node.register()
         except BaseException:
+            await replicator.close()
             await node.leave()
             raise
+        controller = Controller(node)
+
+        def changed() -> None:
+            replicator.reconcile()
+            controller.changed()
+
+        node.on_change = changed
         self.cluster = node
+        self.replicator = replicator
+        self.controller = controller
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
@@ -347,6 +381,15 @@ class BrokerCore:
             return "UNKNOWN_TOPIC_OR_PARTITION"
         if v.primary != self.node_id:
             return "NOT_LEADER_OR_FOLLOWER"
+        return None
+
+    def in_sync_error(self, topic: str, index: int, min_insync: int) -> str | None:
+        """NOT_ENOUGH_REPLICAS when fewer replicas than ``min_insync`` are in sync (acks=all)."""
+        if self.cluster is None:
+            return None
+        v = self.cluster.vlog_of(topic, index)
+        if v is not None and len(v.isr) < min_insync:
+            return "NOT_ENOUGH_REPLICAS"
         return None
 
     # -- topics --------------------------------------------------------------------------------

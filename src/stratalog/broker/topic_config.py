@@ -103,7 +103,13 @@ TOPIC_SETTINGS: dict[str, TopicSetting] = {
             "Accepted for compatibility (see segment.bytes).",
             broker_default="segment.ms",
         ),
-        _T("min.insync.replicas", INT, "Single node: always 1.", default="1"),
+        _T(
+            "min.insync.replicas",
+            INT,
+            "In a cluster: an acks=all produce is refused (NOT_ENOUGH_REPLICAS) while fewer "
+            "replicas are in sync. A single node is always 1.",
+            default="1",
+        ),
         _T(
             "flush.messages",
             LONG,

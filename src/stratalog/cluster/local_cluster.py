@@ -50,9 +50,14 @@ class LocalCluster:
     """etcd plus ``brokers`` brokers under ``root``."""
 
     def __init__(
-        self, root: Path, brokers: int = 3, settings: dict[str, str] | None = None
+        self,
+        root: Path,
+        brokers: int = 3,
+        settings: dict[str, str] | None = None,
+        log_level: str = "WARNING",
     ) -> None:
         self.root = Path(root)
+        self.log_level = log_level
         self.etcd = EtcdServer(self.root / "etcd")
         self.settings = dict(settings or {})
         self.brokers = [
@@ -94,7 +99,7 @@ class LocalCluster:
             "--etcd",
             self.etcd.endpoint,
             "--log-level",
-            "WARNING",
+            self.log_level,
         ]
         for k, v in b.settings.items():
             cmd += ["--set", f"{k}={v}"]

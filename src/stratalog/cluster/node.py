@@ -58,6 +58,7 @@ class BrokerInfo:
     host: str
     port: int
     incarnation: str
+    replication_port: int = 0
 
 
 @dataclass
@@ -109,6 +110,7 @@ class ClusterNode:
         self.host = host
         self.port = port
         self.incarnation = uuid.uuid4().hex
+        self.replication_port = 0  # where primaries push to this broker (set before register)
         self.store: EtcdStore | None = None
         self.lease: Lease | None = None
         self.cluster_id = ""
@@ -117,6 +119,8 @@ class ClusterNode:
         self.vlogs: dict[int, VirtualLogState] = {}
         # Called with (name, topic or None) when a topic appears, changes or goes away.
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
+        # Called after any change of brokers or virtual logs (replication reconciles itself).
+        self.on_change: Callable[[], None] | None = None
         self._watch: asyncio.Task | None = None
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, limit) of this node's block
 
@@ -143,9 +147,21 @@ class ClusterNode:
         """Register this broker under a lease; refused if its node id is live elsewhere."""
         assert self.store is not None
         self.lease = await self.store.grant_lease(LEASE_TTL_S)
-        me = {"host": self.host, "port": self.port, "incarnation": self.incarnation}
+        me = {
+            "host": self.host,
+            "port": self.port,
+            "incarnation": self.incarnation,
+            "replication_port": self.replication_port,
+        }
         key = self.keys.broker(self.node_id)
-        if not await self.store.create(key, _dump(me), lease=self.lease):
+        # A broker restarted at once finds its previous registration still there until that
+        # lease expires: wait that long before calling the node id taken.
+        deadline = time.monotonic() + LEASE_TTL_S * 1.5
+        while not (created := await self.store.create(key, _dump(me), lease=self.lease)):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.25)
+        if not created:
             got = await self.store.get(key)
             other = json.loads(got[0]) if got else {}
             await self.lease.revoke()
@@ -180,7 +196,13 @@ class ClusterNode:
                 brokers.pop(node, None)
             else:
                 raw = json.loads(value)
-                brokers[node] = BrokerInfo(node, raw["host"], raw["port"], raw["incarnation"])
+                brokers[node] = BrokerInfo(
+                    node,
+                    raw["host"],
+                    raw["port"],
+                    raw["incarnation"],
+                    raw.get("replication_port", 0),
+                )
         elif key.startswith(k.topics):
             name = key[len(k.topics) :]
             if value is None:
@@ -208,17 +230,27 @@ class ClusterNode:
         while True:
             try:
                 revision = await self.load()
+                self._changed()
                 async for ev in self.store.watch_prefix(self.keys.root, revision + 1):
                     topics = dict(self.topics)
                     self._apply(ev.key, ev.value, self.brokers, topics, self.vlogs)
                     if ev.key.startswith(self.keys.topics):
                         name = ev.key[len(self.keys.topics) :]
                         self._topic_changed(name, topics.get(name))
+                    else:
+                        self._changed()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("cluster watch lost (%s); reading the state again", e)
                 await asyncio.sleep(0.5)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("reacting to a cluster change failed")
 
     async def leave(self) -> None:
         if self._watch is not None:
@@ -308,6 +340,26 @@ class ClusterNode:
             limit = nxt + PRODUCER_ID_BLOCK
         self._producer_ids = (nxt + 1, limit)
         return nxt
+
+    async def update_vlog(
+        self, vid: int, change: Callable[[VirtualLogState], VirtualLogState | None]
+    ) -> VirtualLogState | None:
+        """Apply ``change`` to virtual log ``vid`` as etcd holds it now, guarded by the revision
+        read: retried on a concurrent change; ``change`` returns None to give up. Returns the
+        state written (or None)."""
+        assert self.store is not None
+        key = self.keys.vlog(vid)
+        while True:
+            got = await self.store.get(key)
+            if got is None:
+                return None
+            now = VirtualLogState.from_json(vid, json.loads(got[0]))
+            new = change(now)
+            if new is None:
+                return None
+            if await self.store.replace(key, _dump(new.to_json()), got[1]):
+                self.vlogs[vid] = new
+                return new
 
     # -- questions the broker asks -------------------------------------------------------------
     def vlog_of(self, topic: str, index: int) -> VirtualLogState | None:

@@ -116,7 +116,7 @@ class Ack:
 @dataclass(frozen=True, slots=True)
 class Fence:
     """A new primary's order: promise ``epoch`` (refuse older ones from now on) and cut the
-    log at (truncate_seq, truncate_position)."""
+    log at (truncate_seq, truncate_position); (-1, -1) cuts nothing."""
 
     vlog: str
     epoch: int
@@ -126,12 +126,15 @@ class Fence:
 
 @dataclass(frozen=True, slots=True)
 class FenceAck:
-    """Backup -> new primary: the epoch is promised, durably, and the log ends here."""
+    """Backup -> new primary: the epoch is promised, durably, and the log ends here;
+    ``last_epoch`` is the newest epoch its bytes were written under (-1: none), so the primary
+    can find where their histories part (KIP-101: its ``epoch_end(last_epoch)``)."""
 
     vlog: str
     epoch: int
     end_seq: int
     end_position: int
+    last_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +188,12 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         body = vlog + _ints(msg.epoch, msg.lsn, msg.end_seq, msg.end_position)
         return [_frame(_ACK, body)]
     if isinstance(msg, Fence):
-        body = vlog + _ints(msg.epoch, msg.truncate_seq, msg.truncate_position)
+        # (-1, -1): no cut, only the promise and the answer where the log ends.
+        body = vlog + _ints(msg.epoch) + _ints(msg.truncate_seq, msg.truncate_position, low=-1)
         return [_frame(_FENCE, body)]
     if isinstance(msg, FenceAck):
         body = vlog + _ints(msg.epoch, msg.end_seq, msg.end_position)
+        body += _ints(msg.last_epoch, low=-1)
         return [_frame(_FENCE_ACK, body)]
     if isinstance(msg, Refused):
         body = (
@@ -250,9 +255,9 @@ def _decode(frame: memoryview) -> Message:
     if kind == _ACK:
         msg = Ack(vlog, *r.ints(4))
     elif kind == _FENCE:
-        msg = Fence(vlog, *r.ints(3))
+        msg = Fence(vlog, *r.ints(1), *r.ints(2, low=-1))
     elif kind == _FENCE_ACK:
-        msg = FenceAck(vlog, *r.ints(3))
+        msg = FenceAck(vlog, *r.ints(3), *r.ints(1, low=-1))
     elif kind == _REFUSED:
         (epoch,) = r.ints(1, low=-1)
         error = r.text(_U16)

@@ -783,6 +783,16 @@ class VirtualLog:
             self.epochs.promised = epoch
             self.epochs.save()
 
+    @property
+    def last_epoch(self) -> int:
+        """The newest epoch this log's bytes were written under (-1: none)."""
+        return self.epochs.last
+
+    def abandon_waiters(self) -> None:
+        """A deposed primary: every append still waiting for its commit is answered False,
+        since the backups will not acknowledge it at this epoch any more."""
+        self._durable(-1)
+
     def begin_epoch(self, epoch: int) -> None:
         """Primary: write under ``epoch`` from here on; it is promised and recorded as
         starting at the end (what ``epoch_end`` answers for older epochs)."""

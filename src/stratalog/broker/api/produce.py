@@ -141,6 +141,8 @@ def _append_all(core, body, now: int, results: list, appended: list, writes: Wri
             r = PartitionProduceResult(pd.index)
             parts.append(r)
             lead = core.leader_error(name, pd.index) if topic else None
+            if lead is None and topic is not None and body.acks == -1:
+                lead = core.in_sync_error(name, pd.index, view.get_int("min.insync.replicas"))
             if lead is not None:
                 r.error_code = code(lead)
                 any_error = True

@@ -1,0 +1,520 @@
+"""Replication of virtual logs between brokers (KerA: the log is the unit, not the partition).
+
+The primary of a virtual log pushes every write, byte for byte as stored, to each backup the
+moment it is written (``VirtualLog.on_write``), so the backups' fsyncs run beside its own. A
+backup checks the epoch (the fencing token) and continuity (segment, position), appends the
+same bytes, and acknowledges once its group commit made them durable. An append is committed,
+and acks=all answered, when the primary and every in-sync backup have it
+(``VirtualLog.require_replicas`` / ``replica_acked``).
+
+A link to a backup starts with a Fence at the primary's epoch: the backup promises the epoch
+(durably: it refuses older epochs from then on, so a deposed primary can never again collect an
+acknowledgement) and says where its log ends. A longer log is cut back to the primary's end
+(KIP-101's rule, one cut for every partition in the log); a shorter one is sent what it lacks
+from the primary's segment files, then follows live. A backup that has caught up joins the
+in-sync set; one that falls ``replica.lag.time.max.ms`` behind leaves it. Both are etcd
+transactions at the current epoch, made by the primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from stratalog.cluster.node import ClusterNode
+from stratalog.cluster.placement import VirtualLogState
+from stratalog.protocol.replication import (
+    CLOSED,
+    NEED_DATA,
+    REFUSED_CORRUPT,
+    REFUSED_GAP,
+    REFUSED_STALE_EPOCH,
+    REFUSED_STORAGE,
+    Ack,
+    Append,
+    Fence,
+    FenceAck,
+    ProtocolError,
+    Refused,
+    ReplicationConnection,
+    encode,
+)
+from stratalog.storage.journal import StorageFailure
+from stratalog.storage.log_store import LogStore
+from stratalog.storage.replica import CorruptReplica, PositionUnavailable, ReplicaGap, StaleEpoch
+from stratalog.storage.virtual_log import VirtualLog
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_BYTES = 1024 * 1024  # one message of a lagging backup's catch-up
+MAX_MESSAGE = 64 * 1024 * 1024
+NO_CUT = (-1, -1)
+
+
+class _Peer:
+    """One stream connection with the replication codec on top."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.codec = ReplicationConnection(MAX_MESSAGE)
+
+    def send(self, msg) -> None:
+        # Called from durability callbacks too: a peer that went away is not their problem.
+        if self.writer.is_closing():
+            return
+        try:
+            self.writer.writelines(encode(msg))
+        except (RuntimeError, OSError) as e:
+            log.debug("replication peer gone: %s", e)
+
+    async def receive(self):
+        while True:
+            ev = self.codec.next_event()
+            if ev is CLOSED:
+                raise ConnectionError("peer closed the connection")
+            if ev is not NEED_DATA:
+                return ev
+            self.codec.receive_data(await self.reader.read(256 * 1024))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class BackupLink:
+    """The primary's link to one backup of one virtual log."""
+
+    def __init__(self, primary: PrimaryLog, backup: int) -> None:
+        self.primary = primary
+        self.backup = backup
+        self.peer: _Peer | None = None
+        self.live = False
+        self.acked = 0  # primary LSN the backup has durably
+        self.caught_up_at = time.monotonic()
+        self.joined_lsn = -1  # LSN at which it went live (acks from there make it in sync)
+        self.joined = False  # it acknowledged everything up to joined_lsn
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionError, ProtocolError, asyncio.IncompleteReadError) as e:
+                log.info(
+                    "%s: link to backup %d lost: %s",
+                    self.primary.vlog.name,
+                    self.backup,
+                    e,
+                )
+            except _Deposed:
+                self.primary.deposed()
+                return
+            except Exception:
+                log.exception("%s: link to backup %d failed", self.primary.vlog.name, self.backup)
+            finally:
+                self.live = False
+                self.joined = False
+                if self.peer is not None:
+                    self.peer.close()
+                    self.peer = None
+            await asyncio.sleep(0.2)
+
+    async def _session(self) -> None:
+        p = self.primary
+        info = p.node.brokers.get(self.backup)
+        if info is None or not info.replication_port:
+            raise ConnectionError(f"broker {self.backup} is not registered")
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(info.host, info.replication_port), 5
+        )
+        peer = self.peer = _Peer(reader, writer)
+        name, epoch = p.vlog.name, p.epoch
+        peer.send(Fence(name, epoch, *NO_CUT))
+        ack = await self._fenced(peer)
+        end = (ack.end_seq, ack.end_position)
+        # KIP-101: the backup's bytes agree with ours up to where its last epoch ended here;
+        # past that (or past our end) they were never committed, and go.
+        agree = min(end, p.vlog.epoch_end(ack.last_epoch) if ack.last_epoch >= 0 else end)
+        agree = min(agree, p.vlog.end)
+        if agree < end:
+            peer.send(Fence(name, epoch, *agree))
+            ack = await self._fenced(peer)
+            end = (ack.end_seq, ack.end_position)
+        reading = asyncio.ensure_future(self._read_acks(peer))
+        try:
+            await self._catch_up(peer, end)
+            await reading
+        finally:
+            reading.cancel()
+
+    async def _fenced(self, peer: _Peer) -> FenceAck:
+        msg = await asyncio.wait_for(peer.receive(), 10)
+        if isinstance(msg, Refused):
+            if msg.error == REFUSED_STALE_EPOCH:
+                raise _Deposed()
+            raise ConnectionError(f"fence refused: {msg.error}")
+        if not isinstance(msg, FenceAck):
+            raise ProtocolError(f"expected FenceAck, got {type(msg).__name__}")
+        return msg
+
+    async def _catch_up(self, peer: _Peer, pos: tuple[int, int]) -> None:
+        """Send what the backup lacks from the segment files, then follow live."""
+        vlog = self.primary.vlog
+        while pos < vlog.end:
+            try:
+                seq, position, data = vlog.read_range(pos[0], pos[1], CATCH_UP_BYTES)
+            except PositionUnavailable as e:
+                # Retention took what it lacks: it starts again from our oldest segment.
+                first = (e.first_seq, e.first_position)
+                peer.send(Fence(vlog.name, self.primary.epoch, *first))
+                await self._fenced(peer)
+                pos = first
+                continue
+            if not data:
+                break
+            peer.send(Append(vlog.name, self.primary.epoch, seq, position, 0, data))
+            pos = (seq, position + len(data))
+            await peer.writer.drain()
+            if self.primary.closed:
+                return
+        # From here every write is pushed as it happens (no await since the check above).
+        self.live = True
+        self.joined_lsn = vlog.lsn
+        end = vlog.end
+        peer.send(Append(vlog.name, self.primary.epoch, end[0], end[1], vlog.lsn, b""))
+
+    async def _read_acks(self, peer: _Peer) -> None:
+        vlog = self.primary.vlog
+        while True:
+            msg = await peer.receive()
+            if isinstance(msg, Ack):
+                if msg.epoch != self.primary.epoch:
+                    continue
+                if msg.lsn > self.acked:
+                    self.acked = msg.lsn
+                    vlog.replica_acked(self.backup, msg.lsn)
+                if msg.lsn >= vlog.lsn:
+                    self.caught_up_at = time.monotonic()
+                if self.live and msg.lsn >= self.joined_lsn:
+                    self.joined = True
+                    self.primary.in_sync(self.backup)
+            elif isinstance(msg, Refused):
+                if msg.error == REFUSED_STALE_EPOCH:
+                    raise _Deposed()
+                raise ConnectionError(f"append refused: {msg.error}")
+
+    def ship(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
+        peer = self.peer
+        if not self.live or peer is None:
+            return
+        peer.send(Append(self.primary.vlog.name, self.primary.epoch, seq, position, lsn_end, parts))
+
+    def close(self) -> None:
+        self.task.cancel()
+
+
+class _Deposed(Exception):
+    """A backup promised a newer epoch: this broker is no longer the primary."""
+
+
+class PrimaryLog:
+    """This broker leads one virtual log at ``epoch``: links to every backup, the in-sync set
+    it keeps in etcd, and the commit rule it hands to storage."""
+
+    def __init__(
+        self, node: ClusterNode, state: VirtualLogState, vlog: VirtualLog, lag_ms: int
+    ) -> None:
+        self.node = node
+        self.vid = state.vid
+        self.epoch = state.epoch
+        self.vlog = vlog
+        self.lag_s = lag_ms / 1000
+        self.closed = False
+        self._isr_busy = False
+        self._isr_task: asyncio.Future | None = None
+        others = [r for r in state.replicas if r != node.node_id]
+        self.links = {b: BackupLink(self, b) for b in others}
+        vlog.require_replicas([b for b in state.isr if b != node.node_id])
+        vlog.on_write = self._written
+        self._lag_task = asyncio.ensure_future(self._watch_lag())
+
+    def _written(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
+        for link in self.links.values():
+            link.ship(seq, position, parts, lsn_end)
+
+    def state(self) -> VirtualLogState | None:
+        return self.node.vlogs.get(self.vid)
+
+    def in_sync(self, backup: int) -> None:
+        st = self.state()
+        if st is None or backup in st.isr or self._isr_busy:
+            return
+        self._change_isr(lambda isr: [*isr, backup] if backup not in isr else None)
+
+    def _change_isr(self, change) -> None:
+        self._isr_busy = True
+
+        def apply(now: VirtualLogState) -> VirtualLogState | None:
+            if now.epoch != self.epoch or now.primary != self.node.node_id:
+                return None
+            isr = change(list(now.isr))
+            if isr is None:
+                return None
+            return VirtualLogState(now.vid, now.replicas, now.primary, now.epoch, isr)
+
+        async def run() -> None:
+            try:
+                new = await self.node.update_vlog(self.vid, apply)
+                if new is not None and not self.closed:
+                    log.info("%s: in-sync set now %s", self.vlog.name, new.isr)
+                    self.vlog.require_replicas([b for b in new.isr if b != self.node.node_id])
+            except Exception as e:
+                log.warning("%s: cannot change the in-sync set: %s", self.vlog.name, e)
+            finally:
+                self._isr_busy = False
+
+        self._isr_task = asyncio.ensure_future(run())
+
+    async def _watch_lag(self) -> None:
+        """Drop a backup that has not caught up for replica.lag.time.max.ms (Kafka's rule)."""
+        while not self.closed:
+            await asyncio.sleep(min(1.0, self.lag_s / 4))
+            st = self.state()
+            if st is None or self._isr_busy:
+                continue
+            now = time.monotonic()
+            for b, link in self.links.items():
+                if link.acked >= self.vlog.lsn:
+                    link.caught_up_at = now
+                if link.joined and b not in st.isr:
+                    self.in_sync(b)  # a join that met another in-sync change is tried again
+                    break
+                if b in st.isr and now - link.caught_up_at > self.lag_s:
+                    log.warning(
+                        "%s: backup %d is %.1f s behind: out of the in-sync set",
+                        self.vlog.name,
+                        b,
+                        now - link.caught_up_at,
+                    )
+                    self._change_isr(lambda isr, b=b: [x for x in isr if x != b])
+                    break
+
+    def deposed(self) -> None:
+        log.warning("%s: a backup holds a newer epoch than %d", self.vlog.name, self.epoch)
+
+    def close(self, *, fail_waiters: bool) -> None:
+        self.closed = True
+        self._lag_task.cancel()
+        for link in self.links.values():
+            link.close()
+        self.vlog.on_write = None
+        if fail_waiters:
+            self.vlog.abandon_waiters()
+        self.vlog.require_replicas([])
+
+
+class Replicator:
+    """This broker's part in replication: a PrimaryLog for each virtual log it leads, and the
+    server its primaries push to for the logs it backs up."""
+
+    def __init__(self, node: ClusterNode, store: LogStore, lag_ms: int) -> None:
+        self.node = node
+        self.store = store
+        self.lag_ms = lag_ms
+        self.primaries: dict[int, PrimaryLog] = {}
+        self._server: asyncio.Server | None = None
+        self._peers: set[asyncio.Task] = set()
+        self._bumping: set[int] = set()
+        self._tasks: set[asyncio.Future] = set()
+
+    async def start(self, host: str) -> int:
+        self._server = await asyncio.start_server(self._serve, host, 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    def reconcile(self) -> None:
+        """Lead what etcd says this broker leads, and nothing else."""
+        me = self.node.node_id
+        for vid, st in list(self.node.vlogs.items()):
+            current = self.primaries.get(vid)
+            if st.primary == me and me in self.node.brokers:
+                if current is not None and current.epoch == st.epoch:
+                    # The controller may have dropped a dead backup from the in-sync set.
+                    current.vlog.require_replicas([b for b in st.isr if b != me])
+                    continue
+                if current is not None:
+                    current.close(fail_waiters=True)
+                    del self.primaries[vid]
+                if self.store.open_log(st.log_name).promised_epoch >= st.epoch:
+                    # This broker led at this epoch before a restart: what it wrote then may
+                    # not be what its backups have. It leads again only at a new epoch.
+                    self._bump(st)
+                    continue
+                self._lead(st)
+            elif current is not None:
+                log.info("%s: no longer primary (epoch %d)", current.vlog.name, st.epoch)
+                current.close(fail_waiters=True)
+                del self.primaries[vid]
+
+    def _bump(self, st: VirtualLogState) -> None:
+        if st.vid in self._bumping:
+            return
+        self._bumping.add(st.vid)
+        me = self.node.node_id
+
+        def bump(now: VirtualLogState) -> VirtualLogState | None:
+            if now.primary != me or now.epoch != st.epoch:
+                return None
+            return VirtualLogState(now.vid, now.replicas, me, now.epoch + 1, now.isr)
+
+        async def run() -> None:
+            try:
+                new = await self.node.update_vlog(st.vid, bump)
+                if new is not None:
+                    log.info("%s: epoch %d after a restart", st.log_name, new.epoch)
+            except Exception as e:
+                log.warning("%s: cannot start a new epoch: %s", st.log_name, e)
+            finally:
+                self._bumping.discard(st.vid)
+                self.reconcile()
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lead(self, st: VirtualLogState) -> None:
+        vlog = self.store.open_log(st.log_name)
+        try:
+            vlog.begin_epoch(st.epoch)
+        except StaleEpoch:
+            log.warning("%s: etcd says epoch %d, a newer one was promised", vlog.name, st.epoch)
+            return
+        primary = PrimaryLog(self.node, st, vlog, self.lag_ms)
+        self.primaries[st.vid] = primary
+        # What this log holds is committed once the in-sync set has it too; its partitions'
+        # high watermarks follow then (a new primary's tail may be more than was committed).
+        end_lsn = vlog.lsn
+        for p in self.store.partitions.values():
+            if p.vlog is vlog:
+                nxt = p.next_offset
+                vlog.when_durable(
+                    end_lsn, lambda ok, p=p, n=nxt: ok and p.advance_high_watermark(n)
+                )
+        log.info("%s: primary at epoch %d, in sync %s", vlog.name, st.epoch, st.isr)
+
+    async def hand_over(self) -> None:
+        """A clean stop: give each log this broker leads to another in-sync replica first
+        (epoch + 1, this broker out of the in-sync set), so producers see a leader change and
+        retry instead of waiting for the lease to expire."""
+        me = self.node.node_id
+
+        def move(now: VirtualLogState) -> VirtualLogState | None:
+            others = [r for r in now.isr if r != me and r in self.node.brokers]
+            if now.primary != me or not others:
+                return None
+            return VirtualLogState(now.vid, now.replicas, others[0], now.epoch + 1, others)
+
+        for vid in list(self.primaries):
+            try:
+                new = await self.node.update_vlog(vid, move)
+            except Exception as e:  # etcd unreachable: the lease will expire instead
+                log.warning("cannot hand over virtual log g%d: %s", vid, e)
+                continue
+            if new is not None:
+                log.info("g%d handed over to %d at epoch %d", vid, new.primary, new.epoch)
+        self.reconcile()
+
+    async def close(self) -> None:
+        for p in self.primaries.values():
+            p.close(fail_waiters=True)
+        self.primaries.clear()
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._peers):
+            t.cancel()
+
+    # -- the backup's side ---------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._peers.add(task)
+        peer = _Peer(reader, writer)
+        try:
+            while True:
+                msg = await peer.receive()
+                if isinstance(msg, Fence):
+                    self._on_fence(peer, msg)
+                elif isinstance(msg, Append):
+                    self._on_append(peer, msg)
+        except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._peers.discard(task)
+            peer.close()
+
+    def _leads(self, name: str) -> bool:
+        return any(p.vlog.name == name for p in self.primaries.values())
+
+    def _on_fence(self, peer: _Peer, msg: Fence) -> None:
+        name = msg.vlog
+        vlog = self.store.open_log(name)
+        if self._leads(name):
+            peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
+            return
+        try:
+            vlog.promise_epoch(msg.epoch)
+        except StaleEpoch:
+            peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
+            return
+        if (msg.truncate_seq, msg.truncate_position) != NO_CUT:
+            cut = (msg.truncate_seq, msg.truncate_position)
+            if vlog.end > cut:
+                log.warning(
+                    "%s: cut back from %s to %s at epoch %d", name, vlog.end, cut, msg.epoch
+                )
+                self.store.truncate_log(name, *cut)
+        peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.last_epoch))
+
+    def _on_append(self, peer: _Peer, msg: Append) -> None:
+        name = msg.vlog
+        vlog = self.store.open_log(name)
+        if msg.epoch != vlog.promised_epoch or self._leads(name):
+            peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
+            return
+        try:
+            lsn = vlog.append_replica(msg.seq, msg.position, _joined(msg.data), epoch=msg.epoch)
+        except ReplicaGap as e:
+            peer.send(Refused(name, msg.epoch, REFUSED_GAP, e.expected_seq, e.expected_position))
+            return
+        except CorruptReplica as e:
+            log.error("%s: corrupt frames from the primary: %s", name, e)
+            peer.send(Refused(name, msg.epoch, REFUSED_CORRUPT))
+            return
+        except StaleEpoch:
+            peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
+            return
+        except StorageFailure as e:
+            log.error("%s: cannot append replicated frames: %s", name, e)
+            peer.send(Refused(name, msg.epoch, REFUSED_STORAGE))
+            return
+        if msg.lsn_end <= 0 and msg.data:
+            # Catch-up: unacknowledged; the empty Append that ends it is (after all of it).
+            return
+        epoch, lsn_end = msg.epoch, msg.lsn_end
+
+        def durable(ok: bool) -> None:
+            if ok:
+                end = vlog.end
+                peer.send(Ack(name, epoch, lsn_end, end[0], end[1]))
+
+        vlog.when_durable(lsn, durable)
+
+
+def _joined(data) -> bytes | memoryview:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return data
+    return b"".join(data)
