@@ -40,7 +40,9 @@ Other options: ``--faults kill1,kill2,pause1,coord-kill,coord-pause`` (the mix; 
 runs it once in order), ``--rate 200`` sends/s, ``--partitions 8``, ``--gap 5,15`` fault-free
 seconds after each fault, ``--restart-delay 0,5``, ``--pause 5,5``, ``--settle 10``,
 ``--final-read-timeout 200``, ``--set KEY=VALUE`` (broker settings or Kafka properties),
-``--flush-messages`` (Kafka: ``flush.messages=1``), ``--stop-on-anomaly``. Then::
+``--flush-messages`` (Kafka: ``flush.messages=1``), ``--broker-log-level INFO`` (Stratalog),
+``--stop-on-anomaly``. The history's first event holds the wall clock at its time 0, to line it
+up with the brokers' logs. Then::
 
     python -m stratalog.faults summary faults-results/            # the table of every run
     python -m stratalog.faults check <run>/history.jsonl.gz --json  # check a history again

@@ -71,6 +71,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="broker setting (Stratalog) or property (Kafka), repeatable")  # fmt: skip
     p.add_argument("--flush-messages", action="store_true", help="Kafka: flush.messages=1")
+    p.add_argument("--broker-log-level", default="WARNING", help="Stratalog brokers' log level")
     p.add_argument("--keep-data", action="store_true", help="keep data dirs of valid runs too")
     p.add_argument("--results", type=Path, default=Path("faults-results"))
 
@@ -97,6 +98,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, seed: int
         drain_timeout=args.drain_timeout,
         settings=_pairs(args.set, parser),
         flush_messages=args.flush_messages,
+        broker_log_level=args.broker_log_level,
         keep_data=args.keep_data,
     )
 

@@ -26,6 +26,8 @@ for the final reads. Operations (``f``):
   {"high": the end the broker reported, "complete": whether the read reached it}.
 * nemesis operations (``kill``, ``restart``, ``pause``, ``resume``, ``heal``): ``value``
   names the processes and their PIDs.
+* ``start`` (process ``"harness"``): ``value`` = {"wall_clock": Unix time}, to line the history
+  up with the brokers' logs.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ class RunConfig:
     topic: str = "faults"
     settings: dict[str, str] = field(default_factory=dict)  # broker settings / properties
     flush_messages: bool = False  # Kafka: flush.messages=1 on the topic
+    broker_log_level: str = "WARNING"  # Stratalog brokers' --log-level
     keep_data: bool = False
 
 
@@ -104,7 +105,11 @@ def run(cfg: RunConfig, out: Path, progress: Progress | None = None) -> dict[str
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda phase, done, total: None)
     target = make_target(
-        cfg.target, out / "cluster", settings=cfg.settings, flush_messages=cfg.flush_messages
+        cfg.target,
+        out / "cluster",
+        settings=cfg.settings,
+        flush_messages=cfg.flush_messages,
+        log_level=cfg.broker_log_level,
     )
     history = History(out / "history.jsonl")
     client_log = _client_log(out / "clients.log")
@@ -114,6 +119,9 @@ def run(cfg: RunConfig, out: Path, progress: Progress | None = None) -> dict[str
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     t0 = time.monotonic()
+    # The wall clock at history time 0, to line the history up with the brokers' logs.
+    history.info("harness", "start", value={"wall_clock": round(time.time(), 6)})
+    result["wall_clock_at_0"] = round(time.time() - history.now(), 6)
 
     def mark(name: str) -> None:
         timings[name] = round(time.monotonic() - t0, 3)

@@ -111,9 +111,13 @@ class StratalogTarget(Target):
     kind = "stratalog"
 
     def __init__(
-        self, root: Path, brokers: int = 3, settings: dict[str, str] | None = None
+        self,
+        root: Path,
+        brokers: int = 3,
+        settings: dict[str, str] | None = None,
+        log_level: str = "WARNING",
     ) -> None:
-        self.cluster = LocalCluster(root, brokers=brokers, settings=settings)
+        self.cluster = LocalCluster(root, brokers=brokers, settings=settings, log_level=log_level)
 
     def start(self) -> None:
         self.cluster.start()
@@ -281,10 +285,11 @@ def make_target(
     *,
     settings: dict[str, str] | None = None,
     flush_messages: bool = False,
+    log_level: str = "WARNING",
 ) -> Target:
-    """``stratalog`` or ``kafka``, with its data under ``root``."""
+    """``stratalog`` or ``kafka``, with its data under ``root`` (``log_level``: Stratalog's)."""
     if kind == "stratalog":
-        return StratalogTarget(root, settings=settings)
+        return StratalogTarget(root, settings=settings, log_level=log_level)
     if kind == "kafka":
         return KafkaTarget(root, properties=settings, flush_messages=flush_messages)
     raise ValueError(f"unknown target {kind!r}: stratalog or kafka")
