@@ -15,6 +15,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from .conformance import wire
 from .conftest import BrokerProcess, create_topic
 
 pytestmark = pytest.mark.slow
@@ -319,5 +320,82 @@ def test_acks_1_records_survive_a_sigkill(tmp_path):
         present = {(p, off): v for p, rows in log.items() for off, v in rows}
         missing = [k for k, v in snapshot.items() if present.get(k) != v]
         assert not missing, f"{len(missing)} acks=1 records lost, e.g. {missing[:5]}"
+    finally:
+        bp.kill()
+
+
+def _commit_raw(bootstrap: str, group: str, topic: str, partition: int, offset: int) -> bool:
+    """One OffsetCommit on its own connection; True once answered without error."""
+    try:
+        r = wire.call(
+            bootstrap, 8, 8, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+            group_instance_id=None,
+            topics=[{"name": topic, "partitions": [{"partition_index": partition,
+                                                    "committed_offset": offset,
+                                                    "committed_leader_epoch": -1,
+                                                    "committed_metadata": ""}]}],
+        )  # fmt: skip
+    except OSError:
+        return False  # the broker is gone
+    return "topics" in r and r["topics"][0]["partitions"][0]["error_code"] == 0
+
+
+def _commit_loop(
+    bootstrap: str, partition: int, offset: int, acked: dict[int, int], stop: threading.Event
+) -> None:
+    while not stop.is_set():
+        offset += 1
+        if not _commit_raw(bootstrap, "crash-group", "committed", partition, offset):
+            return
+        acked[partition] = offset
+
+
+def test_committed_offsets_survive_sigkill_and_power_cut(tmp_path, monkeypatch):
+    """Commits are records of __consumer_offsets, made durable before OffsetCommit is answered:
+    every answered commit is there after a SIGKILL and the loss of every unsynced byte."""
+    sync_log = tmp_path / "synced.txt"
+    monkeypatch.setenv("STRATALOG_SYNC_LOG", str(sync_log))
+    data = tmp_path / "data"
+    bp = BrokerProcess(data, settings={"fsync": "always", "group_commit_ms": "20"})
+    bp.start()
+    try:
+        create_topic(bp.bootstrap, "committed", PARTITIONS)
+        acked: dict[int, int] = {}  # partition -> last answered offset (commits only grow)
+        for round_ in range(3):
+            stop = threading.Event()
+            # One committer per partition, so each partition's commits are answered in order.
+            threads = [
+                threading.Thread(
+                    target=_commit_loop,
+                    args=(bp.bootstrap, p, round_ * 100_000, acked, stop),
+                    daemon=True,
+                )
+                for p in range(PARTITIONS)
+            ]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 20
+            while len(acked) < PARTITIONS and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3 + round_ * 0.2)
+            bp.kill()
+            snapshot = dict(acked)
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+            assert len(snapshot) == PARTITIONS, "no commit was answered"
+            _power_cut(data, sync_log)
+            sync_log.write_text(
+                "".join(f"{seg} {seg.stat().st_size}\n" for seg in data.glob("logs/*/*.log"))
+            )
+            bp.start()
+            c = Consumer({"bootstrap.servers": bp.bootstrap, "group.id": "crash-group"})
+            try:
+                tps = [TopicPartition("committed", p) for p in range(PARTITIONS)]
+                found = {tp.partition: tp.offset for tp in c.committed(tps, timeout=10)}
+            finally:
+                c.close()
+            lost = {p: (o, found[p]) for p, o in snapshot.items() if found[p] < o}
+            assert not lost, f"answered commits lost (answered, found): {lost}"
     finally:
         bp.kill()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -67,7 +68,10 @@ def _free(path) -> int:
 
 def test_a_full_disk_fails_writes_cleanly_and_the_broker_resumes_when_space_returns(small_fs):
     data = small_fs / "data"
-    b = BrokerProcess(data, settings={"segment.bytes": str(4 * 1024 * 1024)})
+    # No reserve: this is about the writes that still meet ENOSPC.
+    b = BrokerProcess(
+        data, settings={"segment.bytes": str(4 * 1024 * 1024), "storage.min_free_bytes": "0"}
+    )
     # The broker's log goes beside the file system, not into it.
     b.log_path = small_fs.parent / "broker.log"
     b.start()
@@ -138,3 +142,53 @@ def test_a_full_disk_fails_writes_cleanly_and_the_broker_resumes_when_space_retu
         assert read[part] == sent[part], part
         assert offsets[part] == list(range(len(sent[part])))
     assert all(acked[(part, o)] == v for part in read for o, v in enumerate(read[part]))
+
+
+def test_under_the_free_space_reserve_produce_waits_and_resumes_by_itself(small_fs):
+    data = small_fs / "data"
+    b = BrokerProcess(
+        data,
+        settings={
+            "segment.bytes": str(4 * 1024 * 1024),
+            "storage.min_free_bytes": str(2 * 1024 * 1024),
+            "admin.port": "0",
+        },
+    )
+    b.log_path = small_fs.parent / "broker.log"
+    b.start()
+    acked: dict[tuple[int, int], bytes] = {}
+    errors: list[str] = []
+    try:
+        create_topic(b.bootstrap, "reserve", PARTITIONS)
+        ballast = small_fs / "ballast"
+        _fill(ballast, 1024 * 1024)  # under the 2 MiB reserve
+        deadline = time.monotonic() + 10
+        while "under storage.min_free_bytes" not in b.log_path.read_text():
+            assert time.monotonic() < deadline, "the reserve was never noticed"
+            time.sleep(0.1)
+        status = subprocess.run(
+            [sys.executable, "-m", "stratalog.cli", "status", "-b", b.bootstrap],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "produce refused" in status.stdout, status.stdout + status.stderr
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all",
+                      "enable.idempotence": True, "message.timeout.ms": 60000})  # fmt: skip
+
+        def done(err, msg) -> None:
+            if err is None:
+                acked[(msg.partition(), msg.offset())] = msg.value()
+            else:
+                errors.append(err.name())
+
+        for i in range(300):
+            p.produce("reserve", b"%06d" % i, partition=i % PARTITIONS, on_delivery=done)
+        p.poll(3)
+        assert acked == {}  # refused while under the reserve, and kept by the producer
+        ballast.unlink()
+        assert p.flush(60) == 0
+        assert errors == [] and len(acked) == 300
+    finally:
+        b.kill()
+    log = b.log_path.read_text()
+    assert "No space left" not in log  # nothing was even tried
+    assert "produce resumes" in log

@@ -13,6 +13,7 @@ bounded by a timeout.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -22,6 +23,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from stratalog import Broker
+from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.peers.kafka import run_tool
 
 from .conftest import create_topic
@@ -265,6 +267,66 @@ def test_console_producer_then_consumer_round_trip(bootstrap: str) -> None:
     )
     assert keyed.stdout.splitlines() == [f"{k}|{v}" for k, v in records]
     assert f"Processed a total of {n} messages" in keyed.stderr
+
+
+def _json_values(text: str) -> list[dict]:
+    """The JSON objects a formatter printed (back to back: OffsetsMessageFormatter prints no
+    line separator)."""
+    decoder = json.JSONDecoder()
+    out = []
+    pos = text.find("{")
+    while pos >= 0:
+        obj, pos = decoder.raw_decode(text, pos)
+        out.append(obj)
+        pos = text.find("{", pos)
+    return out
+
+
+def test_console_consumer_decodes_the_offsets_topic_with_kafkas_formatter(bootstrap: str) -> None:
+    """Committed offsets are records of __consumer_offsets in Kafka's own formats: Kafka's
+    OffsetsMessageFormatter, in a Java consumer that does not exclude internal topics, reads
+    them from the group's partition (Kafka's hash of the group id)."""
+    topic, group = "tools-offsets", "tools-offsets-group"
+    create_topic(bootstrap, topic, 2)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(
+            offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 4)], asynchronous=False
+        )
+        c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    finally:
+        c.close()
+    out = _ok(
+        _tool(
+            "kafka-console-consumer",
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            OFFSETS_TOPIC,
+            "--partition",
+            str(partition_for(group, 50)),
+            "--offset",
+            "earliest",
+            "--formatter",
+            "org.apache.kafka.tools.consumer.OffsetsMessageFormatter",
+            "--command-property",
+            "exclude.internal.topics=false",
+            "--max-messages",
+            "3",
+            "--timeout-ms",
+            "30000",
+        )
+    )
+    seen = []
+    for r in _json_values(out.stdout):
+        key, value = r["key"], r["value"]
+        if key["data"]["group"] == group:
+            k, v = key["data"], value["data"]
+            seen.append((key["type"], k["topic"], k["partition"], value["version"], v["offset"],
+                         v["leaderEpoch"]))  # fmt: skip
+    # (key type, topic, partition, value version, offset, leader epoch)
+    assert seen == [(1, topic, 0, 3, 3, -1), (1, topic, 1, 3, 4, -1), (1, topic, 0, 3, 5, -1)]
+    assert "Processed a total of 3 messages" in out.stderr
 
 
 # ----------------------------------------------------------------------------------------------

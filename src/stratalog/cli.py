@@ -533,6 +533,14 @@ def status(
         f"broker {b['node_id']} at {b['bootstrap']}, up {b['uptime_s']:.0f} s, "
         f"fsync={b['fsync']}, layout={b['layout']}"
     )
+    disk = doc.get("disk")
+    if disk and disk["produce_refused"]:
+        console.print(
+            f"[red]disk {disk['path']}: {_size(disk['free_bytes'])} free, under "
+            f"storage.min_free_bytes {_size(disk['min_free_bytes'])}: produce refused[/red]"
+        )
+    elif disk:
+        console.print(f"disk {disk['path']}: {_size(disk['free_bytes'])} free")
     hot = tiers["hot"]
     cap = f" of {_size(hot['capacity'])}" if hot["capacity"] else ""
     console.print(f"hot tier {hot['path']}: {_size(hot['used'])}{cap} in use")

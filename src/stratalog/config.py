@@ -254,6 +254,13 @@ SETTINGS: dict[str, Setting] = {
         _S("group_commit_ms", float, 2.0, "Longest a group of appends waits for its fsync."),
         _S("group_commit_bytes", int, 512 * 1024, "A group is synced once it holds this much."),
         _S("segment.bytes", int, 128 * 1024 * 1024, "Roll a log's segment at this size."),
+        _S(
+            "storage.min_free_bytes",
+            int,
+            16 * 1024 * 1024,
+            "Refuse produce (KAFKA_STORAGE_ERROR, retriable) while the logs' file system has "
+            "less free space than this; it resumes by itself when space returns. 0: off.",
+        ),
         _S("segment.ms", int, 7 * 24 * 3600 * 1000, "Roll a log's segment at this age."),
         _S(
             "cache.tail_bytes",
@@ -359,6 +366,15 @@ SETTINGS: dict[str, Setting] = {
             int,
             0,
             "Wait for more members before the first rebalance of an empty group.",
+        ),
+        _S(
+            "offsets.topic.num.partitions",
+            int,
+            50,
+            "Partitions of the internal topic __consumer_offsets, created at the first "
+            "FindCoordinator for a group or the first OffsetCommit; a group's commits go to "
+            "partition abs(hash(group)) % this, as in Kafka. Changing it later does not change "
+            "an existing topic.",
         ),
     ]
 }
@@ -498,6 +514,7 @@ class BrokerConfig:
         "fetch.backlog.io_bytes": 4096,
         "fetch.backlog.io_depth": 1,
         "segment.bytes": 1,
+        "storage.min_free_bytes": 0,
         "max_request_bytes": 1,
         "message.max.bytes": 1,
         "storage.direct_min_bytes": 0,
@@ -531,6 +548,7 @@ class BrokerConfig:
         "group.min.session.timeout.ms": 1,
         "group.max.session.timeout.ms": 1,
         "group.initial.rebalance.delay.ms": 0,
+        "offsets.topic.num.partitions": 1,
     }
 
     def _validate_ranges(self) -> None:

@@ -193,3 +193,28 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_kafka_topics_and_kcat_describe_the_cluster(cluster):
+    from stratalog.peers.kafka import run_tool
+
+    first = cluster.brokers[0].bootstrap
+    _create(first, "tools", 3, 3)
+    _wait_topic(first, "tools", 3)
+    time.sleep(1)  # the backups join the in-sync set once they have caught up
+    done = run_tool("kafka-topics", "--bootstrap-server", first, "--describe", "--topic", "tools")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if "Partition:" in line]
+    assert len(rows) == 3
+    for row in rows:
+        pairs = (part.split(":", 1) for part in row.split("\t") if ":" in part)
+        fields = {k.strip(): v.strip() for k, v in pairs}
+        assert fields["Leader"] in {"1", "2", "3"}
+        assert sorted(fields["Replicas"].split(",")) == ["1", "2", "3"]
+        assert fields["Leader"] in fields["Isr"].split(",")
+    listed = subprocess.run(
+        ["kcat", "-b", first, "-L", "-J"], capture_output=True, text=True, timeout=30
+    )
+    assert listed.returncode == 0, listed.stderr
+    md = json.loads(listed.stdout)
+    assert sorted(b["id"] for b in md["brokers"]) == [1, 2, 3]

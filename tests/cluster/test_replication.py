@@ -178,6 +178,7 @@ def test_a_killed_primary_is_replaced_and_nothing_acknowledged_is_lost(cluster, 
     assert victim_id not in leaders and -1 not in leaders
     assert all(x["leader_epoch"] >= 1 for x in t["partitions"] if x["partition_index"] == 0)
     _check(acks.acked, _read_all(survivor.bootstrap, "fo", len(acks.acked)))
+    _check_leader_epochs(cluster, t)
 
     # The killed broker comes back, recovers, is cut back or caught up, and is in sync again.
     if restart == "after-failover":
@@ -189,3 +190,69 @@ def test_a_killed_primary_is_replaced_and_nothing_acknowledged_is_lost(cluster, 
     assert p2.flush(60) == 0
     _wait_in_sync(survivor.bootstrap, "fo", 3)
     assert _segments_identical(cluster) >= 3
+
+
+def _epoch_end(bootstrap: str, partition: int, current: int, epoch: int) -> dict:
+    asked = {"partition": partition, "current_leader_epoch": current, "leader_epoch": epoch}
+    r = wire.call(bootstrap, 23, 4, replica_id=-1, topics=[{"topic": "fo", "partitions": [asked]}])
+    return r["topics"][0]["partitions"][0]
+
+
+def _check_leader_epochs(cluster: LocalCluster, t: dict) -> None:
+    """OffsetForLeaderEpoch on the new leader of partition 0 (KIP-101/KIP-320)."""
+    part = t["partitions"][0]
+    leader = next(b for b in cluster.brokers if b.node_id == part["leader_id"])
+    epoch = part["leader_epoch"]
+    assert _epoch_end(leader.bootstrap, 0, epoch - 1, 0)["error_code"] == 74  # FENCED
+    assert _epoch_end(leader.bootstrap, 0, epoch + 1, 0)["error_code"] == 75  # UNKNOWN
+    now = _epoch_end(leader.bootstrap, 0, epoch, epoch)
+    old = _epoch_end(leader.bootstrap, 0, epoch, 0)
+    assert now["error_code"] == old["error_code"] == 0
+    assert now["leader_epoch"] == epoch and old["leader_epoch"] == 0
+    # Epoch 0 ended where the new leader's writes began: not past its log's end.
+    assert 0 <= old["end_offset"] <= now["end_offset"]
+
+
+def test_committed_offsets_survive_the_coordinators_death(cluster):
+    bootstrap = ",".join(b.bootstrap for b in cluster.brokers)
+    _create(bootstrap, "grp")
+    _wait_in_sync(cluster.brokers[0].bootstrap, "grp", 3)
+    p = _producer(bootstrap)
+    for i in range(600):
+        p.produce("grp", b"g%04d" % i)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "survivors",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c.subscribe(["grp"])
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < 600 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            seen += 1
+    assert seen == 600
+    c.commit(asynchronous=False)
+    committed = {tp.partition: tp.offset for tp in c.committed(
+        [TopicPartition("grp", i) for i in range(PARTITIONS)], timeout=30)}  # fmt: skip
+    c.close()
+    assert sum(committed.values()) == 600
+    found = wire.call(cluster.brokers[0].bootstrap, 10, 4, key_type=0,
+                      coordinator_keys=["survivors"])["coordinators"][0]  # fmt: skip
+    assert found["error_code"] == 0
+    coordinator = next(b for b in cluster.brokers if b.node_id == found["node_id"])
+    cluster.stop_broker(coordinator, signal.SIGKILL)
+    # Another broker coordinates the group now, with the commits replicated to it.
+    c2 = Consumer({"bootstrap.servers": bootstrap, "group.id": "survivors"})
+    deadline = time.monotonic() + 60
+    again: dict[int, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            tps = c2.committed([TopicPartition("grp", i) for i in range(PARTITIONS)], timeout=10)
+            again = {tp.partition: tp.offset for tp in tps}
+            if again == committed:
+                break
+        except Exception:
+            pass
+        time.sleep(0.5)
+    c2.close()
+    assert again == committed

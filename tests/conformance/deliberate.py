@@ -58,14 +58,17 @@ DELIBERATE: dict[str, str] = {
         "member's Heartbeat is answered UNKNOWN_MEMBER_ID and it rejoins; committed offsets are "
         "durable and survive the restart."
     ),
+    "offsets.commit-value-version-3": (
+        "Committed offsets are written to __consumer_offsets as OffsetCommitValue version 3, "
+        "the newest non-flexible version, which Kafka's readers since 2.1 decode; Kafka 4.4 "
+        "writes version 4 (flexible, with the topic id in a tagged field), which readers from "
+        "before KIP-915 cannot. The keys (record type 1) are the same, and both values decode "
+        "to the same offset, leader epoch, metadata and commit timestamp."
+    ),
     "fsync.high-watermark-after-fsync": (
         "Under fsync=always (the default) the high watermark moves only once the group commit's "
         "fsync covered the batch: an acks=1 produce is answered at append, before the record is "
         "visible to ListOffsets(latest) and Fetch."
-    ),
-    "metadata.no-internal-topics": (
-        "Committed offsets are not stored in a topic: Metadata for all topics lists no "
-        "__consumer_offsets (or __transaction_state) internal topic."
     ),
 }
 

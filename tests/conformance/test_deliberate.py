@@ -484,19 +484,3 @@ def test_high_watermark_moves_after_fsync(pair, fresh_stratalog, name):
     while wire.list_offset(strat_broker.bootstrap, name, 0, -1)["offset"] != 1:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-
-
-# -- internal topics ------------------------------------------------------------------------------
-
-
-def internal_topics(bs: str) -> list[tuple[str, bool]]:
-    md = wire.call(bs, 3, 12, topics=None, allow_auto_topic_creation=False,
-                   include_topic_authorized_operations=False)  # fmt: skip
-    return sorted((t["name"], t["is_internal"]) for t in md["topics"]
-                  if t["is_internal"] or t["name"].startswith("__"))  # fmt: skip
-
-
-def test_no_internal_topics(pair):
-    strat, kafka = both(pair, internal_topics)
-    check_deliberate("metadata.no-internal-topics", strat, kafka, documented=[])
-    assert ("__consumer_offsets", True) in kafka

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ..conftest import create_topic
@@ -338,6 +338,26 @@ def test_subscribe_several_topics_pattern_and_assign_match_kafka(spark, bootstra
         ref = _rows(_read(spark, "kafka", bootstrap, **opts))
         assert ref, opts
         assert _rows(_read(spark, PY, bootstrap, **opts)) == ref, opts
+
+
+@pytest.mark.parametrize("fmt", [PY, "stratalog"])
+def test_subscribe_pattern_leaves_out_internal_topics_like_kafka(spark, bootstrap, base, fmt):
+    # SubscribePatternStrategy: the topics the admin client lists (listTopics(), internal ones
+    # left out), so a pattern never reads __consumer_offsets, which a group's commit created.
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{base}-g"})
+    try:
+        c.commit(offsets=[TopicPartition(base, 0, 1)], asynchronous=False)
+    finally:
+        c.close()
+    assert (
+        "__consumer_offsets"
+        in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=15).topics
+    )
+    for pattern in ("__consumer_offsets", f"^__consumer_off|^{base}$"):
+        opts = {"subscribePattern": pattern}
+        ref = _rows(_read(spark, "kafka", bootstrap, **opts))
+        assert all(t == base for t, *_ in ref), pattern
+        assert _rows(_read(spark, fmt, bootstrap, **opts)) == ref, pattern
 
 
 def test_timestamp_options_match_kafka(spark, bootstrap, base):

@@ -62,6 +62,12 @@ def status(core) -> dict[str, Any]:
                 "collections": [g["collections"] for g in gc.get_stats()],
             },
         },
+        "disk": {
+            "path": str(core.disk.path),
+            "free_bytes": core.disk.free,
+            "min_free_bytes": core.disk.reserve,
+            "produce_refused": core.disk.low,
+        },
         "tiers": {
             "hot": {
                 "path": str(store.root),

@@ -61,13 +61,18 @@ class BrokerService:
 
     async def listen(self) -> None:
         """Open the Kafka listener (may raise OSError for the address) and start tending."""
-        await self.server.start()
+        # Before any client: a legacy offsets.log is migrated into the offsets topic (durably).
+        await self.core.offsets.start()
+        # A cluster member answers nothing before it has joined: until then it would act as a
+        # single node and take writes for logs it does not lead.
+        clustered = bool(self.core.config["cluster.etcd"])
+        await self.server.start(serve=not clustered)
         self.core.port = self.server.port
         if self.core.config["admin.port"] >= 0:
             self.admin = AdminServer(self.core, self.core.host, self.core.config["admin.port"])
             await self.admin.start()
             self.core.admin_address = f"{self.core.advertised_host}:{self.admin.port}"
-        if self.core.config["cluster.etcd"]:
+        if clustered:
             try:
                 await self.core.join_cluster()
             except BaseException:
@@ -75,6 +80,7 @@ class BrokerService:
                 if self.admin is not None:
                     await self.admin.stop()
                 raise
+            await self.server.serve()
         self.core.start_background()
 
     async def stop(self) -> bool:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
+from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
+from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
@@ -26,7 +28,7 @@ from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
-from stratalog.storage.journal import SLOWEST_SYNC
+from stratalog.storage.journal import SLOWEST_SYNC, StorageFailure
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.priority import lower_this_thread
@@ -53,6 +55,12 @@ def _raise_fd_limit() -> None:
 # the broker's produce p99 (docs/benchmarks.md). Direct appends leave nothing in the page cache.
 DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
 LOOP_LAG_PROBE_S = 0.01  # the event-loop lag probe's timer (stratalog_event_loop_lag_seconds)
+# Kafka's topic configs of __consumer_offsets (DescribeConfigs shows the same).
+OFFSETS_TOPIC_CONFIGS = {
+    "cleanup.policy": "compact",
+    "compression.type": "producer",
+    "segment.bytes": "104857600",
+}
 
 
 def tail_cache_bytes(config: BrokerConfig) -> int:
@@ -76,9 +84,10 @@ class BrokerCore:
         # Cluster mode (cluster.etcd set): this broker's membership, joined once listening.
         self.cluster: ClusterNode | None = None
         self.replicator: Replicator | None = None
+        self._offsets_creating: asyncio.Future | None = None
         self.controller: Controller | None = None
         self.metadata = MetadataStore(self.data_dir)
-        self.offsets = OffsetStore(self.data_dir)
+        self.offsets = OffsetStore(self.data_dir, self)
         self.coordinator = GroupCoordinator(
             min_session_ms=config["group.min.session.timeout.ms"],
             max_session_ms=config["group.max.session.timeout.ms"],
@@ -164,6 +173,7 @@ class BrokerCore:
             initializer=lower_this_thread if config["storage.read_priority"] == "low" else None,
         )
         self.meta_executor = ThreadPoolExecutor(1, thread_name_prefix="stratalog-meta")
+        self.disk = DiskGuard(self.store.root, config["storage.min_free_bytes"])
         self.host = config["host"]
         self.port = config["port"]
         self._tasks: list[asyncio.Task] = []
@@ -184,13 +194,13 @@ class BrokerCore:
         _raise_fd_limit()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.metadata.load()
-        self.offsets.load()
         triples = [
             (t.name, i, uid)
             for t in self.metadata.topics.values()
             for i, uid in enumerate(t.partitions)
         ]
         self.store.open(triples)
+        self.offsets.load()  # reads the offsets topic: after the logs are recovered
 
     def start_background(self) -> None:
         if self._broker_cpus:
@@ -198,6 +208,7 @@ class BrokerCore:
             # commit's fsyncs wait for: they belong on the broker's CPUs (cpu_isolation.py).
             self._journal_threads.pin([self.store.root, self.data_dir], self._broker_cpus)
         self._tasks.append(asyncio.ensure_future(self._loop_lag_probe()))
+        self._tasks.append(asyncio.ensure_future(self.disk.run()))
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
         if self.backlog_pacer is not None:
@@ -229,8 +240,8 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
+        await stop.step("the offsets topic's last commits", self.offsets.close())
         await stop.step("the logs' last fsyncs and clean-shutdown markers", self.store.close())
-        self.offsets.close()
         await stop.blocking("the read threads", lambda: self.read_executor.shutdown(wait=True))
         await stop.blocking("the metadata thread", lambda: self.meta_executor.shutdown(wait=True))
         self._journal_threads.restore()
@@ -244,8 +255,8 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
+        self.offsets.abandon()
         self.store.abandon()
-        self.offsets.close()
         self.read_executor.shutdown(wait=False)
         self.meta_executor.shutdown(wait=False)
         self._journal_threads.restore()
@@ -352,6 +363,8 @@ class BrokerCore:
             controller.changed()
 
         node.on_change = changed
+        # A broker that starts leading offsets partitions takes the commits replicated to it.
+        replicator.on_lead = self.offsets.load
         self.cluster = node
         self.replicator = replicator
         self.controller = controller
@@ -413,9 +426,11 @@ class BrokerCore:
         t = self.metadata.delete_topic(name)
         for uid in t.partitions:
             self.store.remove_partition(uid)
-        keys = self.offsets.keys_for_topic(name)
-        if keys:
-            self.offsets.write([(k, None) for k in keys])
+        if name == OFFSETS_TOPIC:
+            # Kafka lets the offsets topic be deleted; every committed offset goes with it.
+            self.offsets.reset()
+        else:
+            self.offsets.forget_topic(name)
         log.info("deleted topic %s", name)
         return t
 
@@ -431,6 +446,8 @@ class BrokerCore:
         (or in cluster mode, where topics are created through CreateTopics only)."""
         if not self.config["auto.create.topics.enable"] or self.cluster is not None:
             return None
+        if name == OFFSETS_TOPIC:
+            return self.ensure_offsets_topic()  # as Kafka: with the offsets topic's settings
         try:
             return self.create_topic(name, self.config["num.partitions"], {})
         except MetadataError as e:
@@ -440,3 +457,67 @@ class BrokerCore:
 
     def topic_by_id(self, topic_id: uuid.UUID) -> TopicMeta | None:
         return self.metadata.topic_by_id(topic_id)
+
+    # -- the offsets topic (OffsetsHost) -------------------------------------------------------
+    def partition_exists(self, topic: str, index: int) -> bool:
+        t = self.metadata.topics.get(topic)
+        return t is not None and 0 <= index < len(t.partitions)
+
+    def cluster_coordinator(self, group: str) -> tuple[int, str, int] | None:
+        """In a cluster: (node, host, port) of the broker leading the group's offsets
+        partition, which coordinates it (None until the topic and a leader exist)."""
+        assert self.cluster is not None
+        t = self.metadata.topics.get(OFFSETS_TOPIC)
+        if t is None:
+            return None
+        v = self.cluster.vlog_of(OFFSETS_TOPIC, partition_for(group, len(t.partitions)))
+        b = self.cluster.brokers.get(v.primary) if v is not None else None
+        return (b.node_id, b.host, b.port) if b is not None else None
+
+    def _create_offsets_topic_in_cluster(self) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        if self._offsets_creating is not None and not self._offsets_creating.done():
+            return
+
+        async def create() -> None:
+            factor = min(3, len(cluster.brokers))
+            try:
+                await cluster.create_topic(
+                    OFFSETS_TOPIC,
+                    self.config["offsets.topic.num.partitions"],
+                    factor,
+                    dict(OFFSETS_TOPIC_CONFIGS),
+                )
+            except KeyError:
+                pass  # another broker made it first
+            except Exception as e:
+                log.warning("cannot create %s: %s", OFFSETS_TOPIC, e)
+
+        self._offsets_creating = asyncio.ensure_future(create())
+
+    def ensure_offsets_topic(self) -> TopicMeta:
+        """__consumer_offsets, created at a group's first need (FindCoordinator, OffsetCommit)
+        with Kafka's settings for it: offsets.topic.num.partitions, compact (here: kept short by
+        the offset store, never by retention), uncompressed by the broker, 100 MiB segments."""
+        t = self.metadata.topics.get(OFFSETS_TOPIC)
+        if t is None and self.cluster is not None:
+            self._create_offsets_topic_in_cluster()
+            raise StorageFailure(f"{OFFSETS_TOPIC} is being created")
+        if t is None:
+            t = self.create_topic(
+                OFFSETS_TOPIC,
+                self.config["offsets.topic.num.partitions"],
+                dict(OFFSETS_TOPIC_CONFIGS),
+            )
+        return t
+
+    def offsets_partitions(self, create: bool) -> list[PartitionLog | None]:
+        t = self.ensure_offsets_topic() if create else self.metadata.topics.get(OFFSETS_TOPIC)
+        if t is None:
+            return []
+        # In a cluster only the partitions this broker replicates are here (None for others).
+        return [self.store.partitions.get(uid) for uid in t.partitions]
+
+    def delete_records(self, p: PartitionLog, before: int) -> None:
+        self.store.delete_records(p.uid, before)

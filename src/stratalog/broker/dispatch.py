@@ -7,7 +7,7 @@ from collections.abc import Callable
 from stratalog.broker import metrics
 from stratalog.protocol import versions as v
 
-from .api import admin, fetch, groups, metadata, offsets, produce
+from .api import admin, fetch, groups, internal_topics, metadata, offsets, produce
 from .api import versions as api_versions
 
 HANDLERS = {
@@ -15,7 +15,7 @@ HANDLERS = {
     v.METADATA: metadata.handle_metadata,
     v.DESCRIBE_CLUSTER: metadata.handle_describe_cluster,
     v.DESCRIBE_TOPIC_PARTITIONS: metadata.handle_describe_topic_partitions,
-    v.PRODUCE: produce.handle_produce,
+    v.PRODUCE: internal_topics.handle_produce,  # produce.handle_produce, internal topics refused
     v.INIT_PRODUCER_ID: produce.handle_init_producer_id,
     v.FETCH: fetch.handle_fetch,
     v.LIST_OFFSETS: offsets.handle_list_offsets,

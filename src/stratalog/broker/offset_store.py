@@ -1,113 +1,389 @@
-"""Durable committed offsets of consumer groups.
+"""Durable committed offsets of consumer groups, kept in the internal topic __consumer_offsets.
 
-Commits are appended as JSON lines to ``meta/offsets.log`` and fsynced before OffsetCommit is
-answered; at start the file is replayed and, when it has grown well past the live state, compacted
-by rewriting the latest value of each key (written aside, fsynced, renamed).
+The table the group APIs answer from lives in memory. A commit is appended as records of
+Kafka's own formats (offset_records.py) to the offsets topic's partition of its group, through
+the storage layer's PartitionLog like any produce, and is applied to the table, and answered,
+only once durable (fsynced under ``fsync=always``). At start the table is rebuilt by reading the
+topic from each partition's log start: the last record of a key wins, a tombstone deletes it.
+Cluster mode replicates the topic's partitions like any other, and with them the offsets.
+
+Stratalog has no log compaction, so the topic is kept short another way: when a partition holds
+more than twice its live keys (plus ``COMPACT_SLACK``) records, the live values are appended
+again as one snapshot and, once that is durable, the partition's log start moves to it. Readers
+of the topic see the snapshot as repeated commits.
+
+A data directory from before the topic (``meta/offsets.log``, JSON lines) is migrated once: its
+live entries are written to the topic before the broker listens, then the file is renamed
+``offsets.log.migrated`` and never read again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
-import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
+
+from stratalog.broker.offset_records import (
+    CommittedOffset,
+    Key,
+    OffsetRecordError,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    partition_for,
+)
+from stratalog.records import Record, build_batch, iter_records
+from stratalog.storage.batch import CorruptBatchError, parse_header
+from stratalog.storage.journal import StorageFailure
+from stratalog.storage.partition import AppendError, AppendResult, FileSlice, PartitionLog
+from stratalog.storage.segment import fsync_dir
+from stratalog.storage.virtual_log import WriteBatch
+
+__all__ = ["CommittedOffset", "Key", "OffsetStore", "OffsetsHost"]
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[Key, CommittedOffset | None]  # None: delete the key (a tombstone)
+
+COMPACT_SLACK = 1000  # records a partition may hold beyond twice its live keys
+_BATCH_BYTES = 512 * 1024  # records per batch, so no batch nears max.message.bytes
+_MAX_BATCH_BYTES = 16 * 1024 * 1024
+_READ_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    offset: int
-    leader_epoch: int
-    metadata: str | None
-    commit_time: int
+class OffsetsHost(Protocol):
+    """What the store needs of the broker: the topic, and a way to move a log start."""
+
+    def offsets_partitions(self, create: bool) -> list[PartitionLog | None]:
+        """The offsets topic's partitions, in order (None for one another broker of a cluster
+        holds); creates the topic if ``create``, else [] when it does not exist."""
+        ...
+
+    def delete_records(self, p: PartitionLog, before: int) -> None:
+        """Drop the records of ``p`` below ``before`` (whole batches)."""
+        ...
 
 
-Key = tuple[str, str, int]  # group, topic, partition
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _batches(entries: list[Entry], now: int) -> bytes:
+    """Record batches of ``entries``: key and value as Kafka writes them, the commit time as the
+    record's timestamp (deletion time for a tombstone)."""
+    out: list[bytes] = []
+    batch: list[tuple[bytes | None, bytes | None, int]] = []
+    size = 0
+    for (group, topic, partition), c in entries:
+        key = encode_key(group, topic, partition)
+        value = None if c is None else encode_value(c)
+        batch.append((key, value, now if c is None else c.commit_time))
+        size += len(key) + len(value or b"")
+        if size >= _BATCH_BYTES:
+            out.append(build_batch(batch))
+            batch, size = [], 0
+    if batch:
+        out.append(build_batch(batch))
+    return b"".join(out)
+
+
+def _read_records(p: PartitionLog) -> Iterator[Record]:
+    """Every record of ``p`` from its log start to its high watermark."""
+    offset = p.log_start_offset
+    while offset < p.high_watermark:
+        rr = p.read(offset, _READ_BYTES)
+        try:
+            data = b"".join(x.read() if isinstance(x, FileSlice) else bytes(x) for x in rr.parts)
+        finally:
+            rr.release()
+        if not data:
+            return
+        pos = 0
+        while pos < len(data):
+            h = parse_header(data, pos)
+            batch = memoryview(data)[pos : pos + h.size]
+            pos += h.size
+            offset = h.base_offset + h.last_offset_delta + 1
+            if h.is_control:
+                continue
+            for rec in iter_records(batch, h):
+                if rec.offset >= p.log_start_offset:
+                    yield rec
 
 
 class OffsetStore:
-    def __init__(self, data_dir: Path) -> None:
-        self.path = Path(data_dir) / "meta" / "offsets.log"
+    def __init__(self, data_dir: Path, host: OffsetsHost) -> None:
+        self.legacy_path = Path(data_dir) / "meta" / "offsets.log"
         self.offsets: dict[Key, CommittedOffset] = {}
-        self._fd = -1
-        self._lines = 0
-        self._lock = threading.Lock()
+        self._host = host
+        # Offsets partition -> the keys whose latest record is there (its live keys).
+        self._keys: dict[int, set[Key]] = {}
+        # Offsets partition -> records from its log start (written ones; for compaction).
+        self._records: dict[int, int] = {}
+        # Offsets partition -> written appends not durable yet, in log order: a snapshot must
+        # carry them, since it moves the log start past them.
+        self._unsynced: dict[int, dict[int, list[Entry]]] = {}
+        self._next_write = 0
+        self._compacting: set[int] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._legacy: list[Entry] = []
 
+    # -- start ---------------------------------------------------------------------------------
     def load(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            with open(self.path, "rb") as f:
-                for raw in f:
-                    try:
-                        rec = json.loads(raw)
-                    except ValueError:
-                        break  # a torn last line: it was never acknowledged
-                    self._apply(rec)
-                    self._lines += 1
-        if self._lines > 2 * len(self.offsets) + 1000:
-            self._compact()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        # Drop a torn tail so the next append starts on a line boundary.
-        self._truncate_torn_tail()
+        """Rebuild the table from the offsets topic (and read a legacy offsets.log to migrate)."""
+        self._legacy = self._read_legacy()
+        parts = self._host.offsets_partitions(False)
+        n = len(parts)
+        # A key is in one partition unless partitions were added to the topic (which moves
+        # groups): then the newer record wins, and at equal times the group's partition now.
+        found: dict[Key, tuple[tuple[int, bool], int, CommittedOffset | None]] = {}
+        for idx, p in enumerate(parts):
+            if p is None:
+                continue  # in a cluster: a partition another broker replicates
+            latest: dict[Key, tuple[int, CommittedOffset | None]] = {}
+            count = 0
+            for rec in _read_records(p):
+                count += 1
+                try:
+                    key = decode_key(rec.key)
+                    if key is None:
+                        continue  # another record type (Kafka's group metadata)
+                    latest[key] = (rec.timestamp, decode_value(rec.value))
+                except OffsetRecordError as e:
+                    log.warning(
+                        "%s-%d offset %d: not an offset commit: %s", p.topic, idx, rec.offset, e
+                    )
+            self._records[idx] = count
+            for key, (stamp, value) in latest.items():
+                rank = (stamp, partition_for(key[0], n) == idx)
+                old = found.get(key)
+                if old is None or rank >= old[0]:
+                    found[key] = (rank, idx, value)
+        for key, (_rank, idx, value) in found.items():
+            self._apply(idx, key, value)
+        if n:
+            log.info("loaded %d committed offsets from %d partitions", len(self.offsets), n)
 
-    def _truncate_torn_tail(self) -> None:
-        size = os.fstat(self._fd).st_size
-        if size == 0:
+    def _read_legacy(self) -> list[Entry]:
+        if not self.legacy_path.exists():
+            return []
+        live: dict[Key, CommittedOffset | None] = {}
+        with open(self.legacy_path, "rb") as f:
+            for raw in f:
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    break  # a torn last line: it was never acknowledged
+                key = (rec["g"], rec["t"], rec["p"])
+                live[key] = (
+                    None
+                    if rec.get("d")
+                    else CommittedOffset(rec["o"], rec["e"], rec["m"], rec["ts"])
+                )
+        return [(k, c) for k, c in live.items() if c is not None]
+
+    async def start(self) -> None:
+        """Migrate a legacy offsets.log (before the broker listens), then compact what needs it."""
+        if self.legacy_path.exists():
+            # An interrupted migration runs again: only what the topic does not say yet.
+            todo = [(k, c) for k, c in self._legacy if self.offsets.get(k) != c]
+            if todo:
+                await self.write(todo)
+                log.info("migrated %d committed offsets from %s", len(todo), self.legacy_path)
+            os.replace(self.legacy_path, self.legacy_path.with_name("offsets.log.migrated"))
+            fsync_dir(self.legacy_path.parent)
+        self._legacy = []
+        for idx, p in enumerate(self._host.offsets_partitions(False)):
+            if p is not None:
+                self._maybe_compact(idx, p)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def abandon(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+
+    # -- writing -------------------------------------------------------------------------------
+    async def write(self, entries: list[Entry]) -> None:
+        """Append ``entries`` to the offsets topic (created if need be) and return once they are
+        durable and in the table. Raises StorageFailure if they were not all made durable (those
+        of other offsets partitions may have been), OffsetRecordError if one cannot be encoded."""
+        if not entries:
             return
-        with open(self.path, "rb") as f:
-            data = f.read()
-        good = data.rfind(b"\n") + 1
-        tail = data[good:]
-        if tail:
-            os.ftruncate(self._fd, good)
-            os.fsync(self._fd)
+        parts = self._host.offsets_partitions(True)
+        n = len(parts)
+        by_idx: dict[int, list[Entry]] = {}
+        for e in entries:
+            by_idx.setdefault(partition_for(e[0][0], n), []).append(e)
+        now = _now_ms()
+        data = {idx: _batches(items, now) for idx, items in by_idx.items()}  # may raise
+        writes = WriteBatch()
+        staged: list[tuple[int, PartitionLog, list[Entry], AppendResult]] = []
+        failure: BaseException | None = None
+        try:
+            for idx, items in by_idx.items():
+                p = parts[idx]
+                if p is None:  # in a cluster: not this broker's partition (not its group)
+                    failure = failure or StorageFailure(f"offsets partition {idx} is not here")
+                    continue
+                try:
+                    res = p.append(
+                        data[idx], max_batch_bytes=_MAX_BATCH_BYTES, now_ms=now, writes=writes
+                    )
+                except (AppendError, CorruptBatchError, StorageFailure) as e:
+                    failure = failure or e
+                    continue
+                staged.append((idx, p, items, res))
+        finally:
+            writes.commit()
+        waits = []
+        for idx, p, items, res in staged:
+            if res.failure is not None or not res.written:
+                failure = failure or res.failure or StorageFailure("the write was not made")
+                continue
+            waits.append((p, self._when_durable(idx, p, items, res)))
+        for p, ok in zip(
+            [p for p, _ in waits], await asyncio.gather(*(w for _, w in waits)), strict=True
+        ):
+            if not ok:
+                failure = failure or p.failure or StorageFailure("fsync failed")
+        if failure is not None:
+            raise failure if isinstance(failure, StorageFailure) else StorageFailure(str(failure))
 
-    def _apply(self, rec: dict) -> None:
-        key = (rec["g"], rec["t"], rec["p"])
-        if rec.get("d"):
-            self.offsets.pop(key, None)
-        else:
-            self.offsets[key] = CommittedOffset(rec["o"], rec["e"], rec["m"], rec["ts"])
+    def _when_durable(
+        self, idx: int, p: PartitionLog, items: list[Entry], res: AppendResult
+    ) -> asyncio.Future[bool]:
+        """Apply ``items`` once their append is durable; the future says whether it became so."""
+        wid = self._next_write
+        self._next_write += 1
+        self._unsynced.setdefault(idx, {})[wid] = items
+        self._records[idx] = self._records.get(idx, 0) + len(items)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
-    def _compact(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for (g, t, p), c in self.offsets.items():
-                f.write(self._line(g, t, p, c))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self._lines = len(self.offsets)
+        def done(ok: bool) -> None:
+            self._unsynced.get(idx, {}).pop(wid, None)
+            # Durability callbacks come in log order, so the table follows the log. A deleted
+            # topic's late appends are not applied: its offsets went with it.
+            if ok and not p.deleted:
+                for key, c in items:
+                    self._apply(idx, key, c)
+                self._maybe_compact(idx, p)
+            if not fut.done():
+                fut.set_result(ok)
 
-    @staticmethod
-    def _line(g: str, t: str, p: int, c: CommittedOffset | None) -> bytes:
+        p.when_durable(res.lsn, done)
+        return fut
+
+    def _apply(self, idx: int, key: Key, c: CommittedOffset | None) -> None:
         if c is None:
-            rec = {"g": g, "t": t, "p": p, "d": 1}
-        else:
-            rec = {
-                "g": g,
-                "t": t,
-                "p": p,
-                "o": c.offset,
-                "e": c.leader_epoch,
-                "m": c.metadata,
-                "ts": c.commit_time,
+            self.offsets.pop(key, None)
+            for keys in self._keys.values():
+                keys.discard(key)
+            return
+        self.offsets[key] = c
+        here = self._keys.setdefault(idx, set())
+        if key not in here:
+            for keys in self._keys.values():  # (moved: partitions were added to the topic)
+                keys.discard(key)
+            here.add(key)
+
+    def forget_topic(self, topic: str) -> None:
+        """A data topic was deleted: its offsets go from the table now, and tombstones for them
+        are written to the offsets topic (as Kafka does, without holding up the deletion)."""
+        keys = sorted(k for k in self.offsets if k[1] == topic)
+        if not keys:
+            return
+        for k in keys:
+            self._apply(0, k, None)
+        self._spawn(self._write_logged([(k, None) for k in keys], f"the offsets of {topic}"))
+
+    def reset(self) -> None:
+        """The offsets topic was deleted: every committed offset went with it (as in Kafka)."""
+        self.offsets.clear()
+        self._keys.clear()
+        self._records.clear()
+        self._unsynced.clear()
+        self._compacting.clear()
+
+    async def _write_logged(self, entries: list[Entry], what: str) -> None:
+        try:
+            await self.write(entries)
+        except (StorageFailure, OffsetRecordError) as e:
+            log.error("cannot write the tombstones of %s: %s", what, e)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- compaction ----------------------------------------------------------------------------
+    def _maybe_compact(self, idx: int, p: PartitionLog) -> None:
+        if idx in self._compacting or p.deleted:
+            return
+        if self._records.get(idx, 0) <= 2 * len(self._keys.get(idx, ())) + COMPACT_SLACK:
+            return
+        self._compacting.add(idx)
+        self._spawn(self._compact(idx, p))
+
+    async def _compact(self, idx: int, p: PartitionLog) -> None:
+        """Append the partition's live values as one snapshot; once it is durable, move the log
+        start to it."""
+        try:
+            snapshot: dict[Key, CommittedOffset | None] = {
+                k: self.offsets[k] for k in self._keys.get(idx, ())
             }
-        return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+            for items in self._unsynced.get(idx, {}).values():
+                snapshot.update(items)
+            live = [(k, c) for k, c in snapshot.items() if c is not None]
+            before = self._records.get(idx, 0)
+            if not live:
+                if not self._unsynced.get(idx):
+                    # Nothing live and nothing in flight: everything written so far can go.
+                    self._host.delete_records(p, p.high_watermark)
+                    self._records[idx] = 0
+                return
+            writes = WriteBatch()
+            try:
+                res = p.append(
+                    _batches(live, _now_ms()), max_batch_bytes=_MAX_BATCH_BYTES, writes=writes
+                )
+            finally:
+                writes.commit()
+            if res.failure is not None or not res.written:
+                return
+            self._records[idx] = self._records.get(idx, 0) + len(live)
+            durable: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            p.when_durable(res.lsn, lambda ok: durable.done() or durable.set_result(ok))
+            if await durable and not p.deleted:
+                self._host.delete_records(p, res.base_offset)
+                self._records[idx] = max(0, self._records.get(idx, 0) - before)
+                log.info(
+                    "%s-%d: %d live offsets rewritten at %d, earlier records dropped",
+                    p.topic,
+                    idx,
+                    len(live),
+                    res.base_offset,
+                )
+        except (StorageFailure, AppendError, CorruptBatchError) as e:
+            log.warning("%s-%d: compaction failed: %s", p.topic, idx, e)
+        finally:
+            self._compacting.discard(idx)
 
-    def write(self, entries: list[tuple[Key, CommittedOffset | None]]) -> None:
-        """Append and fsync (blocking: call it from a worker thread), then apply."""
-        data = b"".join(self._line(g, t, p, c) for (g, t, p), c in entries)
-        with self._lock:
-            os.write(self._fd, data)
-            os.fdatasync(self._fd)
-            for key, c in entries:
-                if c is None:
-                    self.offsets.pop(key, None)
-                else:
-                    self.offsets[key] = c
-            self._lines += len(entries)
-
+    # -- reading -------------------------------------------------------------------------------
     def get(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
         return self.offsets.get((group, topic, partition))
 
@@ -119,8 +395,3 @@ class OffsetStore:
 
     def keys_for_topic(self, topic: str) -> list[Key]:
         return [k for k in self.offsets if k[1] == topic]
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1

@@ -460,7 +460,9 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()
 
-    async def start(self) -> None:
+    async def start(self, serve: bool = True) -> None:
+        """Bind the listener (the port is known from here on); with ``serve`` False, accept
+        connections only once ``serve()`` is called (a cluster member, after it joined)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: self._track(
@@ -472,8 +474,13 @@ class KafkaServer:
             self.port,
             reuse_address=True,
             backlog=1024,
+            start_serving=serve,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def serve(self) -> None:
+        assert self._server is not None
+        await self._server.start_serving()
 
     def _track(self, c: ClientConnection) -> ClientConnection:
         self.connections.add(c)

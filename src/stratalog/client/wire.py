@@ -56,6 +56,7 @@ class TopicInfo:
     topic_id: uuid.UUID
     partitions: int
     error_code: int
+    internal: bool = False  # Kafka's internal topics (__consumer_offsets)
 
 
 def split_host_port(addr: str) -> tuple[str, int] | None:
@@ -201,7 +202,9 @@ class WireClient:
             ),
         )
         return {
-            t.name: TopicInfo(t.name, t.topic_id, len(t.partitions), int(t.error_code))
+            t.name: TopicInfo(
+                t.name, t.topic_id, len(t.partitions), int(t.error_code), bool(t.is_internal)
+            )
             for t in resp.topics
         }
 

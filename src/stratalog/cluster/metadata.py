@@ -19,6 +19,13 @@ from pathlib import Path
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
+# Kafka's internal topics (Topic.INTERNAL_TOPICS), internal by name as in Kafka: listed with
+# is_internal=true and refused to producers. Only __consumer_offsets exists here (offset_store.py).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
+
+def is_internal(name: str | None) -> bool:
+    return name in INTERNAL_TOPICS
 
 
 class MetadataError(Exception):

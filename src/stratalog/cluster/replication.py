@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from stratalog.cluster.node import ClusterNode
 from stratalog.cluster.placement import VirtualLogState
@@ -328,6 +329,8 @@ class Replicator:
         self._server: asyncio.Server | None = None
         self._peers: set[asyncio.Task] = set()
         self._bumping: set[int] = set()
+        # Called after this broker starts leading a log (the offsets table reloads then).
+        self.on_lead: Callable[[], None] | None = None
         self._tasks: set[asyncio.Future] = set()
 
     async def start(self, host: str) -> int:
@@ -403,6 +406,11 @@ class Replicator:
                     end_lsn, lambda ok, p=p, n=nxt: ok and p.advance_high_watermark(n)
                 )
         log.info("%s: primary at epoch %d, in sync %s", vlog.name, st.epoch, st.isr)
+        if self.on_lead is not None:
+            try:
+                self.on_lead()
+            except Exception:
+                log.exception("%s: reacting to the new leadership failed", vlog.name)
 
     async def hand_over(self) -> None:
         """A clean stop: give each log this broker leads to another in-sync replica first

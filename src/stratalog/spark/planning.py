@@ -66,8 +66,9 @@ def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[
         return {
             t: list(range(info.partitions))
             for t, info in sorted(meta.items())
-            # Found anywhere in the name, as Spark's Kafka source matches (Regex.findFirstIn).
-            if rx.search(t) and info.error_code == 0 and t != START_LOG_TOPIC
+            # Found anywhere in the name, as Spark's Kafka source matches (Regex.findFirstIn),
+            # among the topics its admin client lists: internal ones (__consumer_offsets) not.
+            if rx.search(t) and info.error_code == 0 and not info.internal and t != START_LOG_TOPIC
         }
     names = list(opts.subscribe) if opts.subscribe else list(opts.assign)
     meta = client.metadata(names)

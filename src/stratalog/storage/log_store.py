@@ -423,16 +423,34 @@ class LogStore:
         older than retention.ms, or while what is left stays at least retention.bytes.
         """
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        dropped_total = 0
-        changed = False
-        dead_cold: list[tuple[PartitionLog, list]] = []
+        drops = []
         for uid, policy in policies.items():
             p = self.partitions.get(uid)
             if p is None or not (len(p.chunks) or len(p.cold)):
                 continue
             drop_cold, drop_hot = _expired(p, policy, now)
-            if not drop_cold and not drop_hot:
-                continue
+            if drop_cold or drop_hot:
+                drops.append((p, drop_cold, drop_hot))
+        return self._drop_fronts(drops)
+
+    def delete_records(self, uid: int, before: int) -> int:
+        """Drop the partition's chunks that end below ``before`` (below its high watermark
+        only), as Kafka's DeleteRecords does but by whole chunks; return how many went."""
+        p = self.partitions.get(uid)
+        if p is None:
+            return 0
+        before = min(before, p.high_watermark)
+        drop_cold = p.cold.count_before(before)
+        drop_hot = p.chunks.count_before(before) if drop_cold == len(p.cold) else 0
+        if not drop_cold and not drop_hot:
+            return 0
+        return self._drop_fronts([(p, drop_cold, drop_hot)])
+
+    def _drop_fronts(self, drops: list[tuple[PartitionLog, int, int]]) -> int:
+        """Drop each partition's first (cold, hot) chunks, moving its log start."""
+        dropped_total = 0
+        dead_cold: list[tuple[PartitionLog, list]] = []
+        for p, drop_cold, drop_hot in drops:
             if drop_cold:
                 dead_cold.append((p, p.drop_cold_front(drop_cold)))
             if drop_hot:
@@ -443,8 +461,7 @@ class LogStore:
                 for seq, k in dropped.items():
                     live[seq] = live.get(seq, 0) - k
             dropped_total += drop_cold + drop_hot
-            changed = True
-        if changed:
+        if drops:
             # The new start offsets are durable before any segment file goes.
             self.save_state()
             self._collect_garbage()

@@ -94,6 +94,9 @@ class ProducerStateTable:
         for b in entry.batches:
             if b.first_seq == h.base_sequence and b.last_seq == h.last_sequence:
                 return b
+        regrouped = _regrouped(entry, h)
+        if regrouped is not None:
+            return regrouped
         if (
             h.producer_id >= DETERMINISTIC_PRODUCER_IDS
             and entry.batches
@@ -178,3 +181,32 @@ class ProducerStateTable:
         for pid in old:
             del self.producers[pid]
         return len(old)
+
+
+def _regrouped(entry: ProducerEntry, h: BatchHeader) -> BatchMeta | None:
+    """A retry of records already written, batched differently than the first time.
+
+    librdkafka may regroup records it was told were not persisted (NOT_LEADER_OR_FOLLOWER from
+    a broker that was not yet the leader after a failover) although an earlier send of them was
+    written by the old leader and replicated: the new leader then holds them as other batches.
+    A (producer, epoch, sequence) names one record, so when every sequence of the batch is
+    among the retained batches and it starts where one of them starts, it is a duplicate;
+    its offsets are those the retained batches give its first sequence on."""
+    batches = list(entry.batches)
+    for i, b in enumerate(batches):
+        if b.first_seq != h.base_sequence:
+            continue
+        covered = b.last_seq
+        for nxt in batches[i + 1 :]:
+            if covered >= h.last_sequence or nxt.first_seq != covered + 1:
+                break
+            covered = nxt.last_seq
+        if covered >= h.last_sequence:
+            return BatchMeta(
+                h.base_sequence,
+                h.last_sequence,
+                b.base_offset,
+                b.base_offset + h.last_sequence - h.base_sequence,
+                b.timestamp,
+            )
+    return None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from stratalog.broker.group_coordinator import DEAD, EMPTY
+from stratalog.broker.offset_records import OffsetRecordError
 from stratalog.broker.offset_store import CommittedOffset
 from stratalog.protocol.connection import Request
+from stratalog.storage.journal import StorageFailure
 
 from .common import GROUP_OPERATIONS, NONE, authorized, err, reply, sub
 
@@ -23,6 +24,23 @@ def handle_find_coordinator(core, req: Request, conn) -> bytes:
     node = core.node_id if key_type == GROUP_KEY else -1
     host = core.advertised_host if key_type == GROUP_KEY else ""
     port = core.advertised_port if key_type == GROUP_KEY else -1
+    if key_type == GROUP_KEY:
+        # As Kafka: a group's coordinator is the leader of its offsets topic partition, so the
+        # first lookup creates __consumer_offsets (Kafka answers COORDINATOR_NOT_AVAILABLE
+        # while it does; here the topic exists before the answer, but in a cluster it is
+        # created through etcd and the answer waits for the next lookup).
+        try:
+            core.ensure_offsets_topic()
+        except StorageFailure:
+            pass  # COORDINATOR_NOT_AVAILABLE below, until the topic exists
+    if core.cluster is not None and key_type == GROUP_KEY:
+        keys = body.coordinator_keys if req.api_version >= 4 else [body.key]
+        found = {k: core.cluster_coordinator(k) for k in keys}
+        if req.api_version >= 4:
+            return reply(req, coordinators=tuple(_coordinator(req, k, found[k]) for k in keys))
+        node, host, port = found[body.key] or (-1, "", -1)
+        code = NONE if found[body.key] else err("COORDINATOR_NOT_AVAILABLE")
+        return reply(req, error_code=code, error_message=None, node_id=node, host=host, port=port)
     if req.api_version >= 4:
         coords = tuple(
             sub(
@@ -39,6 +57,20 @@ def handle_find_coordinator(core, req: Request, conn) -> bytes:
         )
         return reply(req, coordinators=coords)
     return reply(req, error_code=error, error_message=message, node_id=node, host=host, port=port)
+
+
+def _coordinator(req: Request, key: str, where: tuple[int, str, int] | None):
+    node, host, port = where or (-1, "", -1)
+    return sub(
+        req,
+        "Coordinator",
+        key=key,
+        node_id=node,
+        host=host,
+        port=port,
+        error_code=NONE if where else err("COORDINATOR_NOT_AVAILABLE"),
+        error_message=None,
+    )
 
 
 async def handle_join_group(core, req: Request, conn) -> bytes:
@@ -124,13 +156,13 @@ async def handle_offset_commit(core, req: Request, conn):
     group_error = core.coordinator.validate_commit(b.group_id, generation, b.member_id)
     now = int(time.time() * 1000)
     writes = []
-    topics = []
+    answers: list[tuple[str, list[list]]] = []  # topic -> [partition, error]
     for t in b.topics:
-        parts = []
+        parts: list[list] = []
         for p in t.partitions:
             error = group_error
             if error == "NONE":
-                if core.partition(t.name, p.partition_index) is None:
+                if not core.partition_exists(t.name, p.partition_index):
                     error = "UNKNOWN_TOPIC_OR_PARTITION"
                 elif (
                     p.committed_metadata is not None
@@ -144,25 +176,40 @@ async def handle_offset_commit(core, req: Request, conn):
                             CommittedOffset(
                                 p.committed_offset,
                                 getattr(p, "committed_leader_epoch", -1),
-                                p.committed_metadata,
+                                p.committed_metadata or "",  # as Kafka: null is stored as ""
                                 now,
                             ),
                         )
                     )
-            parts.append(
-                sub(
-                    req,
-                    "OffsetCommitResponsePartition",
-                    partition_index=p.partition_index,
-                    error_code=err(error),
-                )
-            )
-        topics.append(sub(req, "OffsetCommitResponseTopic", name=t.name, partitions=tuple(parts)))
+            parts.append([p.partition_index, error])
+        answers.append((t.name, parts))
     if writes:
-        # Durable before the answer: fsync on the metadata thread, off the event loop.
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(core.meta_executor, core.offsets.write, writes)
-    return reply(req, topics=tuple(topics))
+        # Durable before the answer: the offsets topic's append waits for its group commit.
+        failed = None
+        try:
+            await core.offsets.write(writes)
+        except StorageFailure:
+            failed = "NOT_COORDINATOR"  # Kafka's answer to a failed offsets append: retry
+        except OffsetRecordError:
+            failed = "UNKNOWN_SERVER_ERROR"  # (a group id too long for Kafka's record format)
+        if failed is not None:
+            for _name, parts in answers:
+                for pe in parts:
+                    if pe[1] == "NONE":
+                        pe[1] = failed
+    topics = tuple(
+        sub(
+            req,
+            "OffsetCommitResponseTopic",
+            name=name,
+            partitions=tuple(
+                sub(req, "OffsetCommitResponsePartition", partition_index=i, error_code=err(e))
+                for i, e in parts
+            ),
+        )
+        for name, parts in answers
+    )
+    return reply(req, topics=topics)
 
 
 def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple[str, str]):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from stratalog.cluster.metadata import MetadataError, TopicMeta, validate_topic_name
+from stratalog.cluster.metadata import MetadataError, TopicMeta, is_internal, validate_topic_name
 from stratalog.protocol.connection import Request
 
 from .common import (
@@ -90,7 +90,7 @@ def _topic(core, req: Request, t: TopicMeta, ops: int = AUTHORIZED_OPS_OMITTED) 
         error_code=NONE,
         name=t.name,
         topic_id=t.topic_id,
-        is_internal=False,
+        is_internal=is_internal(t.name),
         partitions=_partitions(core, req, t, "MetadataResponsePartition"),
         topic_authorized_operations=ops,
     )
@@ -103,7 +103,7 @@ def _missing(req: Request, name: str | None, topic_id: uuid.UUID | None, error: 
         error_code=err(error),
         name=name,
         topic_id=topic_id or _ZERO_UUID,
-        is_internal=False,
+        is_internal=is_internal(name),  # as Kafka: by name, even for a missing topic
         partitions=(),
         topic_authorized_operations=AUTHORIZED_OPS_OMITTED,
     )
@@ -210,7 +210,7 @@ def handle_describe_topic_partitions(core, req: Request, conn) -> bytes:
                     error_code=err("UNKNOWN_TOPIC_OR_PARTITION"),
                     name=name,
                     topic_id=_ZERO_UUID,
-                    is_internal=False,
+                    is_internal=is_internal(name),
                     partitions=(),
                     topic_authorized_operations=TOPIC_OPERATIONS,
                 )
@@ -232,7 +232,7 @@ def handle_describe_topic_partitions(core, req: Request, conn) -> bytes:
                 error_code=NONE,
                 name=name,
                 topic_id=t.topic_id,
-                is_internal=False,
+                is_internal=is_internal(name),
                 partitions=parts,
                 topic_authorized_operations=TOPIC_OPERATIONS,
             )

@@ -75,13 +75,16 @@ def handle_offset_for_leader_epoch(core, req: Request, conn) -> bytes:
     for t in req.body.topics:
         parts = []
         for rp in t.partitions:
-            p = core.partition(t.topic, rp.partition)
-            if p is None:
+            lead = core.leader_error(t.topic, rp.partition)
+            p = core.partition(t.topic, rp.partition) if lead is None else None
+            if p is not None and core.cluster is not None:
+                parts.append(_epoch_end(core, req, t.topic, rp, p))
+            elif p is None:
                 parts.append(
                     sub(
                         req,
                         "EpochEndOffset",
-                        error_code=err("UNKNOWN_TOPIC_OR_PARTITION"),
+                        error_code=err(lead or "UNKNOWN_TOPIC_OR_PARTITION"),
                         partition=rp.partition,
                         leader_epoch=-1,
                         end_offset=-1,
@@ -114,3 +117,26 @@ def handle_offset_for_leader_epoch(core, req: Request, conn) -> bytes:
             sub(req, "OffsetForLeaderTopicResult", topic=t.topic, partitions=tuple(parts))
         )
     return reply(req, topics=tuple(topics))
+
+
+def _epoch_end(core, req: Request, topic: str, rp, p) -> object:
+    """In a cluster (KIP-101): the largest epoch up to the one asked for and where it ends in
+    this partition, from the virtual log's epoch history."""
+    v = core.cluster.vlog_of(topic, rp.partition)
+    current = getattr(rp, "current_leader_epoch", -1)
+    error, epoch, end = "NONE", -1, -1
+    if current >= 0 and current < v.epoch:
+        error = "FENCED_LEADER_EPOCH"
+    elif current > v.epoch:
+        error = "UNKNOWN_LEADER_EPOCH"
+    elif rp.leader_epoch >= 0:
+        epoch = min(rp.leader_epoch, v.epoch)
+        end = p.next_offset if epoch >= v.epoch else p.offset_at(*p.epoch_end(epoch))
+    return sub(
+        req,
+        "EpochEndOffset",
+        error_code=err(error),
+        partition=rp.partition,
+        leader_epoch=epoch,
+        end_offset=end,
+    )

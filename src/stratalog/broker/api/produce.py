@@ -66,6 +66,11 @@ def handle_produce(core, req: Request, conn):
                 )
             )
         return encode_produce_response(req.api_version, req.correlation_id, results)
+    if core.disk.low:
+        # Under the free-space reserve: refused before anything is written (disk_guard.py).
+        return _refuse_all(
+            core, req, results, acks, conn, "KAFKA_STORAGE_ERROR", core.disk.reason()
+        )
     pending = _Pending(req, results) if acks == -1 else None
     writes = WriteBatch()
     appended: list[tuple[PartitionLog, AppendResult, PartitionProduceResult, int, bool]] = []
@@ -183,6 +188,23 @@ def _append_all(core, body, now: int, results: list, appended: list, writes: Wri
             r.log_start_offset = p.log_start_offset
             appended.append((p, res, r, len(pd.records), p.spilling))
     return any_error
+
+
+def _refuse_all(core, req: Request, results: list, acks: int, conn, error: str, message: str):
+    for td in req.body.topic_data:
+        results.append(
+            (
+                td.name,
+                [
+                    PartitionProduceResult(pd.index, code(error), error_message=message)
+                    for pd in td.partition_data
+                ],
+            )
+        )
+    if acks == 0:
+        conn.abort()  # Kafka's answer to a failed acks=0 produce: the client sees the drop
+        return None
+    return encode_produce_response(req.api_version, req.correlation_id, results)
 
 
 def _timeout_ms(body) -> int:

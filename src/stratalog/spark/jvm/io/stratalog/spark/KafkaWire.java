@@ -148,11 +148,13 @@ final class KafkaWire implements Closeable {
   static final class TopicMeta {
     final String name;
     final short error;
+    final boolean internal; // Kafka's internal topics (__consumer_offsets)
     final Map<Integer, String> leaders = new LinkedHashMap<>();
 
-    TopicMeta(String name, short error) {
+    TopicMeta(String name, short error, boolean internal) {
       this.name = name;
       this.error = error;
+      this.internal = internal;
     }
   }
 
@@ -209,8 +211,8 @@ final class KafkaWire implements Closeable {
     for (int i = bb.getInt(); i > 0; i--) {
       short err = bb.getShort();
       String name = readString(bb);
-      bb.get(); // internal
-      TopicMeta tm = new TopicMeta(name, err);
+      boolean internal = bb.get() != 0;
+      TopicMeta tm = new TopicMeta(name, err, internal);
       for (int j = bb.getInt(); j > 0; j--) {
         bb.getShort();
         int partition = bb.getInt();

@@ -56,7 +56,8 @@ final class Planner {
     if (opts.subscribePattern != null) {
       Pattern rx = Pattern.compile(opts.subscribePattern);
       for (KafkaWire.TopicMeta tm : wire.metadata(null).values()) {
-        if (tm.error == 0 && rx.matcher(tm.name).find()
+        // As Spark's Kafka source, among the topics its admin client lists: not internal ones.
+        if (tm.error == 0 && !tm.internal && rx.matcher(tm.name).find()
             && !tm.name.equals(START_LOG_TOPIC)) {
           out.put(tm.name, new ArrayList<>(new TreeSet<>(tm.leaders.keySet())));
           leaders.put(tm.name, tm.leaders);
