@@ -1,0 +1,301 @@
+"""Systems under test, behind one small interface the nemesis and the runner use.
+
+A :class:`Target` is a cluster of processes on 127.0.0.1 with names: its brokers, and a
+*coordinator* whose faults stand for losing the cluster's metadata service - etcd for
+Stratalog, the active KRaft controller (the quorum leader, itself a broker in combined mode)
+for Kafka. Every fault goes to one PID; a restart reuses the process's ports and data.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import signal
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from stratalog.cluster.errors import ClusterError
+from stratalog.cluster.local_cluster import BrokerProc, LocalCluster
+from stratalog.peers.kafka_cluster import KafkaCluster, KafkaNode
+
+# Admin clients' librdkafka lines (refused connections while a broker is down) go nowhere.
+_quiet = logging.getLogger("stratalog.faults.admin")
+_quiet.addHandler(logging.NullHandler())
+_quiet.propagate = False
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, "logger": _quiet})
+
+
+class Target(ABC):
+    kind: str = ""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def bootstrap(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def brokers(self) -> list[str]:
+        """The brokers' names, e.g. ``broker-1``."""
+
+    @abstractmethod
+    def node_id(self, name: str) -> int | None:
+        """The Kafka node id of a broker (None for a process that is not a broker)."""
+
+    @abstractmethod
+    def coordinator(self) -> str | None:
+        """The process whose faults stand for a metadata-service fault, now (None: none)."""
+
+    @abstractmethod
+    def pid(self, name: str) -> int | None: ...
+
+    @abstractmethod
+    def kill(self, name: str) -> None:
+        """SIGKILL, and reap."""
+
+    @abstractmethod
+    def restart(self, name: str, timeout: float = 120) -> int:
+        """Start a killed process again; blocks until it serves. Returns the attempts it took;
+        raises when it did not come back within ``timeout``."""
+
+    @abstractmethod
+    def pause(self, name: str) -> None:
+        """SIGSTOP."""
+
+    @abstractmethod
+    def resume(self, name: str) -> None:
+        """SIGCONT."""
+
+    @abstractmethod
+    def topic_configs(self) -> dict[str, str]:
+        """The configs a test topic is created with (RF 3 is the caller's)."""
+
+    @abstractmethod
+    def logs(self) -> list[Path]:
+        """Log files worth keeping with a run's results."""
+
+    @abstractmethod
+    def data_root(self) -> Path | None:
+        """The directory holding every process's data (removed after a valid run)."""
+
+    def leaders(self, topic: str, timeout: float = 5) -> dict[int, str]:
+        """partition -> leader's name, as the cluster's metadata says now (empty on failure)."""
+        admin = admin_client(self.bootstrap)
+        try:
+            md = admin.list_topics(topic, timeout=timeout)
+        except KafkaException:
+            return {}
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            return {}
+        names = {self.node_id(n): n for n in self.brokers}
+        return {p: names[pm.leader] for p, pm in t.partitions.items() if pm.leader in names}
+
+
+class StratalogTarget(Target):
+    """A :class:`~stratalog.cluster.local_cluster.LocalCluster`: etcd and N ``stratalog
+    serve`` processes."""
+
+    kind = "stratalog"
+
+    def __init__(
+        self,
+        root: Path,
+        brokers: int = 3,
+        settings: dict[str, str] | None = None,
+        log_level: str = "WARNING",
+    ) -> None:
+        self.cluster = LocalCluster(root, brokers=brokers, settings=settings, log_level=log_level)
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def stop(self) -> None:
+        for b in self.cluster.brokers:  # a paused broker cannot act on SIGTERM
+            self.cluster.send_signal(b, signal.SIGCONT)
+        if self.cluster.etcd.proc is not None:
+            self.cluster.etcd.resume()
+        self.cluster.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    @property
+    def brokers(self) -> list[str]:
+        return [f"broker-{b.node_id}" for b in self.cluster.brokers]
+
+    def _broker(self, name: str) -> BrokerProc | None:
+        return next((b for b in self.cluster.brokers if f"broker-{b.node_id}" == name), None)
+
+    def node_id(self, name: str) -> int | None:
+        b = self._broker(name)
+        return b.node_id if b else None
+
+    def coordinator(self) -> str | None:
+        return "etcd"
+
+    def pid(self, name: str) -> int | None:
+        if name == "etcd":
+            return self.cluster.etcd.pid
+        b = self._broker(name)
+        return (b.pid or None) if b else None
+
+    def kill(self, name: str) -> None:
+        if name == "etcd":
+            self.cluster.etcd.kill()
+        else:
+            b = self._need(name)
+            self.cluster.stop_broker(b, signal.SIGKILL, timeout=10)
+
+    def restart(self, name: str, timeout: float = 120) -> int:
+        deadline = time.monotonic() + timeout
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                if name == "etcd":
+                    self.cluster.etcd.start()
+                else:
+                    # The old incarnation's lease outlives a kill -9 by up to its TTL, and the
+                    # broker refuses to join while it does: try again until it has expired.
+                    self.cluster.start_broker(self._need(name), timeout=60)
+                return attempts
+            except ClusterError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def pause(self, name: str) -> None:
+        if name == "etcd":
+            self.cluster.etcd.pause()
+        else:
+            self.cluster.send_signal(self._need(name), signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        if name == "etcd":
+            self.cluster.etcd.resume()
+        else:
+            self.cluster.send_signal(self._need(name), signal.SIGCONT)
+
+    def _need(self, name: str) -> BrokerProc:
+        b = self._broker(name)
+        if b is None:
+            raise KeyError(name)
+        return b
+
+    def topic_configs(self) -> dict[str, str]:
+        return {"min.insync.replicas": "2"}
+
+    def logs(self) -> list[Path]:
+        return [b.log_path for b in self.cluster.brokers] + [self.cluster.etcd.log_path]
+
+    def data_root(self) -> Path | None:
+        return self.cluster.root
+
+
+class KafkaTarget(Target):
+    """A three-node Apache Kafka KRaft cluster (:class:`~stratalog.peers.kafka_cluster.
+    KafkaCluster`), the baseline."""
+
+    kind = "kafka"
+
+    def __init__(
+        self,
+        root: Path,
+        nodes: int = 3,
+        properties: dict[str, str] | None = None,
+        flush_messages: bool = False,
+    ) -> None:
+        self.cluster = KafkaCluster(root, nodes, properties)
+        self.flush_messages = flush_messages
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    @property
+    def brokers(self) -> list[str]:
+        return [f"kafka-{n.node_id}" for n in self.cluster.nodes]
+
+    def node_id(self, name: str) -> int | None:
+        prefix, _, num = name.partition("-")
+        return int(num) if prefix == "kafka" and num.isdigit() else None
+
+    def _node(self, name: str) -> KafkaNode:
+        nid = self.node_id(name)
+        if nid is None:
+            raise KeyError(name)
+        return self.cluster.node(nid)
+
+    def coordinator(self) -> str | None:
+        leader = self.cluster.quorum_leader()
+        return None if leader is None else f"kafka-{leader}"
+
+    def pid(self, name: str) -> int | None:
+        return self._node(name).pid
+
+    def kill(self, name: str) -> None:
+        self.cluster.kill(self._node(name))
+
+    def restart(self, name: str, timeout: float = 120) -> int:
+        self.cluster.start_node(self._node(name), timeout=timeout)
+        return 1
+
+    def pause(self, name: str) -> None:
+        self.cluster.send_signal(self._node(name), signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.cluster.send_signal(self._node(name), signal.SIGCONT)
+
+    def topic_configs(self) -> dict[str, str]:
+        configs = {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}
+        if self.flush_messages:
+            configs["flush.messages"] = "1"
+        return configs
+
+    def logs(self) -> list[Path]:
+        return [p for n in self.cluster.nodes for p in (n.server_log, n.console_log)]
+
+    def data_root(self) -> Path | None:
+        return self.cluster.root
+
+
+def make_target(
+    kind: str,
+    root: Path,
+    *,
+    settings: dict[str, str] | None = None,
+    flush_messages: bool = False,
+    log_level: str = "WARNING",
+) -> Target:
+    """``stratalog`` or ``kafka``, with its data under ``root`` (``log_level``: Stratalog's)."""
+    if kind == "stratalog":
+        return StratalogTarget(root, settings=settings, log_level=log_level)
+    if kind == "kafka":
+        return KafkaTarget(root, properties=settings, flush_messages=flush_messages)
+    raise ValueError(f"unknown target {kind!r}: stratalog or kafka")
+
+
+def remove_data(target: Target) -> None:
+    root = target.data_root()
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
