@@ -235,7 +235,8 @@ def test_committed_offsets_survive_the_coordinators_death(cluster):
     committed = {tp.partition: tp.offset for tp in c.committed(
         [TopicPartition("grp", i) for i in range(PARTITIONS)], timeout=30)}  # fmt: skip
     c.close()
-    assert sum(committed.values()) == 600
+    # Partitions that got no record have no commit (-1001, OFFSET_INVALID).
+    assert sum(o for o in committed.values() if o >= 0) == 600
     found = wire.call(cluster.brokers[0].bootstrap, 10, 4, key_type=0,
                       coordinator_keys=["survivors"])["coordinators"][0]  # fmt: skip
     assert found["error_code"] == 0

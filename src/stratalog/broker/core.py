@@ -394,6 +394,8 @@ class BrokerCore:
             return "UNKNOWN_TOPIC_OR_PARTITION"
         if v.primary != self.node_id:
             return "NOT_LEADER_OR_FOLLOWER"
+        if self.replicator is None or not self.replicator.leads(v.vid, v.epoch):
+            return "NOT_LEADER_OR_FOLLOWER"  # not (yet, or any more) leading it at this epoch
         return None
 
     def in_sync_error(self, topic: str, index: int, min_insync: int) -> str | None:

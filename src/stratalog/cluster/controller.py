@@ -38,6 +38,8 @@ class Controller:
         node = self.node
         while True:
             try:
+                if self.active and (node.lease is None or not node.lease.held):
+                    self.active = False  # its key went with the lease: elect again
                 if not self.active:
                     assert node.store is not None and node.lease is not None
                     self.active = await node.store.create(

@@ -122,6 +122,7 @@ class ClusterNode:
         # Called after any change of brokers or virtual logs (replication reconciles itself).
         self.on_change: Callable[[], None] | None = None
         self._watch: asyncio.Task | None = None
+        self._renewal: asyncio.Task | None = None
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, limit) of this node's block
 
     # -- joining and leaving -------------------------------------------------------------------
@@ -172,6 +173,40 @@ class ClusterNode:
             )
         await self.load()
         self._watch = asyncio.ensure_future(self._follow())
+        self._renewal = asyncio.ensure_future(self._stay_registered())
+
+    async def _stay_registered(self) -> None:
+        """A lease lost (the process was paused past it, or cut off from etcd) took this
+        broker's registration with it: the controller has moved its logs away. Register again
+        under a new lease, as a new incarnation, so it can serve as a replica again."""
+        assert self.store is not None
+        while True:
+            assert self.lease is not None
+            await self.lease.lost.wait()
+            log.warning("node %d lost its etcd lease: registering again", self.node_id)
+            while True:
+                try:
+                    self.lease = await self.store.grant_lease(LEASE_TTL_S)
+                    self.incarnation = uuid.uuid4().hex
+                    me = {
+                        "host": self.host,
+                        "port": self.port,
+                        "incarnation": self.incarnation,
+                        "replication_port": self.replication_port,
+                    }
+                    key = self.keys.broker(self.node_id)
+                    deadline = time.monotonic() + LEASE_TTL_S * 1.5
+                    while not await self.store.create(key, _dump(me), lease=self.lease):
+                        if time.monotonic() > deadline:
+                            raise ClusterError(f"node id {self.node_id} is registered by another")
+                        await asyncio.sleep(0.25)
+                    log.warning("node %d registered again", self.node_id)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    log.warning("node %d cannot register again yet: %s", self.node_id, e)
+                    await asyncio.sleep(1.0)
 
     async def load(self) -> int:
         """Read the whole shared state; returns the revision it was read at."""
@@ -253,6 +288,8 @@ class ClusterNode:
                 log.exception("reacting to a cluster change failed")
 
     async def leave(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
         if self._watch is not None:
             self._watch.cancel()
             try:

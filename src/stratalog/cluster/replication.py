@@ -253,6 +253,9 @@ class PrimaryLog:
         st = self.state()
         if st is None or backup in st.isr or self._isr_busy:
             return
+        # Commits wait for it from now on, before etcd names it in sync: once named, it may be
+        # elected, so it must already hold everything committed from then on.
+        self.vlog.require_replicas([b for b in [*st.isr, backup] if b != self.node.node_id])
         self._change_isr(lambda isr: [*isr, backup] if backup not in isr else None)
 
     def _change_isr(self, change) -> None:
@@ -271,7 +274,10 @@ class PrimaryLog:
                 new = await self.node.update_vlog(self.vid, apply)
                 if new is not None and not self.closed:
                     log.info("%s: in-sync set now %s", self.vlog.name, new.isr)
-                    self.vlog.require_replicas([b for b in new.isr if b != self.node.node_id])
+                now = self.state()
+                if now is not None and not self.closed:
+                    # What etcd holds now (a failed join falls back to the set without it).
+                    self.vlog.require_replicas([b for b in now.isr if b != self.node.node_id])
             except Exception as e:
                 log.warning("%s: cannot change the in-sync set: %s", self.vlog.name, e)
             finally:
@@ -360,6 +366,13 @@ class Replicator:
                 log.info("%s: no longer primary (epoch %d)", current.vlog.name, st.epoch)
                 current.close(fail_waiters=True)
                 del self.primaries[vid]
+
+    def leads(self, vid: int, epoch: int) -> bool:
+        """Whether this broker runs the primary of ``vid`` at ``epoch`` now: etcd naming it is
+        not enough (between losing its registration and leading again it must take no write,
+        or it would commit alone what the next primary never saw)."""
+        p = self.primaries.get(vid)
+        return p is not None and p.epoch == epoch and not p.closed
 
     def _bump(self, st: VirtualLogState) -> None:
         if st.vid in self._bumping:

@@ -297,20 +297,6 @@ class PartitionLog:
         self._wake()
         return counts
 
-    def epoch_end(self, epoch: int) -> tuple[int, int]:
-        """Where the bytes of ``epoch`` and older end in this partition's log."""
-        return self.vlog.epoch_end(epoch)
-
-    def offset_at(self, seq: int, position: int) -> int:
-        """The first offset of this partition stored at or after (seq, position) of its log
-        (the next offset if none is): where an epoch that ended there ends for this partition
-        (OffsetForLeaderEpoch)."""
-        chunks = self.chunks
-        i = len(chunks)
-        while i > 0 and (chunks.segment_of(i - 1), chunks[i - 1].position) >= (seq, position):
-            i -= 1
-        return chunks.base_of(i) if i < len(chunks) else self.next_offset
-
     def when_durable(self, lsn: int, callback: Callable[[bool], None]) -> None:
         """``callback(True)`` once the append at ``lsn`` is committed (durable here and, in
         cluster mode, on every in-sync backup), ``callback(False)`` if its log failed first."""
