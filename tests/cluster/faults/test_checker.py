@@ -503,3 +503,5 @@ def test_latency_and_recovery_per_fault_from_the_history_alone() -> None:
     assert r["stats"]["recovery"] == [
         {"f": "kill", "time": 1.0, "nodes": ["b-1"], "partitions": [0], "first_ok_s": 3.0}
     ]
+    # Sends went on until 1.5 s; the partition acknowledged nothing after 0.1 s until then.
+    assert r["stats"]["longest_gap"] == {"seconds": 1.4, "partition": 0, "from": 0.1, "to": 1.5}
