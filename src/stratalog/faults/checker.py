@@ -37,12 +37,15 @@ A port of the ideas in jepsen.tests.kafka (our own code). Inputs are the history
 :func:`check` returns ``{"valid": True | False | "unknown", "counts": {anomaly: n},
 "anomalies": {anomaly: [examples]}, "stats": {...}}``; the stats count sends by outcome, reads,
 final reads, nemesis operations and errors, and give acknowledged sends' latency quantiles and,
-per fault, the time until the partitions it hit acknowledged a new send (``recovery``).
+per fault, the time until the partitions it hit acknowledged a new send (``recovery``, None
+when they never did), and the longest time any partition acknowledged nothing
+(``longest_gap``): liveness, which the anomalies above do not judge.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -372,6 +375,7 @@ def check(events: Iterable[Event], *, examples: int = 20) -> dict[str, Any]:
         "nemesis": dict(nemesis),
         "latency_ms": _latency(sends),
         "recovery": _recovery(sends, faults),
+        "longest_gap": _longest_gap(sends),
         "errors": dict(errors.most_common(10)),
     }
     return {
@@ -394,6 +398,27 @@ def _latency(sends: dict[Any, _Send]) -> dict[str, float]:
         return round(1000 * lat[min(len(lat) - 1, int(x * len(lat)))], 1)
 
     return {"p50": q(0.5), "p99": q(0.99), "max": round(1000 * lat[-1], 1)}
+
+
+def _longest_gap(sends: dict[Any, _Send]) -> dict[str, Any]:
+    """The longest time a partition acknowledged no send while the workload was sending (from
+    the first send to the last one invoked): the worst unavailability of the run."""
+    invoked = [s.invoked_at for s in sends.values()]
+    if not invoked:
+        return {}
+    start, end = min(invoked), max(invoked)
+    acks: dict[int, list[float]] = defaultdict(list)
+    for s in sends.values():
+        if s.status == OK and s.done_at is not None:
+            acks[s.partition].append(s.done_at)
+    partitions = {s.partition for s in sends.values()}
+    worst: dict[str, Any] = {"seconds": 0.0}
+    for p in sorted(partitions):
+        times = [start, *sorted(t for t in acks.get(p, []) if t <= end), end]
+        for a, b in itertools.pairwise(times):
+            if b - a > worst["seconds"]:
+                worst = {"seconds": round(b - a, 3), "partition": p, "from": a, "to": b}
+    return worst
 
 
 def _recovery(sends: dict[Any, _Send], faults: list[Event]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import queue
 import shutil
 import threading
 import time
@@ -47,61 +48,78 @@ INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 
 
 class History:
-    """A thread-safe, append-only history written to ``path`` as it grows (JSONL).
+    """An append-only history written to ``path`` as it grows (JSONL), from any thread.
 
-    Events are also kept in memory (``events``) so the checker can run without re-reading.
+    :meth:`add` never blocks and takes no lock: it stamps the event and puts it on a
+    ``SimpleQueue`` (whose ``put`` is reentrant), and one writer thread numbers the events in
+    that order, keeps them in ``events`` and writes them out. Client callbacks (delivery
+    reports, rebalances) run inside librdkafka calls and, through a client's finalizer, inside
+    any allocation; with a lock around the file, one of them re-entering ``add`` froze a soak.
+    ``events`` is complete once :meth:`sync` or :meth:`close` returned.
     """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.events: list[Event] = []
-        self._lock = threading.Lock()
         self._t0 = time.monotonic()
+        self._queue: queue.SimpleQueue[Event | threading.Event | None] = queue.SimpleQueue()
         self._out: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._out = open(path, "w")  # noqa: SIM115 - closed by close()
+            self._out = open(path, "w")  # noqa: SIM115 - closed by the writer
+        self._writer = threading.Thread(target=self._write, name="history-writer", daemon=True)
+        self._writer.start()
 
     def now(self) -> float:
         return round(time.monotonic() - self._t0, 6)
 
-    def add(self, process: int | str, type_: str, f: str, **fields: Any) -> Event:
-        with self._lock:
-            ev: Event = {
-                "index": len(self.events),
-                "time": self.now(),
-                "process": process,
-                "type": type_,
-                "f": f,
-            }
-            ev.update({k: v for k, v in fields.items() if v is not None})
+    def add(self, process: int | str, type_: str, f: str, **fields: Any) -> None:
+        ev: Event = {"time": self.now(), "process": process, "type": type_, "f": f}
+        ev.update({k: v for k, v in fields.items() if v is not None})
+        self._queue.put(ev)
+
+    def invoke(self, process: int | str, f: str, **fields: Any) -> None:
+        self.add(process, INVOKE, f, **fields)
+
+    def ok(self, process: int | str, f: str, **fields: Any) -> None:
+        self.add(process, OK, f, **fields)
+
+    def fail(self, process: int | str, f: str, **fields: Any) -> None:
+        self.add(process, FAIL, f, **fields)
+
+    def info(self, process: int | str, f: str, **fields: Any) -> None:
+        self.add(process, INFO, f, **fields)
+
+    def _write(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            if isinstance(item, threading.Event):
+                if self._out is not None:
+                    self._out.flush()
+                item.set()
+                continue
+            ev = {"index": len(self.events), **item}
             self.events.append(ev)
             if self._out is not None:
                 self._out.write(json.dumps(ev, separators=(",", ":")) + "\n")
-            return ev
+        if self._out is not None:
+            self._out.close()
 
-    def invoke(self, process: int | str, f: str, **fields: Any) -> Event:
-        return self.add(process, INVOKE, f, **fields)
+    def sync(self, timeout: float = 60) -> None:
+        """Until every event added before this call is in ``events`` and on disk."""
+        if not self._writer.is_alive():
+            return
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait(timeout)
 
-    def ok(self, process: int | str, f: str, **fields: Any) -> Event:
-        return self.add(process, OK, f, **fields)
-
-    def fail(self, process: int | str, f: str, **fields: Any) -> Event:
-        return self.add(process, FAIL, f, **fields)
-
-    def info(self, process: int | str, f: str, **fields: Any) -> Event:
-        return self.add(process, INFO, f, **fields)
-
-    def flush(self) -> None:
-        with self._lock:
-            if self._out is not None:
-                self._out.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._out is not None:
-                self._out.close()
-                self._out = None
+    def close(self, timeout: float = 60) -> None:
+        """Write what is queued, close the file; later :meth:`add` calls are dropped."""
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join(timeout)
 
 
 def load_history(path: Path) -> list[Event]:

@@ -39,8 +39,12 @@ def load_results(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def _slowest_recovery(check: dict[str, Any]) -> float | None:
+def _slowest_recovery(check: dict[str, Any]) -> float | str | None:
+    """The slowest recovery after a fault; "never" when some fault's partitions never
+    acknowledged a send again before the workload ended."""
     times = [f.get("first_ok_s") for f in check.get("stats", {}).get("recovery", [])]
+    if any(t is None for t in times):
+        return "never"
     return max((t for t in times if t is not None), default=None)
 
 
@@ -60,8 +64,15 @@ def row(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
         **{a: check.get("counts", {}).get(a, 0) for a in ANOMALIES},
         "valid": check.get("valid", result.get("error", "error")),
         "recovery_s": _slowest_recovery(check),
+        "gap_s": check.get("stats", {}).get("longest_gap", {}).get("seconds"),
         "wall_s": result.get("timings", {}).get("checked"),
     }
+
+
+def _seconds(value: Any) -> str:
+    if isinstance(value, int | float):
+        return f"{value:.1f}"
+    return "" if value is None else str(value)
 
 
 def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -> Table:
@@ -72,6 +83,7 @@ def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -
         t.add_column(_SHORT[a], justify="right")
     t.add_column("valid")
     t.add_column("recov s", justify="right")
+    t.add_column("gap s", justify="right")
     t.add_column("wall s", justify="right")
     totals = dict.fromkeys(ANOMALIES, 0)
     n = 0
@@ -92,7 +104,8 @@ def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -
             str(r["fail"]),
             *[(f"[bold red]{r[a]}[/]" if r[a] else "0") for a in ANOMALIES],
             f"[{style}]{valid}[/]",
-            f"{r['recovery_s']:.1f}" if isinstance(r.get("recovery_s"), int | float) else "",
+            _seconds(r.get("recovery_s")),
+            _seconds(r.get("gap_s")),
             f"{r['wall_s']:.0f}" if isinstance(r["wall_s"], int | float) else "",
         )
     if n > 1:
@@ -107,6 +120,7 @@ def table(rows: Iterable[dict[str, Any]], title: str = "fault-injection runs") -
             "",
             "",
             *[str(totals[a]) for a in ANOMALIES],
+            "",
             "",
             "",
             "",

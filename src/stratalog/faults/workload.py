@@ -199,12 +199,13 @@ class Workload:
 
         def report(partition: int, value: int) -> Callable[[KafkaError | None, Any], None]:
             def done(err: KafkaError | None, msg: Any) -> None:
-                pending.pop(value, None)
                 if err is None:
                     h.ok(proc, "send", partition=partition, value=value, offset=msg.offset())
                 else:
                     h.add(proc, outcome(err), "send", partition=partition, value=value,
                           error=err.name())  # fmt: skip
+                # Only once recorded: a report that raised leaves the send to the finally below.
+                pending.pop(value, None)
 
             return done
 
@@ -256,7 +257,12 @@ class Workload:
                 producer.purge()
                 producer.flush(5)
         except Exception as e:  # a client bug must not hide the history gathered so far
+            # Seen: SystemError from a delivery report during a purge (confluent-kafka handed
+            # the callback a pending exception).
             h.info(proc, "client-error", error=repr(e))
+            with contextlib.suppress(Exception):
+                producer.purge()
+                producer.flush(5)
         finally:
             for v, p in list(pending.items()):
                 h.info(proc, "send", partition=p, value=v, error="no report: client closed")

@@ -4,6 +4,7 @@ is reported when it is not (a timed-out send may be in the log or not; a failed 
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -426,6 +427,30 @@ def test_each_mutation_is_caught(how: str, seed: int) -> None:
 # -- the history file and the send outcomes ----------------------------------------------------
 
 
+def test_history_from_many_threads_is_numbered_in_one_order(tmp_path) -> None:
+    h = History(tmp_path / "h.jsonl")
+
+    def sends(i: int) -> None:
+        for j in range(500):
+            h.add(i, "invoke", "send", value=i * 1000 + j)
+
+    threads = [threading.Thread(target=sends, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    h.sync()
+    assert len(h.events) == 4 * 500
+    h.add(9, "invoke", "send", value=-1)
+    h.close()
+    h.add(9, "invoke", "send", value=-2)  # after close: dropped, never blocks
+    assert [e["index"] for e in h.events] == list(range(4 * 500 + 1))
+    for i in range(4):  # each thread's events in its own order
+        mine = [e["value"] for e in h.events if e["process"] == i]
+        assert mine == sorted(mine)
+    assert load_history(tmp_path / "h.jsonl") == h.events
+
+
 def test_the_history_round_trips_through_jsonl(tmp_path) -> None:
     h = History(tmp_path / "history.jsonl")
     for ev in simulate(1).events:
@@ -478,3 +503,5 @@ def test_latency_and_recovery_per_fault_from_the_history_alone() -> None:
     assert r["stats"]["recovery"] == [
         {"f": "kill", "time": 1.0, "nodes": ["b-1"], "partitions": [0], "first_ok_s": 3.0}
     ]
+    # Sends went on until 1.5 s; the partition acknowledged nothing after 0.1 s until then.
+    assert r["stats"]["longest_gap"] == {"seconds": 1.4, "partition": 0, "from": 0.1, "to": 1.5}

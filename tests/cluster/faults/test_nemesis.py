@@ -82,6 +82,7 @@ def run_schedule(target: FakeTarget, cfg: NemesisConfig) -> tuple[Nemesis, Histo
     n.start()
     n.join(10)
     assert not n.is_alive()
+    h.sync()
     return n, h
 
 
@@ -126,6 +127,7 @@ def test_heal_restarts_what_a_failed_restart_left_down_coordinator_first() -> No
     restarts = [name for c, name in t.calls if c == "restart"]
     assert restarts[-1] == "b-3" and restarts[-2] == "coord"
     assert ("resume", "b-1") in t.calls
+    h.close()
     assert h.events[-1]["f"] == "heal" and h.events[-1]["type"] == "ok"
 
 
