@@ -750,11 +750,21 @@ def test_epochs_are_promised_durably_and_fence_older_writers(tmp_path):
 _names = st.text(min_size=0, max_size=20)
 _u = st.integers(min_value=0, max_value=(1 << 63) - 1)
 _opt = st.integers(min_value=-1, max_value=(1 << 63) - 1)
+
+
+@st.composite
+def _appends(draw):
+    epoch = draw(_u)
+    data_epoch = draw(st.integers(min_value=-1, max_value=epoch))
+    fields = [draw(_u) for _ in range(3)]
+    return Append(draw(_names), epoch, *fields, draw(st.binary(max_size=300)), data_epoch)
+
+
 _messages = st.one_of(
-    st.builds(Append, _names, _u, _u, _u, _u, st.binary(max_size=300)),
+    _appends(),
     st.builds(Ack, _names, _u, _u, _u, _u),
     st.builds(Fence, _names, _u, _u, _u),
-    st.builds(FenceAck, _names, _u, _u, _u),
+    st.builds(FenceAck, _names, _u, _u, _u, st.lists(st.tuples(_u, _u, _u), max_size=5).map(tuple)),
     st.builds(Refused, _names, _opt, st.text(max_size=30), _opt, _opt),
 )
 
@@ -811,6 +821,18 @@ def test_garbage_is_a_protocol_error_never_a_crash(garbage, messages, data):
     except ProtocolError:
         with pytest.raises(ProtocolError):
             conn.next_event()  # the connection stays failed
+
+
+def test_bytes_newer_than_the_fencing_epoch_are_refused():
+    with pytest.raises(ValueError, match="older epoch"):
+        encode(Append(LOG, 3, 0, 0, 0, b"", 4))
+    good = b"".join(encode(Append(LOG, 3, 0, 0, 0, b"")))
+    at = 4 + 2 + 1 + len(LOG) + 32  # the data epoch, after the four integers
+    bad = good[:at] + struct.pack(">q", 4) + good[at + 8 :]
+    conn = ReplicationConnection()
+    conn.receive_data(bad)
+    with pytest.raises(ProtocolError, match="older epoch"):
+        conn.next_event()
 
 
 def test_a_frame_too_large_is_refused_before_it_arrives():

@@ -43,7 +43,13 @@ from stratalog.protocol.replication import (
 )
 from stratalog.storage.journal import StorageFailure
 from stratalog.storage.log_store import LogStore
-from stratalog.storage.replica import CorruptReplica, PositionUnavailable, ReplicaGap, StaleEpoch
+from stratalog.storage.replica import (
+    CorruptReplica,
+    PositionUnavailable,
+    ReplicaGap,
+    StaleEpoch,
+    parting_point,
+)
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
@@ -136,10 +142,9 @@ class BackupLink:
         peer.send(Fence(name, epoch, *NO_CUT))
         ack = await self._fenced(peer)
         end = (ack.end_seq, ack.end_position)
-        # KIP-101: the backup's bytes agree with ours up to where its last epoch ended here;
-        # past that (or past our end) they were never committed, and go.
-        agree = min(end, p.vlog.epoch_end(ack.last_epoch) if ack.last_epoch >= 0 else end)
-        agree = min(agree, p.vlog.end)
+        # KIP-101: the backup's bytes agree with ours up to where our histories part; past
+        # that they were never committed, and go.
+        agree = parting_point(p.vlog.epoch_history, p.vlog.end, ack.history, end)
         if agree < end:
             peer.send(Fence(name, epoch, *agree))
             ack = await self._fenced(peer)
@@ -166,7 +171,7 @@ class BackupLink:
         vlog = self.primary.vlog
         while pos < vlog.end:
             try:
-                seq, position, data = vlog.read_range(pos[0], pos[1], CATCH_UP_BYTES)
+                msg = catch_up_append(vlog, self.primary.epoch, pos)
             except PositionUnavailable as e:
                 # Retention took what it lacks: it starts again from our oldest segment.
                 first = (e.first_seq, e.first_position)
@@ -174,10 +179,10 @@ class BackupLink:
                 await self._fenced(peer)
                 pos = first
                 continue
-            if not data:
+            if msg is None:
                 break
-            peer.send(Append(vlog.name, self.primary.epoch, seq, position, 0, data))
-            pos = (seq, position + len(data))
+            peer.send(msg)
+            pos = (msg.seq, msg.position + msg.nbytes)
             await peer.writer.drain()
             if self.primary.closed:
                 return
@@ -215,6 +220,21 @@ class BackupLink:
 
     def close(self) -> None:
         self.task.cancel()
+
+
+def catch_up_append(
+    vlog: VirtualLog, epoch: int, pos: tuple[int, int], max_bytes: int = CATCH_UP_BYTES
+) -> Append | None:
+    """The next Append of a catch-up from ``pos`` (None: nothing left): frames read from the
+    segment files, never past the end of the epoch they were written in, and sent as that
+    epoch's (``data_epoch``) so the backup's epoch history becomes a copy of ours."""
+    seq, position, data = vlog.read_range(pos[0], pos[1], max_bytes)
+    if not data:
+        return None
+    written, following = vlog.epoch_at(seq, position)
+    if following is not None and following[0] == seq:
+        data = data[: following[1] - position]  # epochs start at frame boundaries
+    return Append(vlog.name, epoch, seq, position, 0, data, written)
 
 
 class _Deposed(Exception):
@@ -497,8 +517,13 @@ class Replicator:
                 log.warning(
                     "%s: cut back from %s to %s at epoch %d", name, vlog.end, cut, msg.epoch
                 )
-                self.store.truncate_log(name, *cut)
-        peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.last_epoch))
+                try:
+                    self.store.truncate_log(name, *cut)
+                except ValueError as e:  # not a frame boundary here: the histories lie
+                    log.error("%s: cannot cut where the primary says: %s", name, e)
+                    peer.send(Refused(name, msg.epoch, REFUSED_CORRUPT))
+                    return
+        peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.epoch_history))
 
     def _on_append(self, peer: _Peer, msg: Append) -> None:
         name = msg.vlog
@@ -507,7 +532,9 @@ class Replicator:
             peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
             return
         try:
-            lsn = vlog.append_replica(msg.seq, msg.position, _joined(msg.data), epoch=msg.epoch)
+            lsn = vlog.append_replica(
+                msg.seq, msg.position, _joined(msg.data), epoch=msg.epoch, data_epoch=msg.written_in
+            )
         except ReplicaGap as e:
             peer.send(Refused(name, msg.epoch, REFUSED_GAP, e.expected_seq, e.expected_position))
             return

@@ -44,7 +44,7 @@ __all__ = [
     "encode",
 ]
 
-VERSION = 1
+VERSION = 2  # 2: Append.data_epoch, FenceAck.history
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 # Refused.error: why a backup refused (the storage exception behind it), named as Kafka names
@@ -61,6 +61,7 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _INTS = {n: struct.Struct(">" + "q" * n) for n in (1, 2, 3, 4)}
 _MAX_NAME = 255
+MAX_HISTORY = 0xFFFF  # epochs in a FenceAck's history (one per failover)
 _MAX_ERROR = 0xFFFF
 
 
@@ -82,7 +83,8 @@ Parts = Sequence[bytes | memoryview]
 class Append:
     """Primary -> backup: ``data`` (whole frames, or a list of parts as ``on_write`` gives
     them) goes at (seq, position); ``lsn_end`` is the primary's LSN at its end, which the
-    backup's Ack returns."""
+    backup's Ack returns. ``epoch`` is the fencing token; ``data_epoch`` the epoch the bytes
+    were written under (-1: ``epoch``), never newer than it."""
 
     vlog: str
     epoch: int
@@ -90,6 +92,12 @@ class Append:
     position: int
     lsn_end: int
     data: bytes | memoryview | Parts
+    data_epoch: int = -1
+
+    @property
+    def written_in(self) -> int:
+        """The epoch the bytes were written under."""
+        return self.epoch if self.data_epoch < 0 else self.data_epoch
 
     @property
     def parts(self) -> list[bytes | memoryview]:
@@ -127,14 +135,15 @@ class Fence:
 @dataclass(frozen=True, slots=True)
 class FenceAck:
     """Backup -> new primary: the epoch is promised, durably, and the log ends here;
-    ``last_epoch`` is the newest epoch its bytes were written under (-1: none), so the primary
-    can find where their histories part (KIP-101: its ``epoch_end(last_epoch)``)."""
+    ``history`` is its epoch history, (epoch, seq, position) of each epoch's first byte, in
+    order, so the primary can find where their logs part (KIP-101 with KIP-279's fix:
+    the newest epoch both have, up to where it ends on the shorter side)."""
 
     vlog: str
     epoch: int
     end_seq: int
     end_position: int
-    last_epoch: int = -1
+    history: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +191,10 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     if isinstance(msg, Append):
         parts = msg.parts
         n = sum(len(p) for p in parts)
+        if msg.data_epoch > msg.epoch:
+            raise ValueError(f"bytes of epoch {msg.data_epoch} sent at the older epoch {msg.epoch}")
         body = vlog + _ints(msg.epoch, msg.seq, msg.position, msg.lsn_end)
+        body += _ints(msg.data_epoch, low=-1)
         return [_frame(_APPEND, body, n), *parts]
     if isinstance(msg, Ack):
         body = vlog + _ints(msg.epoch, msg.lsn, msg.end_seq, msg.end_position)
@@ -192,8 +204,11 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         body = vlog + _ints(msg.epoch) + _ints(msg.truncate_seq, msg.truncate_position, low=-1)
         return [_frame(_FENCE, body)]
     if isinstance(msg, FenceAck):
+        if len(msg.history) > MAX_HISTORY:
+            raise ValueError(f"an epoch history of {len(msg.history)} epochs")
         body = vlog + _ints(msg.epoch, msg.end_seq, msg.end_position)
-        body += _ints(msg.last_epoch, low=-1)
+        body += _U16.pack(len(msg.history))
+        body += b"".join(_ints(*entry) for entry in msg.history)
         return [_frame(_FENCE_ACK, body)]
     if isinstance(msg, Refused):
         body = (
@@ -229,6 +244,10 @@ class _Reader:
         except UnicodeDecodeError:
             raise ProtocolError("replication message with a string that is not UTF-8") from None
 
+    def count(self) -> int:
+        (n,) = _U16.unpack_from(self.buf, self._take(_U16.size))
+        return n
+
     def ints(self, n: int, low: int = 0) -> tuple[int, ...]:
         values = _INTS[n].unpack_from(self.buf, self._take(8 * n))
         if any(v < low for v in values):
@@ -251,13 +270,18 @@ def _decode(frame: memoryview) -> Message:
     msg: Message
     if kind == _APPEND:
         epoch, seq, position, lsn_end = r.ints(4)
-        return Append(vlog, epoch, seq, position, lsn_end, frame[r.pos :])
+        (data_epoch,) = r.ints(1, low=-1)
+        if data_epoch > epoch:
+            raise ProtocolError(f"bytes of epoch {data_epoch} sent at the older epoch {epoch}")
+        return Append(vlog, epoch, seq, position, lsn_end, frame[r.pos :], data_epoch)
     if kind == _ACK:
         msg = Ack(vlog, *r.ints(4))
     elif kind == _FENCE:
         msg = Fence(vlog, *r.ints(1), *r.ints(2, low=-1))
     elif kind == _FENCE_ACK:
-        msg = FenceAck(vlog, *r.ints(3), *r.ints(1, low=-1))
+        epoch, end_seq, end_position = r.ints(3)
+        history = tuple(r.ints(3) for _ in range(r.count()))
+        msg = FenceAck(vlog, epoch, end_seq, end_position, history)
     elif kind == _REFUSED:
         (epoch,) = r.ints(1, low=-1)
         error = r.text(_U16)

@@ -100,9 +100,64 @@ class EpochHistory:
         """The newest epoch that wrote (-1: none)."""
         return self.starts[-1][0] if self.starts else -1
 
+    def covering(self, seq: int, position: int) -> tuple[int, tuple[int, int] | None]:
+        """The epoch the byte at (seq, position) was written under (-1: before any epoch) and
+        where the next epoch starts (None: it runs to the end)."""
+        epoch = -1
+        for e, s, p in self.starts:
+            if (s, p) > (seq, position):
+                return epoch, (s, p)
+            epoch = e
+        return epoch, None
+
+    def last_before(self, end: tuple[int, int]) -> int:
+        """The newest epoch with a byte before ``end`` (the log's end; -1: none)."""
+        for e, s, p in reversed(self.starts):
+            if (s, p) < end:
+                return e
+        return -1
+
+    def forget_empty(self, end: tuple[int, int]) -> bool:
+        """Forget epochs that start at ``end`` (the log's end) and so hold no byte (a primary
+        records its epoch when it starts leading, and may be deposed before it writes);
+        whether any went. Bytes that follow are then checked against the epoch that wrote
+        the last byte, not an empty one after it."""
+        return self.cut(*end)
+
     def cut(self, seq: int, position: int) -> bool:
         """Forget epochs whose first byte is at or past (seq, position); whether any went."""
         keep = [e for e in self.starts if (e[1], e[2]) < (seq, position)]
         changed = len(keep) != len(self.starts)
         self.starts = keep
         return changed
+
+
+def parting_point(
+    ours: list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...],
+    our_end: tuple[int, int],
+    theirs: list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...],
+    their_end: tuple[int, int],
+) -> tuple[int, int]:
+    """Where two replicas' logs part, from their epoch histories and ends: the newest epoch
+    both wrote, up to where it ends on either side (KIP-101 with KIP-279's fix, in one step
+    since the whole history is at hand). Bytes of one epoch at one position are the same
+    everywhere (one primary wrote them, after its log agreed with their predecessors), so
+    everything before that point agrees and what follows on the other side must go.
+
+    A history without epochs (bytes from before cluster mode) agrees up to the shorter end;
+    two histories with no epoch in common agree before the other side's first epoch."""
+    if not theirs:
+        return min(our_end, their_end)
+    mine = {e for e, _, _ in ours}
+    common = [e for e, _, _ in theirs if e in mine]
+    if not common:
+        return min((theirs[0][1], theirs[0][2]), our_end)
+    epoch = max(common)
+    return min(_epoch_end(ours, our_end, epoch), _epoch_end(theirs, their_end, epoch))
+
+
+def _epoch_end(history, end: tuple[int, int], epoch: int) -> tuple[int, int]:
+    for e, s, p in history:
+        if e > epoch:
+            return min((s, p), end)
+    return end

@@ -569,6 +569,7 @@ class VirtualLog:
         data: bytes | memoryview,
         *,
         epoch: int | None = None,
+        data_epoch: int | None = None,
     ) -> int:
         """Backup: append the primary's bytes for (seq, position) as they are; return the local
         LSN to wait on with ``when_durable`` (then acknowledge).
@@ -577,10 +578,13 @@ class VirtualLog:
         0 of a later segment, which this log then rolls to (the primary rolled); else
         ReplicaGap says where the log ends. They must be whole frames that pass recovery's
         checks (frame and batch CRC, each partition's offsets continuing), else CorruptReplica.
-        With ``epoch``, an epoch below the promised one is refused (StaleEpoch) and a newer
-        one is recorded as starting here (durably, before the bytes). Nothing is written when
-        anything is refused. The frames' index entries go to ``on_replica_entries`` once
-        written. A write error raises as ``append`` does (WriteFailed: cut back, writable).
+        With ``epoch`` (the fencing token), an epoch below the promised one is refused
+        (StaleEpoch). ``data_epoch`` (default ``epoch``) is the epoch the bytes were written
+        under: a newer one than the history's last is recorded as starting here (durably,
+        before the bytes), an older one is refused (CorruptReplica: the primary's history and
+        ours part before here). Nothing is written when anything is refused. The frames' index
+        entries go to ``on_replica_entries`` once written. A write error raises as ``append``
+        does (WriteFailed: cut back, writable).
         """
         if self.journal.failed:
             raise self.journal.failed
@@ -603,9 +607,25 @@ class VirtualLog:
                 f"{self.name}: no valid whole frame at ({seq}, {position + whole}) "
                 f"({nbytes - whole} of {nbytes} B refused)"
             )
-        if epoch is not None and epoch > self.epochs.last:
-            self.epochs.starts.append((epoch, seq, position))
-            self.epochs.promised = max(self.epochs.promised, epoch)
+        written = epoch if data_epoch is None else data_epoch
+        if written is not None and nbytes:
+            last = self.epochs.last_before(self.end)
+            if written < last:
+                raise CorruptReplica(
+                    f"{self.name}: bytes of epoch {written} at ({seq}, {position}), after "
+                    f"bytes of epoch {last}"
+                )
+        changed = False
+        if epoch is not None and epoch > self.epochs.promised:
+            self.epochs.promised = epoch
+            changed = True
+        if written is not None and nbytes:
+            # Epochs this log led without writing a byte end where these bytes begin.
+            changed |= self.epochs.forget_empty(self.end)
+            if written > self.epochs.last:
+                self.epochs.starts.append((written, seq, position))
+                changed = True
+        if changed:
             self.epochs.save()
         if seq != seg.seq:
             old = seg
@@ -800,6 +820,16 @@ class VirtualLog:
         if epoch > self.epochs.last:
             self.epochs.starts.append((epoch, *self.end))
             self.epochs.save()
+
+    @property
+    def epoch_history(self) -> tuple[tuple[int, int, int], ...]:
+        """(epoch, seq, position) of each epoch's first byte, oldest first."""
+        return tuple(self.epochs.starts)
+
+    def epoch_at(self, seq: int, position: int) -> tuple[int, tuple[int, int] | None]:
+        """The epoch the byte at (seq, position) was written under and where the next epoch
+        starts (None: at the end), so a catch-up ships each epoch's bytes as that epoch's."""
+        return self.epochs.covering(seq, position)
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
         """Where the bytes of ``epoch`` (and older) end here: the start of the first newer
