@@ -42,6 +42,7 @@ from stratalog.storage.log_store import STATE_FILE, LogStore, RetentionPolicy, S
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.replica import (
     CorruptReplica,
+    NotPrimary,
     PositionUnavailable,
     ReplicaGap,
     StaleEpoch,
@@ -862,3 +863,28 @@ def test_a_frame_too_large_is_refused_before_it_arrives():
         encode(Ack(LOG, -1, 0, 0, 0))
     with pytest.raises(ValueError):
         encode(Fence("x" * 300, 1, 0, 0))
+
+
+def test_a_replicated_log_takes_local_appends_only_while_it_leads(tmp_path):
+    """A backup's copy holds only its primary's bytes: an offsets commit or a produce that
+    reaches a broker which does not lead the log is refused (NotPrimary, a StorageFailure the
+    broker answers as NOT_LEADER_OR_FOLLOWER / NOT_COORDINATOR), with nothing written."""
+
+    async def run() -> None:
+        config = StorageConfig(
+            tmp_path, fsync=FsyncPolicy.parse("always"), io_threads=1, replicated=True
+        )
+        store = LogStore(config)
+        store.open([("t", 0, 11, LOG)])
+        p, vlog = store.partitions[11], store.logs[LOG]
+        assert not p.leading
+        with pytest.raises(NotPrimary):
+            p.append(build_batch([(b"k", b"v", 1)]), writes=WriteBatch())
+        assert vlog.end == (vlog.active.seq, 0) and p.next_offset == 0
+        vlog.leading = True  # the replicator made this broker its primary
+        wb = WriteBatch()
+        res = p.append(build_batch([(b"k", b"v", 1)]), writes=wb)
+        assert wb.commit() is None and res.written and p.next_offset == 1
+        await store.close()
+
+    asyncio.run(run())

@@ -111,6 +111,7 @@ class BrokerCore:
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
                 cold_options=config.cold_options,
+                replicated=bool(config["cluster.etcd"]),
             )
         )
         self.migrator = Migrator(

@@ -332,8 +332,8 @@ class OffsetStore:
 
     # -- compaction ----------------------------------------------------------------------------
     def _maybe_compact(self, idx: int, p: PartitionLog) -> None:
-        if idx in self._compacting or p.deleted:
-            return
+        if idx in self._compacting or p.deleted or not p.leading:
+            return  # (a backup's copy changes only by its primary's bytes)
         if self._records.get(idx, 0) <= 2 * len(self._keys.get(idx, ())) + COMPACT_SLACK:
             return
         self._compacting.add(idx)

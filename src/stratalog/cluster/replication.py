@@ -260,6 +260,7 @@ class PrimaryLog:
         self.links = {b: BackupLink(self, b) for b in others}
         vlog.require_replicas([b for b in state.isr if b != node.node_id])
         vlog.on_write = self._written
+        vlog.leading = True
         self._lag_task = asyncio.ensure_future(self._watch_lag())
 
     def _written(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
@@ -338,6 +339,7 @@ class PrimaryLog:
         for link in self.links.values():
             link.close()
         self.vlog.on_write = None
+        self.vlog.leading = False
         if fail_waiters:
             self.vlog.abandon_waiters()
         self.vlog.require_replicas([])

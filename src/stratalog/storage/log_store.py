@@ -73,6 +73,9 @@ class StorageConfig:
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
     cold_options: dict | None = None  # fsspec storage options for a URL
+    # Cluster mode: a log takes local appends only while this broker is its primary
+    # (VirtualLog.leading, set by the replicator); otherwise only its primary's bytes.
+    replicated: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in ("virtual", "per-partition"):
@@ -269,6 +272,7 @@ class LogStore:
         if self.cold is not None and self.cold.local:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name
         vlog.on_replica_entries = lambda seg, entries: self._replica_entries(name, seg, entries)
+        vlog.leading = not c.replicated
         self.logs[name] = vlog
         self._live[name] = {}
         return vlog

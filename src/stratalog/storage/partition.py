@@ -35,6 +35,7 @@ from stratalog.storage.producer_state import (
     ProducerStateTable,
     SequenceError,
 )
+from stratalog.storage.replica import NotPrimary
 from stratalog.storage.segment import FRAME_SIZE, IndexEntry, Segment
 from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog, WriteBatch
@@ -143,6 +144,11 @@ class PartitionLog:
         self.on_append: Callable[[PartitionLog, int, int], None] | None = None
 
     # -- write path ----------------------------------------------------------------------------
+    @property
+    def leading(self) -> bool:
+        """Whether local appends are taken (False: a replicated log another broker leads)."""
+        return self.vlog.leading
+
     def append(
         self,
         records: bytes | memoryview,
@@ -162,6 +168,8 @@ class PartitionLog:
         """
         if self.deleted:
             raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
+        if not self.vlog.leading:
+            raise NotPrimary(f"{self.topic}-{self.index}: this broker is not its leader")
         mv = memoryview(records)
         found = split_batches(mv)
         restamp: set[int] | None = None

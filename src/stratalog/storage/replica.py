@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.storage.journal import StorageFailure
 from stratalog.storage.segment import fsync_dir
 
 EPOCHS_FILE = "epochs.json"
@@ -44,6 +45,11 @@ class ReplicaGap(ReplicaError):
 class CorruptReplica(ReplicaError):
     """The bytes are not whole valid frames (a frame or batch CRC fails, a frame is cut short,
     or a partition's offsets do not continue): nothing was written."""
+
+
+class NotPrimary(StorageFailure):
+    """A local append to a replicated log this broker is not the primary of: its bytes would be
+    in no other replica's history (a backup's copy must only ever hold the primary's bytes)."""
 
 
 class StaleEpoch(ReplicaError):

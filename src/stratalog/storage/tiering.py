@@ -244,7 +244,8 @@ class Migrator:
             if vlog.spill != full and vlog.opened:
                 vlog.spill = full
                 in_hot = vlog.active.directory == vlog.directory
-                if (full and vlog.active.size > 0) or (not full and not in_hot):
+                # A backup's segments follow its primary's (seq, position): only it rolls.
+                if vlog.leading and ((full and vlog.active.size > 0) or (not full and not in_hot)):
                     vlog.roll()
 
     def _next_segment(self) -> tuple[VirtualLog, Segment] | None:

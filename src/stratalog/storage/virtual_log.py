@@ -46,6 +46,7 @@ from stratalog.storage.recovery import (
 from stratalog.storage.replica import (
     CorruptReplica,
     EpochHistory,
+    NotPrimary,
     PositionUnavailable,
     ReplicaGap,
     StaleEpoch,
@@ -180,6 +181,8 @@ class VirtualLog:
         # The parts are the objects written (bytes, memoryviews of the requests' immutable
         # buffers) in a list nothing reuses: keep them as they are, never mutate them.
         self.on_write: OnWrite | None = None
+        # False for a replicated log this broker does not lead: local appends are refused.
+        self.leading = True
         # Backup: called with the entries of every replicated write (LogStore routes them to
         # the partitions).
         self.on_replica_entries: OnReplicaEntries | None = None
@@ -289,6 +292,8 @@ class VirtualLog:
         """
         if self.journal.failed:
             raise self.journal.failed
+        if not self.leading:
+            raise NotPrimary(f"{self.name}: this broker is not its primary")
         self._maybe_roll()
         seg = self.active
         parts: list[bytes | memoryview] = []

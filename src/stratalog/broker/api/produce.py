@@ -18,6 +18,7 @@ from stratalog.protocol.produce import PartitionProduceResult, encode_produce_re
 from stratalog.storage.batch import BatchHeader, CorruptBatchError
 from stratalog.storage.journal import StorageFailure
 from stratalog.storage.partition import AppendError, AppendResult, PartitionLog
+from stratalog.storage.replica import NotPrimary
 from stratalog.storage.virtual_log import WriteBatch
 
 from .common import NONE, err, reply
@@ -179,7 +180,9 @@ def _append_all(core, body, now: int, results: list, appended: list, writes: Wri
                 any_error = True
                 continue
             except StorageFailure as e:
-                r.error_code = code("KAFKA_STORAGE_ERROR")
+                # Deposed between the leader check and the append: the client looks again.
+                deposed = isinstance(e, NotPrimary)
+                r.error_code = code("NOT_LEADER_OR_FOLLOWER" if deposed else "KAFKA_STORAGE_ERROR")
                 r.error_message = str(e)
                 any_error = True
                 continue
