@@ -34,6 +34,7 @@ from stratalog.protocol.replication import (
     REFUSED_STORAGE,
     Ack,
     Append,
+    Commit,
     Fence,
     FenceAck,
     ProtocolError,
@@ -191,6 +192,7 @@ class BackupLink:
         self.joined_lsn = vlog.lsn
         end = vlog.end
         peer.send(Append(vlog.name, self.primary.epoch, end[0], end[1], vlog.lsn, b""))
+        self.primary.send_commit(self)
 
     async def _read_acks(self, peer: _Peer) -> None:
         vlog = self.primary.vlog
@@ -258,7 +260,14 @@ class PrimaryLog:
         self._isr_task: asyncio.Future | None = None
         others = [r for r in state.replicas if r != node.node_id]
         self.links = {b: BackupLink(self, b) for b in others}
-        vlog.require_replicas([b for b in state.isr if b != node.node_id])
+        # What this log took as a backup beyond its old primary's commit point is committed
+        # only once the in-sync set acknowledges it (or it leads alone).
+        vlog.require_replicas(
+            [b for b in state.isr if b != node.node_id],
+            committed=vlog.lsn_at(*min(vlog.primary_commit, vlog.end)),
+        )
+        self._commit_sent = -1
+        self._commit_soon = False
         vlog.on_write = self._written
         vlog.leading = True
         self._lag_task = asyncio.ensure_future(self._watch_lag())
@@ -266,6 +275,25 @@ class PrimaryLog:
     def _written(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
         for link in self.links.values():
             link.ship(seq, position, parts, lsn_end)
+        self.vlog.when_durable(lsn_end, self._committed)
+
+    def _committed(self, ok: bool) -> None:
+        # One Commit per loop turn however many writes it released.
+        if ok and not self._commit_soon and not self.closed:
+            self._commit_soon = True
+            asyncio.get_running_loop().call_soon(self.send_commit)
+
+    def send_commit(self, link: BackupLink | None = None) -> None:
+        """Tell the backups (or one that just went live) the commit point, as a position."""
+        self._commit_soon = False
+        lsn = self.vlog.committed
+        if self.closed or lsn <= 0 or (link is None and lsn <= self._commit_sent):
+            return  # (LSN 0: nothing committed at this epoch yet)
+        self._commit_sent = max(self._commit_sent, lsn)
+        msg = Commit(self.vlog.name, self.epoch, *self.vlog.position_at(lsn))
+        for each in [link] if link is not None else self.links.values():
+            if each.live and each.peer is not None:
+                each.peer.send(msg)
 
     def state(self) -> VirtualLogState | None:
         return self.node.vlogs.get(self.vid)
@@ -491,6 +519,8 @@ class Replicator:
                     self._on_fence(peer, msg)
                 elif isinstance(msg, Append):
                     self._on_append(peer, msg)
+                elif isinstance(msg, Commit):
+                    self._on_commit(msg)
         except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -526,6 +556,11 @@ class Replicator:
                     peer.send(Refused(name, msg.epoch, REFUSED_CORRUPT))
                     return
         peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.epoch_history))
+
+    def _on_commit(self, msg: Commit) -> None:
+        vlog = self.store.open_log(msg.vlog)
+        if msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog):
+            vlog.commit_to(msg.seq, msg.position)
 
     def _on_append(self, peer: _Peer, msg: Append) -> None:
         name = msg.vlog

@@ -261,8 +261,9 @@ class PartitionLog:
         """A backup's view of frames of this partition its log took from the primary
         (VirtualLog.append_replica, through LogStore): learn of them exactly as ``append``'s
         ``written`` does on the primary (chunk index, producer state for dedup after a
-        failover, next offset), and move the high watermark once they are durable here
-        (consumers are served by the primary; ``vlog.lsn`` is the replicated write's LSN)."""
+        failover, next offset), and move the high watermark once they are durable here and
+        the primary says they are committed, so that a backup promoted later never serves
+        records that were not (``vlog.lsn`` is the replicated write's LSN)."""
         seq = seg.seq
         if not len(self.chunks) and not len(self.cold):
             # The first chunk here may follow others the primary no longer has (retention).
@@ -284,7 +285,10 @@ class PartitionLog:
         self.next_offset = end
         if self.on_append is not None:
             self.on_append(self, seq, len(entries))
-        self.vlog.when_durable(self.vlog.lsn, lambda ok: ok and self.advance_high_watermark(end))
+        last = entries[-1]
+        self.vlog.when_committed_at(
+            seq, last.position + last.size, self.vlog.lsn, lambda: self.advance_high_watermark(end)
+        )
 
     def truncate_to(self, seq: int, position: int) -> dict[int, int]:
         """Forget the hot chunks whose frames lie at or past (seq, position) of the log (its

@@ -183,6 +183,10 @@ class VirtualLog:
         self.on_write: OnWrite | None = None
         # False for a replicated log this broker does not lead: local appends are refused.
         self.leading = True
+        # A backup: the primary's commit point (Commit), and what waits for it to pass a
+        # position (partitions' high watermarks). Opened logs start with everything they hold.
+        self.primary_commit: tuple[int, int] = (-1, -1)
+        self._commit_waiters: deque[tuple[tuple[int, int], Callable[[], None]]] = deque()
         # Backup: called with the entries of every replicated write (LogStore routes them to
         # the partitions).
         self.on_replica_entries: OnReplicaEntries | None = None
@@ -241,6 +245,10 @@ class VirtualLog:
             for e in entries[seq]:
                 nxt[e.uid] = e.last_offset + 1
         self._runs = [(0, self.active.seq, self.active.size)]
+        # What a restart finds is treated as committed (no commit point is kept on disk): a
+        # broker promoted right after its restart may show records its old primary had not
+        # committed yet (docs/cluster.md, failure model).
+        self.primary_commit = self.end
         self.epochs = EpochHistory.load(self.directory)
         if self.epochs.cut(*self._after_end()):  # epochs whose bytes recovery cut
             self.epochs.save()
@@ -434,19 +442,22 @@ class VirtualLog:
             return self.journal.durable
         return self._committed
 
-    def require_replicas(self, ids: Iterable[int]) -> None:
+    def require_replicas(self, ids: Iterable[int], committed: int | None = None) -> None:
         """The in-sync backups whose acknowledgement a commit needs from now on (empty: local
         durability alone, the single-node default). A smaller set releases the waiters it
         now satisfies; a replica that leaves forgets its acknowledgements, so it must
-        acknowledge again after it rejoins (it may have been truncated meanwhile)."""
+        acknowledge again after it rejoins (it may have been truncated meanwhile).
+        ``committed``: the LSN known committed so far, for a backup that starts leading (what
+        it took beyond its old primary's commit point is committed only once acknowledged)."""
         new = frozenset(ids)
-        if new == self._required:
+        if new == self._required and committed is None:
             return
-        committed = self.committed  # committed never goes back, whoever joins
+        # Committed never goes back, whoever joins (unless told where a new primary stands).
+        base = self.committed if committed is None else min(committed, self.journal.durable)
         for r in self._required - new:
             self._acked.pop(r, None)
         self._required = new
-        self._committed = committed
+        self._committed = base
         self._release()
 
     def replica_acked(self, replica_id: int, lsn: int) -> None:
@@ -566,6 +577,43 @@ class VirtualLog:
             return lsn + position - run_position
         # In no segment written here (a seq a roll skipped): where the next run starts.
         return runs[i + 1][0] if i + 1 < len(runs) else self.lsn
+
+    def position_at(self, lsn: int) -> tuple[int, int]:
+        """Primary: the (seq, position) this log had reached at local ``lsn`` (``lsn_at``'s
+        inverse), for a commit point in positions, which every replica shares."""
+        runs = self._runs
+        i = bisect_right(runs, lsn, key=lambda r: r[0]) - 1
+        if i < 0:
+            return runs[0][1], runs[0][2]
+        run_lsn, seq, position = runs[i]
+        return seq, position + lsn - run_lsn
+
+    def when_committed_at(
+        self, seq: int, position: int, lsn: int, callback: Callable[[], None]
+    ) -> None:
+        """Backup: ``callback()`` once the bytes ending at (seq, position), written at local
+        ``lsn``, are durable here and the primary's commit point passed them; never if a
+        truncation cuts them first."""
+
+        def durable(ok: bool) -> None:
+            if not ok:
+                return
+            if (seq, position) <= self.primary_commit:
+                callback()
+            else:
+                self._commit_waiters.append(((seq, position), callback))
+
+        self.when_durable(lsn, durable)
+
+    def commit_to(self, seq: int, position: int) -> None:
+        """Backup: the primary committed every byte before (seq, position)."""
+        point = min((seq, position), self.end)
+        if point <= self.primary_commit:
+            return
+        self.primary_commit = point
+        waiters = self._commit_waiters
+        while waiters and waiters[0][0] <= point:
+            waiters.popleft()[1]()
 
     def append_replica(
         self,
@@ -726,6 +774,8 @@ class VirtualLog:
             (self._pending if lsn <= cut_lsn else failed).append((lsn, callback))
         for r, lsn in self._acked.items():
             self._acked[r] = min(lsn, cut_lsn)
+        self._commit_waiters = deque(w for w in self._commit_waiters if w[0] <= (seq, position))
+        self.primary_commit = min(self.primary_commit, (seq, position))
 
         # The checkpoint must not vouch for index entries the cut removed.
         ckpt = read_checkpoint(self.directory)
