@@ -160,9 +160,11 @@ class BackupLink:
     async def _fenced(self, peer: _Peer) -> FenceAck:
         msg = await asyncio.wait_for(peer.receive(), 10)
         if isinstance(msg, Refused):
-            if msg.error == REFUSED_STALE_EPOCH:
+            if msg.error == REFUSED_STALE_EPOCH and msg.epoch > self.primary.epoch:
                 raise _Deposed()
-            raise ConnectionError(f"fence refused: {msg.error}")
+            # An older epoch: the backup still leads the log at it, not having seen etcd move
+            # the primary here yet (a preferred election or a hand-over); try again shortly.
+            raise ConnectionError(f"fence refused: {msg.error} at epoch {msg.epoch}")
         if not isinstance(msg, FenceAck):
             raise ProtocolError(f"expected FenceAck, got {type(msg).__name__}")
         return msg
@@ -210,9 +212,9 @@ class BackupLink:
                     self.joined = True
                     self.primary.in_sync(self.backup)
             elif isinstance(msg, Refused):
-                if msg.error == REFUSED_STALE_EPOCH:
+                if msg.error == REFUSED_STALE_EPOCH and msg.epoch > self.primary.epoch:
                     raise _Deposed()
-                raise ConnectionError(f"append refused: {msg.error}")
+                raise ConnectionError(f"append refused: {msg.error} at epoch {msg.epoch}")
 
     def ship(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
         peer = self.peer
