@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import filecmp
 import signal
+import struct
 import time
 
 import pytest
@@ -209,8 +210,49 @@ def _check_leader_epochs(cluster: LocalCluster, t: dict) -> None:
     old = _epoch_end(leader.bootstrap, 0, epoch, 0)
     assert now["error_code"] == old["error_code"] == 0
     assert now["leader_epoch"] == epoch and old["leader_epoch"] == 0
-    # Epoch 0 ended where the new leader's writes began: not past its log's end.
-    assert 0 <= old["end_offset"] <= now["end_offset"]
+    # Every batch carries the epoch it was written in (stamped by the primary), and epoch 0
+    # ends exactly where the first batch of a later epoch begins.
+    stamped = _batch_epochs(leader.bootstrap, now["end_offset"])
+    assert stamped[0] == (0, 0) and [e for _, e in stamped] == sorted(e for _, e in stamped)
+    assert stamped[-1][1] <= epoch
+    later = [base for base, e in stamped if e > 0]
+    assert old["end_offset"] == (later[0] if later else now["end_offset"])
+
+
+def _batch_epochs(bootstrap: str, end: int) -> list[tuple[int, int]]:
+    """(base offset, partitionLeaderEpoch) of each batch of fo-0 below ``end``, as fetched."""
+    out: list[tuple[int, int]] = []
+    offset = 0
+    while offset < end:
+        r = wire.call(
+            bootstrap, 1, 12, replica_id=-1, max_wait=100, min_bytes=1, max_bytes=8 << 20,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[{"topic": "fo", "partitions": [{
+                "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                "last_fetched_epoch": -1, "log_start_offset": -1,
+                "partition_max_bytes": 8 << 20}]}],
+            forgotten_topics_data=[], rack_id="",
+        )  # fmt: skip
+        part = r["responses"][0]["partitions"][0]
+        assert part["error_code"] == 0
+        data, at = part["records"], 0
+        assert data
+        while at + 16 <= len(data):
+            base, length, epoch = struct.unpack_from(">qii", data, at)
+            out.append((base, epoch))
+            at += 12 + length
+        offset = _last_offset(data)
+    return out
+
+
+def _last_offset(data: bytes) -> int:
+    at = last = 0
+    while at + 61 <= len(data):
+        base, length = struct.unpack_from(">qi", data, at)
+        (delta,) = struct.unpack_from(">i", data, at + 23)
+        last = base + delta + 1
+        at += 12 + length
+    return last
 
 
 def test_committed_offsets_survive_the_coordinators_death(cluster):

@@ -183,6 +183,9 @@ class VirtualLog:
         self.on_write: OnWrite | None = None
         # False for a replicated log this broker does not lead: local appends are refused.
         self.leading = True
+        # Stamped as partitionLeaderEpoch into every batch appended here (Kafka's leader
+        # epoch; 0 for a single node's whole life, the log's epoch on a cluster's primary).
+        self.write_epoch = 0
         # A backup: the primary's commit point (Commit), and what waits for it to pass a
         # position (partitions' high watermarks). Opened logs start with everything they hold.
         self.primary_commit: tuple[int, int] = (-1, -1)
@@ -291,10 +294,11 @@ class VirtualLog:
         """Append the frames of one partition's batches in one write (or stage them in the
         WriteBatch in progress).
 
-        Each item is (new 8-byte baseOffset, the batch as received, its header, the new base
-        offset as an int); the batch's own first 8 bytes are replaced by the new offset without
-        copying the rest (zero copy). Once the bytes are written, their index entries are added
-        and ``on_written(segment, positions, lsn)`` runs (the LSN to wait on for durability);
+        Each item is (new 16-byte head: baseOffset, batchLength, partitionLeaderEpoch; the
+        batch as received, its header, the new base offset as an int); the batch's own first
+        16 bytes are replaced by the head without copying the rest (zero copy). Once the bytes
+        are written, their index entries are added and ``on_written(segment, positions, lsn)``
+        runs (the LSN to wait on for durability);
         if the write fails, ``on_failed(failure)`` runs instead and StorageFailure is raised (at
         once, or from the WriteBatch's commit).
         """
@@ -309,10 +313,10 @@ class VirtualLog:
         start = pos = seg.size
         start_crc = uid_crc(uid)
         pack_frame = FRAME.pack
-        for off8, batch, _h, _base in batches:
+        for head, batch, _h, _base in batches:
             # Frame CRC over uid + the rewritten first 21 bytes, chained without concatenating.
-            fh = pack_frame(uid, crc32c(batch[8:21], crc32c(off8, start_crc)))
-            parts += (fh, off8, batch[8:])
+            fh = pack_frame(uid, crc32c(batch[16:21], crc32c(head, start_crc)))
+            parts += (fh, head, batch[16:])
             positions.append(pos + FRAME_SIZE)
             pos += FRAME_SIZE + len(batch)
         nbytes = pos - start
@@ -348,7 +352,7 @@ class VirtualLog:
         lsn = self.lsn
         for st in staged:
             lsn += st.nbytes
-            for (_off8, _batch, h, base), p in zip(st.batches, st.positions, strict=True):
+            for (_head, _batch, h, base), p in zip(st.batches, st.positions, strict=True):
                 add_index(
                     st.uid,
                     base,
@@ -872,6 +876,7 @@ class VirtualLog:
         """Primary: write under ``epoch`` from here on; it is promised and recorded as
         starting at the end (what ``epoch_end`` answers for older epochs)."""
         self.promise_epoch(epoch)
+        self.write_epoch = epoch
         if epoch > self.epochs.last:
             self.epochs.starts.append((epoch, *self.end))
             self.epochs.save()

@@ -205,6 +205,8 @@ def _append_all(
                 deposed = isinstance(e, NotPrimary)
                 r.error_code = code("NOT_LEADER_OR_FOLLOWER" if deposed else "KAFKA_STORAGE_ERROR")
                 r.error_message = str(e)
+                if deposed and hints:
+                    r.current_leader = leader_hints.current_leader(core, name, pd.index)
                 any_error = True
                 continue
             r.base_offset = res.base_offset
