@@ -299,3 +299,33 @@ def test_committed_offsets_survive_the_coordinators_death(cluster):
         time.sleep(0.5)
     c2.close()
     assert again == committed
+
+
+def test_a_dead_brokers_lease_is_revoked_by_the_peers_that_saw_it_die(cluster):
+    """kill -9 closes a broker's sockets at once: the peers whose replication connections to it
+    ended probe its Kafka port, find it refusing, and revoke its etcd lease, so the controller
+    fails over without waiting for the lease to expire (a paused process still accepts
+    connections, so only its lease can end it)."""
+    first = cluster.brokers[0].bootstrap
+    _create(first, "dd")
+    t = _wait_in_sync(first, "dd", 3)
+    victim_id = t["partitions"][0]["leader_id"]
+    victim = next(b for b in cluster.brokers if b.node_id == victim_id)
+    survivors = [b for b in cluster.brokers if b is not victim]
+    p = _producer(",".join(b.bootstrap for b in cluster.brokers))
+    for i in range(300):
+        p.produce("dd", b"d%04d" % i)
+    assert p.flush(30) == 0
+    cluster.stop_broker(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        leaders = {x["leader_id"] for x in _metadata(survivors[0].bootstrap, "dd")["partitions"]}
+        if victim_id not in leaders and -1 not in leaders:
+            break
+        assert time.monotonic() < deadline, leaders
+        time.sleep(0.1)
+    said = "".join(b.log_path.read_text() for b in survivors)
+    assert f"broker {victim_id} is gone" in said and "its lease revoked" in said
+    for i in range(100):
+        p.produce("dd", b"e%04d" % i)
+    assert p.flush(30) == 0

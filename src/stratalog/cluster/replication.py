@@ -117,6 +117,8 @@ class BackupLink:
                     self.backup,
                     e,
                 )
+                if self.peer is not None:  # a session that was up ended: dead? out of sync now
+                    self.primary.node.suspect(self.backup)
             except _Deposed:
                 self.primary.deposed()
                 return
@@ -514,9 +516,11 @@ class Replicator:
         assert task is not None
         self._peers.add(task)
         peer = _Peer(reader, writer)
+        name = ""
         try:
             while True:
                 msg = await peer.receive()
+                name = msg.vlog
                 if isinstance(msg, Fence):
                     self._on_fence(peer, msg)
                 elif isinstance(msg, Append):
@@ -524,7 +528,10 @@ class Replicator:
                 elif isinstance(msg, Commit):
                     self._on_commit(msg)
         except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
-            pass
+            # The primary's end closed: if its process died, fail over now.
+            primary = next((s.primary for s in self.node.vlogs.values() if s.log_name == name), -1)
+            if primary >= 0:
+                self.node.suspect(primary)
         except asyncio.CancelledError:
             pass
         finally:
