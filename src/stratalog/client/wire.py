@@ -7,10 +7,11 @@ first.
 In a cluster every partition has a leader and only it answers for the partition. Requests about
 partitions (Fetch, ListOffsets, Produce) go to each partition's leader, learned from Metadata
 (``client/leaders.py``), over one connection per broker; committed offsets go to the group's
-coordinator (FindCoordinator); the rest to any broker. An answer that the leadership moved, or
-a broker's connection failing while other brokers are known, makes the client ask Metadata again
-and retry, for up to ``leader_wait`` seconds. Against a single broker it is one connection, as it
-always was. Not thread-safe (one client per thread or task).
+coordinator (FindCoordinator); the rest to any broker. A partition whose leader is not known
+yet goes first to the broker the client is connected to, so against a single broker it is one
+connection and no extra request, as it always was. An answer that the leadership moved, or a
+broker's connection failing while other brokers are known, makes the client ask Metadata again
+and retry, for up to ``leader_wait`` seconds. Not thread-safe (one client per thread or task).
 """
 
 from __future__ import annotations
