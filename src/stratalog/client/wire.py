@@ -93,7 +93,8 @@ def parse_bootstrap_list(bootstrap: str) -> list[Address]:
         hp = split_host_port(addr)
         if hp is None:
             raise ValueError(f"bootstrap address {addr!r} is not of the form HOST:PORT")
-        out.append(hp)
+        if hp not in out:
+            out.append(hp)
     if not out:
         raise ValueError(f"bootstrap address {bootstrap!r} is not of the form HOST:PORT")
     return out
@@ -174,12 +175,15 @@ class WireClient:
 
     def _several_brokers(self) -> bool:
         """Whether another broker may take over a lost one's partitions: a lost connection to
-        the only broker is an error at once, as it always was."""
-        return len(self.leaders.brokers) > 1
+        the only broker (given one address, told of one broker) is an error at once, as it
+        always was."""
+        return len(self.leaders.brokers) > 1 or len(self.bootstrap) > 1
 
     def leader_address(self, topic: str, partition: int) -> str | None:
         """``HOST:PORT`` of the partition's leader as last learned (a hint for another client:
         put first in its bootstrap list, it spares a wrong first guess)."""
+        if len(self.leaders.brokers) < 2:
+            return None  # a single broker: the address the client was given is the one
         node = self.leaders.leader(topic, partition)
         addr = self.leaders.address(node) if node is not None else None
         return join_host_port(*addr) if addr is not None else None
