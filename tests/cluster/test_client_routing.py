@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -18,21 +17,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from stratalog import Broker
 from stratalog.client.wire import EARLIEST, LATEST, WireClient
-from stratalog.cluster.local_cluster import LocalCluster
 from stratalog.records import build_batch, iter_records
 from stratalog.storage.batch import parse_header
 
 PARTITIONS = 6
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("routing") / "c", brokers=3)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def create_spread_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> dict[int, int]:

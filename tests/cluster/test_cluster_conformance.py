@@ -30,6 +30,7 @@ from stratalog.records import build_batch
 
 from ..conformance import wire
 from ..conformance.deliberate import check_deliberate
+from .waits import until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 
@@ -128,16 +129,6 @@ def partitions(bootstrap: str, topic: str) -> list[dict]:
     return sorted(t["partitions"], key=lambda p: p["partition_index"])
 
 
-def until(check: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def create(t: Target, name: str, count: int, factor: int, version: int = 7) -> dict:
     return wire.call(
         t.any, 19, version,
@@ -164,7 +155,7 @@ def settled(t: Target, topic: str, count: int, factor: int = 3) -> list[dict]:
                 return None
         return ps
 
-    return until(check, f"{topic} to settle on {t.name}")
+    return until(check, f"{topic} to settle on {t.name}", timeout=90, every=0.2)
 
 
 def relations(md: dict, topic: str) -> dict:
@@ -256,6 +247,7 @@ def committed_group(t: Target) -> dict:
         until(
             lambda: c.commit(offsets=[TopicPartition(TOPIC, 0, 0)], asynchronous=False) or True,
             "a commit",
+            timeout=90,
         )
     finally:
         c.close()
@@ -409,7 +401,11 @@ def election_after_a_restart(t: Target) -> dict:
     preferred = before[0]["replica_nodes"][0]
     other = next(n for n in t.ports if n != preferred)
     t.stop_node(preferred)
-    until(lambda: partitions(t.at(other), MOVES)[0]["leader_id"] not in (-1, preferred), "a move")
+    until(
+        lambda: partitions(t.at(other), MOVES)[0]["leader_id"] not in (-1, preferred),
+        "a move",
+        timeout=90,
+    )
     t.start_node(preferred)
     back = settled(t, MOVES, 6)
     time.sleep(3)

@@ -11,29 +11,18 @@ import threading
 import time
 from collections import Counter
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from stratalog.cluster.local_cluster import LocalCluster
 from stratalog.records import build_batch
 
 from ..conformance import wire
+from .waits import until
 
 NOT_LEADER = 6
 ELECTION_NOT_NEEDED = 84
 PREFERRED_LEADER_NOT_AVAILABLE = 80
 ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=3)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def _partitions(bootstrap: str, topic: str) -> list[dict]:
@@ -49,16 +38,6 @@ def _create(bootstrap: str, name: str, partitions: int, factor: int) -> None:
     admin.create_topics([NewTopic(name, partitions, factor)])[name].result(timeout=30)
 
 
-def _until(check, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def _settled(bootstrap: str, topic: str, partitions: int, factor: int) -> list[dict]:
     """Metadata once every partition is led and all its replicas are in sync."""
 
@@ -69,7 +48,7 @@ def _settled(bootstrap: str, topic: str, partitions: int, factor: int) -> list[d
         )
         return parts if ok else None
 
-    return _until(check, f"{topic} to settle")
+    return until(check, f"{topic} to settle")
 
 
 def _elect(bootstrap: str, topic: str, partitions: list[int], kind: int = 0, version: int = 2):
@@ -181,7 +160,7 @@ def test_preferred_election_moves_the_virtual_log_back_only_when_asked(cluster):
     b = _broker(cluster, preferred)
     other = next(x for x in cluster.brokers if x.node_id != preferred).bootstrap
     cluster.stop_broker(b)  # a clean stop hands its logs over
-    moved = _until(
+    moved = until(
         lambda: (ps := _partitions(other, "moves"))[0]["leader_id"] not in (-1, preferred) and ps,
         "the hand-over",
     )
@@ -261,7 +240,7 @@ def test_unclean_elections_are_refused_unless_not_needed(cluster):
     other = next(b for b in cluster.brokers if b is not lone).bootstrap
     cluster.stop_broker(lone)
     try:
-        _until(lambda: _partitions(other, "unclean")[0]["leader_id"] == -1, "no leader")
+        until(lambda: _partitions(other, "unclean")[0]["leader_id"] == -1, "no leader")
         got = _elect(other, "unclean", [0], kind=1)[0]
         assert got["error_code"] == ELIGIBLE_LEADERS_NOT_AVAILABLE
         assert "unclean leader election is not supported" in got["error_message"]

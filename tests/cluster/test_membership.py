@@ -23,16 +23,6 @@ from stratalog.cluster.local_cluster import LocalCluster
 from ..conformance import wire
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), brokers=3)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
 def _metadata(bootstrap: str, topics=None) -> dict:
     return wire.call(
         bootstrap,
