@@ -2,8 +2,9 @@
 
 A real etcd and three real broker processes (LocalCluster), a real local SparkSession, and
 confluent-kafka to produce (acks=all) and to read back. Leaders are spread over the brokers, so
-every read and write must find each partition's leader. The oracles are confluent-kafka's
-delivery reports and its own consumer, never the code under test.
+every read and write must find each partition's leader: the JVM connector format("stratalog"),
+the Python data source format("stratalog-python") and Spark's own format("kafka"). The oracles
+are confluent-kafka's delivery reports and its own consumer, never the code under test.
 """
 
 from __future__ import annotations
@@ -134,12 +135,12 @@ def consume_all(bootstrap: str, topic: str) -> list[Record]:
     return sorted(out)
 
 
-def test_both_sources_read_every_partition_from_its_leader(cluster, spark):
+def test_every_source_reads_every_partition_from_its_leader(cluster, spark):
     topic = "spread-read"
     leaders = create_spread_topic(cluster.bootstrap, topic)
     assert set(leaders.values()) == {1, 2, 3}
     sent = produce(cluster.bootstrap, topic, 900, "r")
-    for fmt in ("stratalog-python", "kafka"):
+    for fmt in ("stratalog-python", "stratalog", "kafka"):
         df = (
             spark.read.format(fmt)
             .option("kafka.bootstrap.servers", cluster.bootstrap)
@@ -149,25 +150,28 @@ def test_both_sources_read_every_partition_from_its_leader(cluster, spark):
             .load()
         )
         assert rows(df) == sent, fmt
-    # Split into more tasks than partitions: each task starts at its partition's leader.
-    df = (
-        spark.read.format("stratalog-python")
-        .option("kafka.bootstrap.servers", cluster.brokers[2].bootstrap)
-        .option("subscribe", topic)
-        .option("minPartitions", "12")
-        .load()
-    )
-    assert df.rdd.getNumPartitions() > PARTITIONS
-    assert rows(df) == sent
+    # Split into more tasks than partitions: each task starts at its partition's leader. Given
+    # one broker's address, planning must still ask every partition's leader.
+    for fmt in ("stratalog-python", "stratalog"):
+        df = (
+            spark.read.format(fmt)
+            .option("kafka.bootstrap.servers", cluster.brokers[2].bootstrap)
+            .option("subscribe", topic)
+            .option("minPartitions", "12")
+            .load()
+        )
+        assert df.rdd.getNumPartitions() > PARTITIONS, fmt
+        assert rows(df) == sent, fmt
 
 
-def test_the_writer_writes_to_every_leader(cluster, spark):
-    topic = "spread-write"
+@pytest.mark.parametrize("sink", ["stratalog-python", "stratalog"])
+def test_the_writer_writes_to_every_leader(cluster, spark, sink):
+    topic = f"spread-write-{sink}"
     create_spread_topic(cluster.bootstrap, topic)
     data = [(f"k{i % 13}", f"w-{i:05d}") for i in range(1200)]
     df = spark.createDataFrame(data, "key string, value string").repartition(4)
     (
-        df.write.format("stratalog-python")
+        df.write.format(sink)
         .option("kafka.bootstrap.servers", cluster.bootstrap)
         .option("topic", topic)
         .mode("append")
@@ -200,8 +204,11 @@ def _output(spark, out: Path) -> list[Record]:
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "stop"])
-def test_a_stream_goes_on_through_a_leader_change_exactly_once(cluster, spark, tmp_path, how):
-    topic = f"spread-stream-{how.name.lower()}"
+@pytest.mark.parametrize("source", ["stratalog-python", "stratalog"])
+def test_a_stream_goes_on_through_a_leader_change_exactly_once(
+    cluster, spark, tmp_path, how, source
+):
+    topic = f"spread-stream-{source}-{how.name.lower()}"
     leaders = create_spread_topic(cluster.bootstrap, topic)
     # Not the first broker, which the checks ask; the reader's bootstrap lists it first.
     victim = next(b for b in cluster.brokers[1:] if b.node_id in leaders.values())
@@ -215,7 +222,7 @@ def test_a_stream_goes_on_through_a_leader_change_exactly_once(cluster, spark, t
     stopped = False
     try:
         query = (
-            spark.readStream.format("stratalog-python")
+            spark.readStream.format(source)
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("startingOffsets", "earliest")

@@ -15,10 +15,11 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * A blocking Kafka-protocol connection for the three requests a batch read needs: Metadata,
- * ListOffsets and Fetch. Fetch answers are read into one reusable array and their record bytes
- * are handed out as positions in it, so the decoder copies each value once, into its column.
- * Versions are fixed at ones every Kafka 2.x-4.x broker and Stratalog accept (non-flexible).
+ * A blocking Kafka-protocol connection to one broker, for the requests the connector makes:
+ * Metadata, ApiVersions, ListOffsets, Fetch and Produce ({@link LeaderMap} picks the broker).
+ * Fetch answers are read into one reusable array and their record bytes are handed out as
+ * positions in it, so the decoder copies each value once, into its column. Versions are fixed
+ * at ones every Kafka 2.x-4.x broker and Stratalog accept (non-flexible).
  */
 final class KafkaWire implements Closeable {
   static final long EARLIEST = -2L;
@@ -55,24 +56,39 @@ final class KafkaWire implements Closeable {
     out = new DataOutputStream(socket.getOutputStream());
   }
 
-  /** "host:port" or "[v6]:port", the first of a comma-separated list. */
-  static KafkaWire connect(String bootstrap, int timeoutMs) throws IOException {
-    String first = bootstrap.split(",")[0].trim();
-    int colon = first.lastIndexOf(':');
-    if (colon <= 0) {
+  /** The addresses of a comma-separated list, each "host:port" or "[v6]:port", once each. */
+  static List<String> addresses(String bootstrap) {
+    List<String> out = new ArrayList<>();
+    for (String a : bootstrap.split(",")) {
+      a = a.trim();
+      if (!a.isEmpty() && !out.contains(a)) {
+        out.add(a);
+      }
+    }
+    if (out.isEmpty()) {
       throw new IllegalArgumentException(
           "bootstrap address '" + bootstrap + "' is not of the form HOST:PORT");
     }
-    String h = first.substring(0, colon);
+    return out;
+  }
+
+  /** A connection to one "host:port" or "[v6]:port". */
+  static KafkaWire open(String address, int timeoutMs) throws IOException {
+    int colon = address.lastIndexOf(':');
+    if (colon <= 0) {
+      throw new IllegalArgumentException(
+          "bootstrap address '" + address + "' is not of the form HOST:PORT");
+    }
+    String h = address.substring(0, colon);
     if (h.startsWith("[") && h.endsWith("]")) {
       h = h.substring(1, h.length() - 1);
     }
     int p;
     try {
-      p = Integer.parseInt(first.substring(colon + 1));
+      p = Integer.parseInt(address.substring(colon + 1));
     } catch (NumberFormatException e) {
       throw new IllegalArgumentException(
-          "bootstrap address '" + bootstrap + "' is not of the form HOST:PORT");
+          "bootstrap address '" + address + "' is not of the form HOST:PORT");
     }
     return new KafkaWire(h, p, timeoutMs);
   }
@@ -144,12 +160,12 @@ final class KafkaWire implements Closeable {
 
   // -- Metadata --------------------------------------------------------------------------------
 
-  /** A topic's partitions and each one's leader address. */
+  /** A topic's partitions and each one's leader (node id; -1: none now). */
   static final class TopicMeta {
     final String name;
     final short error;
     final boolean internal; // Kafka's internal topics (__consumer_offsets)
-    final Map<Integer, String> leaders = new LinkedHashMap<>();
+    final Map<Integer, Integer> leaders = new LinkedHashMap<>();
 
     TopicMeta(String name, short error, boolean internal) {
       this.name = name;
@@ -158,15 +174,12 @@ final class KafkaWire implements Closeable {
     }
   }
 
-  /** Metadata for the named topics, or for every topic when {@code topics} is null. */
-  Map<String, TopicMeta> metadata(List<String> topics) throws IOException {
-    return metadata(topics, false);
+  /** A Metadata answer: the brokers (node id -> "host:port") and the topics. */
+  static final class Metadata {
+    final Map<Integer, String> brokers = new LinkedHashMap<>();
+    final Map<String, TopicMeta> topics = new LinkedHashMap<>();
   }
 
-  /**
-   * Metadata; with {@code allowAutoCreate} a broker that creates topics on demand creates the
-   * missing ones, as a Kafka producer asks it to.
-   */
   /** The API keys the broker serves (ApiVersions v0). */
   java.util.Set<Short> apiKeys() throws IOException {
     ByteBuffer bb = call(header(API_VERSIONS, (short) 0));
@@ -183,8 +196,12 @@ final class KafkaWire implements Closeable {
     return keys;
   }
 
-  Map<String, TopicMeta> metadata(List<String> topics, boolean allowAutoCreate)
-      throws IOException {
+  /**
+   * Metadata for the named topics, or for every topic when {@code topics} is null; with
+   * {@code allowAutoCreate} a broker that creates topics on demand creates the missing ones, as
+   * a Kafka producer asks it to.
+   */
+  Metadata metadata(List<String> topics, boolean allowAutoCreate) throws IOException {
     Body req = header(METADATA, METADATA_V);
     if (topics == null) {
       req.w.writeInt(-1);
@@ -197,17 +214,16 @@ final class KafkaWire implements Closeable {
     req.w.writeBoolean(allowAutoCreate);
     ByteBuffer bb = call(req);
     bb.getInt(); // throttle
-    Map<Integer, String> brokers = new LinkedHashMap<>();
+    Metadata md = new Metadata();
     for (int i = bb.getInt(); i > 0; i--) {
       int node = bb.getInt();
       String h = readString(bb);
       int p = bb.getInt();
       readString(bb); // rack
-      brokers.put(node, (h.contains(":") ? "[" + h + "]" : h) + ":" + p);
+      md.brokers.put(node, (h.contains(":") ? "[" + h + "]" : h) + ":" + p);
     }
     readString(bb); // cluster id
     bb.getInt(); // controller
-    Map<String, TopicMeta> result = new LinkedHashMap<>();
     for (int i = bb.getInt(); i > 0; i--) {
       short err = bb.getShort();
       String name = readString(bb);
@@ -219,11 +235,11 @@ final class KafkaWire implements Closeable {
         int leader = bb.getInt();
         skipInts(bb); // replicas
         skipInts(bb); // isr
-        tm.leaders.put(partition, brokers.getOrDefault(leader, address()));
+        tm.leaders.put(partition, leader);
       }
-      result.put(name, tm);
+      md.topics.put(name, tm);
     }
-    return result;
+    return md;
   }
 
   private static void skipInts(ByteBuffer bb) {
@@ -234,10 +250,11 @@ final class KafkaWire implements Closeable {
   // -- ListOffsets -----------------------------------------------------------------------------
 
   /**
-   * For each partition the first offset whose timestamp is at or after {@code timestamp} (-1
-   * when there is none), or the earliest/latest offset for {@link #EARLIEST}/{@link #LATEST}.
+   * For each partition {error code, offset}: the first offset whose timestamp is at or after
+   * {@code timestamp} (-1 when there is none), or the earliest/latest offset for
+   * {@link #EARLIEST}/{@link #LATEST}.
    */
-  Map<Integer, Long> listOffsets(String topic, List<Integer> partitions, long timestamp)
+  Map<Integer, long[]> listOffsets(String topic, List<Integer> partitions, long timestamp)
       throws IOException {
     Body req = header(LIST_OFFSETS, LIST_OFFSETS_V);
     req.w.writeInt(-1); // replica id: a consumer
@@ -249,19 +266,14 @@ final class KafkaWire implements Closeable {
       req.w.writeLong(timestamp);
     }
     ByteBuffer bb = call(req);
-    Map<Integer, Long> result = new LinkedHashMap<>();
+    Map<Integer, long[]> result = new LinkedHashMap<>();
     for (int i = bb.getInt(); i > 0; i--) {
       readString(bb);
       for (int j = bb.getInt(); j > 0; j--) {
         int p = bb.getInt();
         short err = bb.getShort();
         bb.getLong(); // timestamp
-        long offset = bb.getLong();
-        if (err != 0) {
-          throw new KafkaError(
-              "ListOffsets of " + topic + "-" + p + " on " + address() + " failed", err);
-        }
-        result.put(p, offset);
+        result.put(p, new long[] {err, bb.getLong()});
       }
     }
     return result;

@@ -37,7 +37,7 @@ final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow 
   private final ReadOptions opts;
   private final StructType readSchema;
   private final String metadataPath;
-  private KafkaWire wire;
+  private LeaderMap wire;
   // Trigger.AvailableNow: the end fixed when the query started; batches stop there.
   private PartitionMap availableNow;
 
@@ -56,7 +56,7 @@ final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow 
     for (int attempt = 0; ; attempt++) {
       try {
         if (wire == null) {
-          wire = KafkaWire.connect(opts.bootstrap, opts.pollTimeoutMs);
+          wire = new LeaderMap(opts.bootstrap, opts.pollTimeoutMs);
         }
         return call.run(new Planner(opts, wire));
       } catch (KafkaWire.KafkaError e) {

@@ -2,7 +2,10 @@ package io.stratalog.spark;
 
 import org.apache.spark.sql.connector.read.InputPartition;
 
-/** One task's work: the offsets {@code [from, until)} of one topic-partition, and its leader. */
+/**
+ * One task's work: the offsets {@code [from, until)} of one topic-partition, and the bootstrap
+ * list its reader starts from (the partition's leader as planning saw it first, in a cluster).
+ */
 final class OffsetRange implements InputPartition {
   private static final long serialVersionUID = 1L;
 
@@ -10,14 +13,14 @@ final class OffsetRange implements InputPartition {
   final int partition;
   final long from;
   final long until;
-  final String leader;
+  final String brokers;
 
-  OffsetRange(String topic, int partition, long from, long until, String leader) {
+  OffsetRange(String topic, int partition, long from, long until, String brokers) {
     this.topic = topic;
     this.partition = partition;
     this.from = from;
     this.until = until;
-    this.leader = leader;
+    this.brokers = brokers;
   }
 
   long size() {

@@ -22,10 +22,9 @@ final class Planner {
   static final String START_LOG_TOPIC = "__stratalog_spark_starts";
 
   private final ReadOptions opts;
-  private final KafkaWire wire;
-  private final Map<String, Map<Integer, String>> leaders = new TreeMap<>();
+  private final LeaderMap wire;
 
-  Planner(ReadOptions opts, KafkaWire wire) {
+  Planner(ReadOptions opts, LeaderMap wire) {
     this.opts = opts;
     this.wire = wire;
   }
@@ -60,7 +59,6 @@ final class Planner {
         if (tm.error == 0 && !tm.internal && rx.matcher(tm.name).find()
             && !tm.name.equals(START_LOG_TOPIC)) {
           out.put(tm.name, new ArrayList<>(new TreeSet<>(tm.leaders.keySet())));
-          leaders.put(tm.name, tm.leaders);
         }
       }
       return out;
@@ -74,7 +72,6 @@ final class Planner {
         throw new IllegalArgumentException(
             "topic '" + t + "' does not exist on " + opts.bootstrap);
       }
-      leaders.put(t, tm.leaders);
       int n = tm.leaders.size();
       if (opts.assign.isEmpty()) {
         out.put(t, KafkaWire.range(n));
@@ -250,8 +247,10 @@ final class Planner {
       for (Map.Entry<Integer, Long> p : t.getValue().entrySet()) {
         long s = start.getOrDefault(t.getKey(), new TreeMap<>()).getOrDefault(p.getKey(), 0L);
         long e = Math.max(s, p.getValue());
+        // The leader planning saw goes first in the task's bootstrap list (see RangeReader).
+        String leader = wire.leaderAddress(t.getKey(), p.getKey());
         ranges.add(new OffsetRange(t.getKey(), p.getKey(), s, e,
-            leaders.getOrDefault(t.getKey(), Map.of()).getOrDefault(p.getKey(), opts.bootstrap)));
+            leader == null ? opts.bootstrap : leader + "," + opts.bootstrap));
       }
     }
     Integer min = opts.minPartitions;
@@ -283,7 +282,7 @@ final class Planner {
         remaining -= take;
         long e = Math.min(s + take, r.until);
         if (e > s) {
-          out.add(new OffsetRange(r.topic, r.partition, s, e, r.leader));
+          out.add(new OffsetRange(r.topic, r.partition, s, e, r.brokers));
         }
         s = e;
       }

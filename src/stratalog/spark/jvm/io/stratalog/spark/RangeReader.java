@@ -29,7 +29,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   private final WritableColumnVector[] vectors;
   private final ColumnarBatch batch;
   private final RecordDecoder decoder;
-  private KafkaWire wire;
+  private LeaderMap wire;
   private long next;
   private KafkaWire.FetchedPartition fetched;
   private int pos;
@@ -111,7 +111,8 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   /** Fetches from {@code next}; false when the range has nothing more to give. */
   private boolean fetch() throws IOException {
     if (wire == null) {
-      wire = KafkaWire.connect(range.leader, opts.pollTimeoutMs);
+      // One connection, to the leader planning saw; another only if the leader moved since.
+      wire = new LeaderMap(range.brokers, opts.pollTimeoutMs);
     }
     long deadline = System.currentTimeMillis() + opts.pollTimeoutMs;
     while (true) {

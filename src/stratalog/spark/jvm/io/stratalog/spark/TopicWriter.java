@@ -39,7 +39,7 @@ final class TopicWriter implements DataWriter<InternalRow> {
   private final String topicOption;
   private final long producerId;
   private final long failAfter;
-  private final KafkaWire wire;
+  private final LeaderMap wire;
   private final Map<String, Integer> partitionCounts = new HashMap<>();
   private final Map<String, Integer> roundRobin = new HashMap<>();
   private final TreeMap<String, List<Rec>> buffers = new TreeMap<>();
@@ -57,7 +57,7 @@ final class TopicWriter implements DataWriter<InternalRow> {
     this.topicOption = topicOption;
     this.producerId = producerId;
     this.failAfter = failAfter;
-    this.wire = KafkaWire.connect(bootstrap, TIMEOUT_MS);
+    this.wire = new LeaderMap(bootstrap, TIMEOUT_MS);
   }
 
   /** 2^62 | the first 8 bytes of SHA-256 of the parts joined by 0x1f, below 2^62. */
