@@ -227,18 +227,27 @@ class ClusterNode:
         task.add_done_callback(lambda _t: self._probing.discard(node_id))
 
     async def _probe(self, info: BrokerInfo) -> None:
-        for attempt in range(2):  # twice, a little apart: a refusal is no passing accident
+        # Two refusals prove it; an accepted connection disproves it; a timeout (a starved
+        # event loop here, a full backlog there) proves nothing, so it is tried again.
+        refused = 0
+        for attempt in range(5):
             if attempt:
                 await asyncio.sleep(0.1)
             try:
                 _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(info.host, info.replication_port), 0.5
+                    asyncio.open_connection(info.host, info.replication_port), 1.0
                 )
             except ConnectionRefusedError:
+                refused += 1
+                if refused == 2:
+                    break
                 continue
             except (OSError, TimeoutError):
-                return  # unreachable or slow, not proven dead: the lease decides
+                continue
             writer.close()
+            return
+        if refused < 2:
+            log.info("broker %d: not proven gone; its lease decides", info.node_id)
             return
         if self.brokers.get(info.node_id) != info or self.store is None:
             return  # it registered again meanwhile

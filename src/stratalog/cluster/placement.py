@@ -67,8 +67,10 @@ def assign_virtual_logs(
         if vid is None:
             vid = next_vid
             next_vid += 1
-            # In sync: the primary alone; a backup joins once it has caught up with it.
-            new[vid] = VirtualLogState(vid, list(replicas), replicas[0], 0, [replicas[0]])
+            # In sync: every replica, as Kafka starts a partition (an empty log is caught up
+            # everywhere); the primary requires their acknowledgements from its first write.
+            # With the primary alone, its loss in the first second left the log leaderless.
+            new[vid] = VirtualLogState(vid, list(replicas), replicas[0], 0, list(replicas))
             by_list[key] = vid
         out.append(vid)
     return out, new, next_vid
