@@ -73,6 +73,16 @@ class ClusterTarget(KafkaProtocolTarget):
     def leader(self, topic: str, partition: int = 0, timeout: float = 5) -> str | None:
         return self.cluster.leaders(topic, timeout).get(partition)
 
+    def leader_id(self, admin: AdminClient, topic: str, partition: int) -> int | None:
+        """The partition's leader as the metadata names it now (None: none, or no answer)."""
+        try:
+            md = admin.list_topics(topic, timeout=1)
+        except KafkaException:
+            return None
+        t = md.topics.get(topic)
+        pm = t.partitions.get(partition) if t is not None and t.error is None else None
+        return pm.leader if pm is not None and pm.leader >= 0 else None
+
     def partition_state(
         self, admin: AdminClient, topic: str, timeout: float = 2
     ) -> tuple[set[int], dict[int, set[int]]] | None:
