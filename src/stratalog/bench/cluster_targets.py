@@ -106,9 +106,8 @@ class ClusterTarget(KafkaProtocolTarget):
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             st = self.partition_state(admin, topic)
-            if st is not None and st[1]:
-                if all((node in isr) == want for isr in st[1].values()):
-                    return time.monotonic() - t0
+            if st is not None and st[1] and all((node in isr) == want for isr in st[1].values()):
+                return time.monotonic() - t0
             time.sleep(0.05)
         return None
 

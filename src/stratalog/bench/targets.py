@@ -199,7 +199,8 @@ class KafkaProtocolTarget(Target):
         for i in range(0, len(names), 200):
             chunk = names[i : i + 200]
             futures = admin.create_topics(
-                [NewTopic(n, partitions, self.replication_factor, config=cfg) for n in chunk], request_timeout=120
+                [NewTopic(n, partitions, self.replication_factor, config=cfg) for n in chunk],
+                request_timeout=120,
             )
             for n, f in futures.items():
                 try:
