@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from stratalog.bench.targets import KafkaProtocolTarget, TargetUnavailable, process_cpu_s, register
 from stratalog.bench.workload import TargetSpec, Workload
 from stratalog.faults import targets as fault_targets
+from stratalog.peers.kafka import KafkaSetupError
 
 # librdkafka's lines about refused connections while a broker is down go nowhere.
 _quiet = logging.getLogger("stratalog.bench.cluster")
@@ -43,10 +44,12 @@ class ClusterTarget(KafkaProtocolTarget):
 
     @property
     def pid(self) -> int | None:
-        return self.cluster.pid(self.brokers[0]) if self.workdir else None
+        return self.cluster.pid(self.brokers[0]) if hasattr(self, "cluster") else None
 
     def pids(self) -> list[int]:
         """Every process of the cluster that does the work of storing: brokers (and etcd)."""
+        if not hasattr(self, "cluster"):
+            return []
         names = [*self.brokers, *self._metadata_processes()]
         return [p for n in names if (p := self.cluster.pid(n))]
 
@@ -111,6 +114,15 @@ class ClusterTarget(KafkaProtocolTarget):
             time.sleep(0.05)
         return None
 
+    def wait_all_in_sync(self, topic: str, timeout: float = 60) -> None:
+        """Until every broker is in every partition's in-sync set. A fresh Stratalog cluster
+        fills the in-sync sets of its first topic's logs about a second after creating it (the
+        replication links start then); stopping a primary before that would leave its log with
+        no in-sync member to take over."""
+        for b in self.brokers:
+            if self.wait_in_sync(topic, self.node_id(b), True, timeout) is None:
+                raise RuntimeError(f"{self.name}: {b} not in the in-sync sets of {topic}")
+
     def kill(self, name: str) -> None:
         self.cluster.kill(name)
 
@@ -132,14 +144,16 @@ class ClusterTarget(KafkaProtocolTarget):
         self.cluster = self._make(wd / "cluster")
         try:
             self.cluster.start()
-        except Exception as e:
-            self.cluster.stop()
+        except KafkaSetupError as e:  # no Java or no Kafka jars here: skipped, not failed
             raise TargetUnavailable(f"{self.name}: {e}") from e
         self.bootstrap = self.cluster.bootstrap
 
     def stop(self) -> None:
-        if self.workdir is not None:
-            self.cluster.stop()
+        # Called once more by the runner after a failed start: stop what did start, once.
+        cluster = getattr(self, "cluster", None)
+        if cluster is not None:
+            del self.cluster
+            cluster.stop()
         self._rmworkdir()
 
     def _make(self, root: Path) -> fault_targets.Target:

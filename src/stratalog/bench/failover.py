@@ -76,6 +76,7 @@ def run_failover(
         raise RuntimeError(f"workload {w.name}: failover needs a steady rate")
     topic = f"bench-{w.name}"
     target.create_topics([topic], w.partitions)
+    target.wait_all_in_sync(topic)
     job = ProducerJob(
         index=0,
         topics=[topic],
@@ -142,6 +143,8 @@ def _trial(
     deadline = time.monotonic() + 30
     while leader is None and time.monotonic() < deadline:
         leader = target.leader(topic, 0)
+        if leader is None:
+            time.sleep(0.1)
     if leader is None:
         raise RuntimeError(f"{target.name}: partition 0 of {topic} has no leader")
     admin = target.admin()

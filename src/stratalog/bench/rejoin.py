@@ -25,6 +25,7 @@ from stratalog.bench.workload import Workload
 
 Progress = Callable[[str, int, int, int], None]
 MIB = 1 << 20
+RESTART_TIMEOUT_S = 300.0  # a restart and its catch-up of a few GB, with a JVM's start
 
 
 def drop_from_page_cache(path: Path) -> str:
@@ -86,6 +87,7 @@ def run_rejoin(
     for i in range(w.rejoin_trials):
         topic = f"bench-{w.name}-{i}"
         target.create_topics([topic], w.partitions)
+        target.wait_all_in_sync(topic)
         away = target.brokers[i % len(target.brokers)]
         node = target.node_id(away)
         target.stop_broker(away)
@@ -105,7 +107,7 @@ def run_rejoin(
         assert target.workdir is not None
         disk = sequential_read(target.workdir, written)
         evict_page_cache(live)
-        trial = _follow_restart(target, topic, away, node, w.failover_timeout_s * 5)
+        trial = _follow_restart(target, topic, away, node, RESTART_TIMEOUT_S)
         trial.update(trial=i + 1, broker=away, bytes=written, disk=disk)
         if trial["in_sync_s"] is not None:
             catch_up = trial["in_sync_s"] - (trial["listed_s"] or 0.0)

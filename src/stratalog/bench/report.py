@@ -436,6 +436,15 @@ def markdown(run: dict[str, Any]) -> str:
     results = aggregate(run["results"])
     lines = [f"# stratalog bench: {run['started']}", ""]
     lines += [f"Command: `{run['command']}`", ""]
+    load = run.get("load_average") or {}
+    if load:
+        lines += [
+            "Load average (1, 5, 15 min) "
+            + ", ".join(
+                f"at the {k}: {' / '.join(f'{x:.2f}' for x in v)}" for k, v in load.items()
+            ),
+            "",
+        ]
     n = run.get("runs", 1)
     if n > 1:
         lines += [
