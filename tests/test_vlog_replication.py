@@ -245,6 +245,28 @@ def test_backups_are_byte_identical_and_know_every_partition(tmp_path):
             assert b.logs[LOG].end == pvlog.end
             assert _segment_bytes(b) == want
             assert _state(b) == _state(primary)
+        # A backup shows records only up to its primary's commit point, which it is told.
+        await _until(lambda: pvlog.committed >= pvlog.lsn)
+        await asyncio.sleep(0.05)  # (the backups' own fsyncs)
+        assert all(b.partitions[u].high_watermark == 0 for b in backups for u in UIDS)
+        half = links[0].shipped[len(links[0].shipped) // 2]  # where a write run started
+        for b in backups:
+            b.logs[LOG].commit_to(*half)
+        partial = []
+        for b in backups:
+            for u in UIDS:
+                p = b.partitions[u]
+                shown = [p.chunks[i] for i in range(len(p.chunks))]
+                # Exactly the chunks whose frames end at or before the commit point.
+                want_hw = max(
+                    (c.last_offset + 1 for c in shown if (c.segment, c.position + c.size) <= half),
+                    default=0,
+                )
+                assert p.high_watermark == want_hw
+                partial.append(0 < want_hw < p.next_offset)
+        assert any(partial)  # the commit point fell inside the log, not at an end
+        for b in backups:
+            b.logs[LOG].commit_to(*pvlog.position_at(pvlog.committed))
         await _until(
             lambda: all(
                 b.partitions[u].high_watermark == primary.partitions[u].next_offset
@@ -886,5 +908,40 @@ def test_a_replicated_log_takes_local_appends_only_while_it_leads(tmp_path):
         res = p.append(build_batch([(b"k", b"v", 1)]), writes=wb)
         assert wb.commit() is None and res.written and p.next_offset == 1
         await store.close()
+
+    asyncio.run(run())
+
+
+def test_a_promoted_backup_commits_what_it_took_only_once_acknowledged(tmp_path):
+    """A backup took bytes its primary had not committed; promoted, it must not count them
+    committed (nor show them) until its in-sync backups acknowledge them."""
+
+    async def run() -> None:
+        primary, backup = _store(tmp_path / "p"), _store(tmp_path / "b")
+        (link,) = _wire(primary, [backup])
+        prod = Producer(5)
+        pvlog, bvlog = primary.logs[LOG], backup.logs[LOG]
+        prod.round(primary)
+        link.deliver()
+        await _until(lambda: pvlog.committed >= pvlog.lsn)
+        bvlog.commit_to(*pvlog.position_at(pvlog.committed))  # the first round: committed
+        committed_end = bvlog.end
+        prod.round(primary)
+        link.deliver()  # the second: here, never committed by the old primary
+        await _until(lambda: bvlog.journal.durable >= bvlog.lsn)
+        shown = {u: backup.partitions[u].high_watermark for u in UIDS}
+        assert all(0 < shown[u] < backup.partitions[u].next_offset for u in UIDS)
+        # Promoted with one in-sync backup (id 9), as PrimaryLog does it.
+        bvlog.leading = True
+        bvlog.require_replicas([9], committed=bvlog.lsn_at(*bvlog.primary_commit))
+        assert bvlog.committed == bvlog.lsn_at(*committed_end) < bvlog.lsn
+        fired = []
+        bvlog.when_durable(bvlog.lsn, fired.append)
+        await asyncio.sleep(0.05)
+        assert fired == []
+        bvlog.replica_acked(9, bvlog.lsn)
+        assert fired == [True]
+        await primary.close()
+        await backup.close()
 
     asyncio.run(run())

@@ -1,4 +1,4 @@
-"""Fixtures for cluster mode: a real etcd process.
+"""Fixtures for cluster mode: a real etcd process, and three real brokers on it.
 
 Each test module gets its own etcd (module scope), and tests/conftest.py's ``_group`` already
 keeps every test module on one pytest-xdist worker, so a module never shares its etcd across
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from stratalog.cluster.etcd_server import EtcdServer
+from stratalog.cluster.local_cluster import LocalCluster
 
 
 @pytest.fixture(scope="module")
@@ -24,3 +25,15 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three brokers and their etcd for the whole module (`stratalog cluster up`'s), stopped by
+    PID at its end; a module that needs other settings defines its own."""
+    c = LocalCluster(tmp_path_factory.mktemp("cluster") / "c", brokers=3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()

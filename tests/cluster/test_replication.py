@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import filecmp
 import signal
+import struct
 import time
 
 import pytest
@@ -209,8 +210,49 @@ def _check_leader_epochs(cluster: LocalCluster, t: dict) -> None:
     old = _epoch_end(leader.bootstrap, 0, epoch, 0)
     assert now["error_code"] == old["error_code"] == 0
     assert now["leader_epoch"] == epoch and old["leader_epoch"] == 0
-    # Epoch 0 ended where the new leader's writes began: not past its log's end.
-    assert 0 <= old["end_offset"] <= now["end_offset"]
+    # Every batch carries the epoch it was written in (stamped by the primary), and epoch 0
+    # ends exactly where the first batch of a later epoch begins.
+    stamped = _batch_epochs(leader.bootstrap, now["end_offset"])
+    assert stamped[0] == (0, 0) and [e for _, e in stamped] == sorted(e for _, e in stamped)
+    assert stamped[-1][1] <= epoch
+    later = [base for base, e in stamped if e > 0]
+    assert old["end_offset"] == (later[0] if later else now["end_offset"])
+
+
+def _batch_epochs(bootstrap: str, end: int) -> list[tuple[int, int]]:
+    """(base offset, partitionLeaderEpoch) of each batch of fo-0 below ``end``, as fetched."""
+    out: list[tuple[int, int]] = []
+    offset = 0
+    while offset < end:
+        r = wire.call(
+            bootstrap, 1, 12, replica_id=-1, max_wait=100, min_bytes=1, max_bytes=8 << 20,
+            isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[{"topic": "fo", "partitions": [{
+                "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                "last_fetched_epoch": -1, "log_start_offset": -1,
+                "partition_max_bytes": 8 << 20}]}],
+            forgotten_topics_data=[], rack_id="",
+        )  # fmt: skip
+        part = r["responses"][0]["partitions"][0]
+        assert part["error_code"] == 0
+        data, at = part["records"], 0
+        assert data
+        while at + 16 <= len(data):
+            base, length, epoch = struct.unpack_from(">qii", data, at)
+            out.append((base, epoch))
+            at += 12 + length
+        offset = _last_offset(data)
+    return out
+
+
+def _last_offset(data: bytes) -> int:
+    at = last = 0
+    while at + 61 <= len(data):
+        base, length = struct.unpack_from(">qi", data, at)
+        (delta,) = struct.unpack_from(">i", data, at + 23)
+        last = base + delta + 1
+        at += 12 + length
+    return last
 
 
 def test_committed_offsets_survive_the_coordinators_death(cluster):
@@ -257,3 +299,33 @@ def test_committed_offsets_survive_the_coordinators_death(cluster):
         time.sleep(0.5)
     c2.close()
     assert again == committed
+
+
+def test_a_dead_brokers_lease_is_revoked_by_the_peers_that_saw_it_die(cluster):
+    """kill -9 closes a broker's sockets at once: the peers whose replication connections to it
+    ended probe its Kafka port, find it refusing, and revoke its etcd lease, so the controller
+    fails over without waiting for the lease to expire (a paused process still accepts
+    connections, so only its lease can end it)."""
+    first = cluster.brokers[0].bootstrap
+    _create(first, "dd")
+    t = _wait_in_sync(first, "dd", 3)
+    victim_id = t["partitions"][0]["leader_id"]
+    victim = next(b for b in cluster.brokers if b.node_id == victim_id)
+    survivors = [b for b in cluster.brokers if b is not victim]
+    p = _producer(",".join(b.bootstrap for b in cluster.brokers))
+    for i in range(300):
+        p.produce("dd", b"d%04d" % i)
+    assert p.flush(30) == 0
+    cluster.stop_broker(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        leaders = {x["leader_id"] for x in _metadata(survivors[0].bootstrap, "dd")["partitions"]}
+        if victim_id not in leaders and -1 not in leaders:
+            break
+        assert time.monotonic() < deadline, leaders
+        time.sleep(0.1)
+    said = "".join(b.log_path.read_text() for b in survivors)
+    assert f"broker {victim_id} is gone" in said and "its lease revoked" in said
+    for i in range(100):
+        p.produce("dd", b"e%04d" % i)
+    assert p.flush(30) == 0

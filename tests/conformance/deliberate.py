@@ -70,6 +70,19 @@ DELIBERATE: dict[str, str] = {
         "fsync covered the batch: an acks=1 produce is answered at append, before the record is "
         "visible to ListOffsets(latest) and Fetch."
     ),
+    "cluster.backups-refuse-consumer-fetches": (
+        "A consumer's Fetch sent to a replica that is not the partition's leader is answered "
+        "NOT_LEADER_OR_FOLLOWER, naming the leader (KIP-951) from Fetch v16; Kafka's followers "
+        "serve consumers' fetches from Fetch v11 (KIP-392). Stratalog's backups hold a copy of "
+        "the leader's virtual log but do not serve reads from it yet."
+    ),
+    "cluster.election-moves-the-virtual-log": (
+        "A partition's leader is the primary of its virtual log, which every partition with the "
+        "same replica list shares (KerA): a preferred leader election for one partition moves "
+        "all the partitions of its log to the same preferred replica at once, where Kafka moves "
+        "only the partitions named. Partitions of one log always share their preferred replica, "
+        "so no partition is moved away from it."
+    ),
 }
 
 

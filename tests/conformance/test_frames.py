@@ -281,6 +281,15 @@ def req_incremental_alter_configs(bs: str, v: int) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def req_elect_leaders(bs: str, v: int) -> dict[str, Any]:
+    # A single node leads every partition it has: no election is needed.
+    return dict(
+        election_type=0, timeout=10000,
+        topic_partitions=[{"topic": TOPIC, "partitions": [0, 1, 7]},
+                          {"topic": MISSING, "partitions": [0]}],
+    )  # fmt: skip
+
+
 def req_describe_cluster(bs: str, v: int) -> dict[str, Any]:
     return dict(include_cluster_authorized_operations=False, endpoint_type=1)
 
@@ -312,6 +321,7 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     23: req_offset_for_leader_epoch,
     32: req_describe_configs,
     37: req_create_partitions,
+    43: req_elect_leaders,
     44: req_incremental_alter_configs,
     60: req_describe_cluster,
     75: req_describe_topic_partitions,

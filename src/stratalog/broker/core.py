@@ -224,6 +224,8 @@ class BrokerCore:
         stop = BoundedStop(bound_s)
         if self.controller is not None:
             await stop.step("the controller", self.controller.close())
+        if self.cluster is not None:
+            self.cluster.leaving = True  # a peer may end its lease first: no new registration
         if self.replicator is not None:
             await stop.step("handing leadership over", self.replicator.hand_over())
             await stop.step("the replication links", self.replicator.close())

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from stratalog.broker import metrics
 from stratalog.protocol import versions as v
 
-from .api import admin, fetch, groups, internal_topics, metadata, offsets, produce
+from .api import admin, elections, fetch, groups, internal_topics, metadata, offsets, produce
 from .api import versions as api_versions
 
 HANDLERS = {
@@ -25,6 +25,7 @@ HANDLERS = {
     v.CREATE_PARTITIONS: admin.handle_create_partitions,
     v.DESCRIBE_CONFIGS: admin.handle_describe_configs,
     v.INCREMENTAL_ALTER_CONFIGS: admin.handle_incremental_alter_configs,
+    v.ELECT_LEADERS: elections.handle_elect_leaders,
     v.FIND_COORDINATOR: groups.handle_find_coordinator,
     v.JOIN_GROUP: groups.handle_join_group,
     v.SYNC_GROUP: groups.handle_sync_group,

@@ -286,6 +286,18 @@ class EtcdStore:
         lease._task.add_done_callback(lambda _t: self._leases.discard(lease))
         return lease
 
+    async def revoke_lease(self, lease_id: int) -> bool:
+        """Revoke another holder's lease (its keys go now); False if it was already gone."""
+        try:
+            await self._client_lease().revoke(lease_id, timeout=self.timeout, max_attempts=1)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise _error(f"revoke lease {lease_id:x}", self.where, exc) from exc
+        except _FAILURES as exc:
+            raise _error(f"revoke lease {lease_id:x}", self.where, exc) from exc
+        return True
+
     async def watch_prefix(
         self, prefix: str, start_revision: int | None = None
     ) -> AsyncIterator[WatchEvent]:

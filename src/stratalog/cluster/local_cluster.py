@@ -83,6 +83,9 @@ class LocalCluster:
 
     def start_broker(self, b: BrokerProc, timeout: float = 60) -> None:
         """Start (or restart, on the same port and data directory) one broker."""
+        if b.pid and not _wait_gone(b.pid, 1.0):  # (a kill -9 just sent takes a moment)
+            # A second process would fail to bind and orphan the running one (its PID lost).
+            raise ClusterError(f"broker {b.node_id} is still running (pid {b.pid})")
         if not b.port:
             b.port = _free_port()
         cmd = [
@@ -160,7 +163,7 @@ class LocalCluster:
 def _wait_gone(pid: int, timeout: float) -> bool:
     """Wait for ``pid`` to exit (reaping it if it is our child)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
             if done:
@@ -170,8 +173,9 @@ def _wait_gone(pid: int, timeout: float) -> bool:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
-    return False
 
 
 def down(root: Path, timeout: float = 30) -> list[str]:

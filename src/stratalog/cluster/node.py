@@ -59,6 +59,7 @@ class BrokerInfo:
     port: int
     incarnation: str
     replication_port: int = 0
+    lease: int = 0  # its etcd lease, which a peer that saw it die revokes
 
 
 @dataclass
@@ -124,6 +125,8 @@ class ClusterNode:
         self._watch: asyncio.Task | None = None
         self._renewal: asyncio.Task | None = None
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, limit) of this node's block
+        self._probing: set[int] = set()
+        self.leaving = False  # stopping: a lost lease is not taken again
 
     # -- joining and leaving -------------------------------------------------------------------
     async def connect(self, local_cluster_id: str | None) -> str:
@@ -147,24 +150,11 @@ class ClusterNode:
     async def register(self) -> None:
         """Register this broker under a lease; refused if its node id is live elsewhere."""
         assert self.store is not None
-        self.lease = await self.store.grant_lease(LEASE_TTL_S)
-        me = {
-            "host": self.host,
-            "port": self.port,
-            "incarnation": self.incarnation,
-            "replication_port": self.replication_port,
-        }
-        key = self.keys.broker(self.node_id)
-        # A broker restarted at once finds its previous registration still there until that
-        # lease expires: wait that long before calling the node id taken.
-        deadline = time.monotonic() + LEASE_TTL_S * 1.5
-        while not (created := await self.store.create(key, _dump(me), lease=self.lease)):
-            if time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.25)
-        if not created:
+        if not await self._create_registration():
+            key = self.keys.broker(self.node_id)
             got = await self.store.get(key)
             other = json.loads(got[0]) if got else {}
+            assert self.lease is not None
             await self.lease.revoke()
             raise ClusterError(
                 f"node id {self.node_id} is already registered in cluster {self.cluster!r} by "
@@ -175,31 +165,44 @@ class ClusterNode:
         self._watch = asyncio.ensure_future(self._follow())
         self._renewal = asyncio.ensure_future(self._stay_registered())
 
+    async def _create_registration(self) -> bool:
+        """Take a new lease and create this broker's key under it, as a new incarnation; False
+        if the key stayed taken. A broker restarted at once finds its previous registration
+        still there until that lease expires: wait that long before calling the id taken."""
+        assert self.store is not None
+        self.lease = await self.store.grant_lease(LEASE_TTL_S)
+        self.incarnation = uuid.uuid4().hex
+        me = {
+            "host": self.host,
+            "port": self.port,
+            "incarnation": self.incarnation,
+            "replication_port": self.replication_port,
+            "lease": self.lease.id,  # so a peer that sees this process die can end it at once
+        }
+        key = self.keys.broker(self.node_id)
+        deadline = time.monotonic() + LEASE_TTL_S * 1.5
+        while not await self.store.create(key, _dump(me), lease=self.lease):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.25)
+        return True
+
     async def _stay_registered(self) -> None:
-        """A lease lost (the process was paused past it, or cut off from etcd) took this
-        broker's registration with it: the controller has moved its logs away. Register again
-        under a new lease, as a new incarnation, so it can serve as a replica again."""
+        """A lease lost (the process was paused past it, cut off from etcd, or taken for dead
+        by a peer) took this broker's registration with it: the controller has moved its logs
+        away. Register again under a new lease, as a new incarnation, so it can serve as a
+        replica again."""
         assert self.store is not None
         while True:
             assert self.lease is not None
             await self.lease.lost.wait()
+            if self.leaving:
+                return
             log.warning("node %d lost its etcd lease: registering again", self.node_id)
             while True:
                 try:
-                    self.lease = await self.store.grant_lease(LEASE_TTL_S)
-                    self.incarnation = uuid.uuid4().hex
-                    me = {
-                        "host": self.host,
-                        "port": self.port,
-                        "incarnation": self.incarnation,
-                        "replication_port": self.replication_port,
-                    }
-                    key = self.keys.broker(self.node_id)
-                    deadline = time.monotonic() + LEASE_TTL_S * 1.5
-                    while not await self.store.create(key, _dump(me), lease=self.lease):
-                        if time.monotonic() > deadline:
-                            raise ClusterError(f"node id {self.node_id} is registered by another")
-                        await asyncio.sleep(0.25)
+                    if not await self._create_registration():
+                        raise ClusterError(f"node id {self.node_id} is registered by another")
                     log.warning("node %d registered again", self.node_id)
                     break
                 except asyncio.CancelledError:
@@ -207,6 +210,48 @@ class ClusterNode:
                 except Exception as e:
                     log.warning("node %d cannot register again yet: %s", self.node_id, e)
                     await asyncio.sleep(1.0)
+
+    def suspect(self, node_id: int) -> None:
+        """A replication connection to broker ``node_id`` ended: if its replication port (open
+        from before it registers until it stops) now refuses connections, its process is gone
+        (kill -9 closes its sockets at once; a paused process still accepts), so its lease is
+        revoked and the controller fails over now, not when the lease expires. Anything else
+        leaves it to the lease."""
+        info = self.brokers.get(node_id)
+        if node_id == self.node_id or info is None or not info.lease or not info.replication_port:
+            return
+        if node_id in self._probing or self.store is None:
+            return
+        self._probing.add(node_id)
+        task = asyncio.ensure_future(self._probe(info))
+        task.add_done_callback(lambda _t: self._probing.discard(node_id))
+
+    async def _probe(self, info: BrokerInfo) -> None:
+        for attempt in range(2):  # twice, a little apart: a refusal is no passing accident
+            if attempt:
+                await asyncio.sleep(0.1)
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(info.host, info.replication_port), 0.5
+                )
+            except ConnectionRefusedError:
+                continue
+            except (OSError, TimeoutError):
+                return  # unreachable or slow, not proven dead: the lease decides
+            writer.close()
+            return
+        if self.brokers.get(info.node_id) != info or self.store is None:
+            return  # it registered again meanwhile
+        try:
+            if await self.store.revoke_lease(info.lease):
+                log.warning(
+                    "broker %d is gone (%s:%d refuses connections): its lease revoked",
+                    info.node_id,
+                    info.host,
+                    info.replication_port,
+                )
+        except ClusterError as e:
+            log.info("cannot revoke broker %d's lease: %s", info.node_id, e)
 
     async def load(self) -> int:
         """Read the whole shared state; returns the revision it was read at."""
@@ -237,6 +282,7 @@ class ClusterNode:
                     raw["port"],
                     raw["incarnation"],
                     raw.get("replication_port", 0),
+                    raw.get("lease", 0),
                 )
         elif key.startswith(k.topics):
             name = key[len(k.topics) :]

@@ -34,6 +34,7 @@ from stratalog.protocol.replication import (
     REFUSED_STORAGE,
     Ack,
     Append,
+    Commit,
     Fence,
     FenceAck,
     ProtocolError,
@@ -116,6 +117,8 @@ class BackupLink:
                     self.backup,
                     e,
                 )
+                if self.peer is not None:  # a session that was up ended: dead? out of sync now
+                    self.primary.node.suspect(self.backup)
             except _Deposed:
                 self.primary.deposed()
                 return
@@ -159,9 +162,11 @@ class BackupLink:
     async def _fenced(self, peer: _Peer) -> FenceAck:
         msg = await asyncio.wait_for(peer.receive(), 10)
         if isinstance(msg, Refused):
-            if msg.error == REFUSED_STALE_EPOCH:
+            if msg.error == REFUSED_STALE_EPOCH and msg.epoch > self.primary.epoch:
                 raise _Deposed()
-            raise ConnectionError(f"fence refused: {msg.error}")
+            # An older epoch: the backup still leads the log at it, not having seen etcd move
+            # the primary here yet (a preferred election or a hand-over); try again shortly.
+            raise ConnectionError(f"fence refused: {msg.error} at epoch {msg.epoch}")
         if not isinstance(msg, FenceAck):
             raise ProtocolError(f"expected FenceAck, got {type(msg).__name__}")
         return msg
@@ -191,6 +196,7 @@ class BackupLink:
         self.joined_lsn = vlog.lsn
         end = vlog.end
         peer.send(Append(vlog.name, self.primary.epoch, end[0], end[1], vlog.lsn, b""))
+        self.primary.send_commit(self)
 
     async def _read_acks(self, peer: _Peer) -> None:
         vlog = self.primary.vlog
@@ -208,9 +214,9 @@ class BackupLink:
                     self.joined = True
                     self.primary.in_sync(self.backup)
             elif isinstance(msg, Refused):
-                if msg.error == REFUSED_STALE_EPOCH:
+                if msg.error == REFUSED_STALE_EPOCH and msg.epoch > self.primary.epoch:
                     raise _Deposed()
-                raise ConnectionError(f"append refused: {msg.error}")
+                raise ConnectionError(f"append refused: {msg.error} at epoch {msg.epoch}")
 
     def ship(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
         peer = self.peer
@@ -258,7 +264,14 @@ class PrimaryLog:
         self._isr_task: asyncio.Future | None = None
         others = [r for r in state.replicas if r != node.node_id]
         self.links = {b: BackupLink(self, b) for b in others}
-        vlog.require_replicas([b for b in state.isr if b != node.node_id])
+        # What this log took as a backup beyond its old primary's commit point is committed
+        # only once the in-sync set acknowledges it (or it leads alone).
+        vlog.require_replicas(
+            [b for b in state.isr if b != node.node_id],
+            committed=vlog.lsn_at(*min(vlog.primary_commit, vlog.end)),
+        )
+        self._commit_sent = -1
+        self._commit_soon = False
         vlog.on_write = self._written
         vlog.leading = True
         self._lag_task = asyncio.ensure_future(self._watch_lag())
@@ -266,6 +279,25 @@ class PrimaryLog:
     def _written(self, seq: int, position: int, parts: list, lsn_end: int) -> None:
         for link in self.links.values():
             link.ship(seq, position, parts, lsn_end)
+        self.vlog.when_durable(lsn_end, self._committed)
+
+    def _committed(self, ok: bool) -> None:
+        # One Commit per loop turn however many writes it released.
+        if ok and not self._commit_soon and not self.closed:
+            self._commit_soon = True
+            asyncio.get_running_loop().call_soon(self.send_commit)
+
+    def send_commit(self, link: BackupLink | None = None) -> None:
+        """Tell the backups (or one that just went live) the commit point, as a position."""
+        self._commit_soon = False
+        lsn = self.vlog.committed
+        if self.closed or lsn <= 0 or (link is None and lsn <= self._commit_sent):
+            return  # (LSN 0: nothing committed at this epoch yet)
+        self._commit_sent = max(self._commit_sent, lsn)
+        msg = Commit(self.vlog.name, self.epoch, *self.vlog.position_at(lsn))
+        for each in [link] if link is not None else self.links.values():
+            if each.live and each.peer is not None:
+                each.peer.send(msg)
 
     def state(self) -> VirtualLogState | None:
         return self.node.vlogs.get(self.vid)
@@ -484,15 +516,22 @@ class Replicator:
         assert task is not None
         self._peers.add(task)
         peer = _Peer(reader, writer)
+        name = ""
         try:
             while True:
                 msg = await peer.receive()
+                name = msg.vlog
                 if isinstance(msg, Fence):
                     self._on_fence(peer, msg)
                 elif isinstance(msg, Append):
                     self._on_append(peer, msg)
+                elif isinstance(msg, Commit):
+                    self._on_commit(msg)
         except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
-            pass
+            # The primary's end closed: if its process died, fail over now.
+            primary = next((s.primary for s in self.node.vlogs.values() if s.log_name == name), -1)
+            if primary >= 0:
+                self.node.suspect(primary)
         except asyncio.CancelledError:
             pass
         finally:
@@ -526,6 +565,11 @@ class Replicator:
                     peer.send(Refused(name, msg.epoch, REFUSED_CORRUPT))
                     return
         peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.epoch_history))
+
+    def _on_commit(self, msg: Commit) -> None:
+        vlog = self.store.open_log(msg.vlog)
+        if msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog):
+            vlog.commit_to(msg.seq, msg.position)
 
     def _on_append(self, peer: _Peer, msg: Append) -> None:
         name = msg.vlog

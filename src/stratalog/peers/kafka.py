@@ -65,6 +65,7 @@ TOOL_MAIN_CLASSES: dict[str, tuple[str, ...]] = {
     "kafka-producer-perf-test": ("org.apache.kafka.tools.ProducerPerformance",),
     "kafka-consumer-perf-test": ("org.apache.kafka.tools.ConsumerPerformance",),
     "kafka-storage": ("kafka.tools.StorageTool",),
+    "kafka-leader-election": ("org.apache.kafka.tools.LeaderElectionCommand",),
 }
 # Tools that must run on the broker's own release: kafka-storage writes the on-disk format
 # (metadata version, bootstrap checkpoint) that the 4.4.0 broker then reads.

@@ -3,6 +3,8 @@
 The encoder returns a list of parts: small ``bytes`` for the framing it writes, and the record
 parts exactly as storage handed them over (memory views of cached chunks, or file slices the
 transport sends with ``sendfile``). The length prefix is computed from the parts' sizes.
+From v16 a partition answered NOT_LEADER_OR_FOLLOWER may carry its current leader and the
+response the leaders' endpoints (KIP-951), as tagged fields written only when set.
 """
 
 from __future__ import annotations
@@ -11,7 +13,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratalog.protocol.wire import I16, I32, I64, TAGS_NONE, array_len, bytes_len, string
+from stratalog.protocol.wire import (
+    I16,
+    I32,
+    I64,
+    TAGS_NONE,
+    array_len,
+    bytes_len,
+    endpoints_tag,
+    leader_tag,
+    string,
+)
 
 
 @dataclass(slots=True)
@@ -24,6 +36,7 @@ class PartitionFetchResult:
     records: list[Any] = field(default_factory=list)  # bytes | memoryview | FileSlice
     records_size: int = 0
     null_records: bool = False
+    current_leader: tuple[int, int] | None = None  # (leader id, leader epoch), KIP-951
 
 
 def part_size(p: Any) -> int:
@@ -39,9 +52,12 @@ def encode_fetch_response(
     session_id: int = 0,
     throttle_ms: int = 0,
     read_committed: bool = False,
+    node_endpoints: list[tuple[int, str, int]] | None = None,
 ) -> tuple[list[Any], int]:
-    """Return (parts, total size) of the whole response frame, length prefix included."""
+    """Return (parts, total size) of the whole response frame, length prefix included.
+    ``node_endpoints``: (node id, host, port) of the leaders named in ``current_leader`` (v16+)."""
     flexible = version >= 12
+    hints = version >= 16
     parts: list[Any] = []
     head = bytearray(b"\x00\x00\x00\x00")
     head += I32.pack(correlation_id)
@@ -81,11 +97,15 @@ def encode_fetch_response(
                 parts.append(bytes(cur))
                 parts.extend(p.records)
                 cur = bytearray()
-            if flexible:
+            if hints and p.current_leader is not None:
+                cur += b"\x01" + leader_tag(1, *p.current_leader)
+            elif flexible:
                 cur += TAGS_NONE
         if flexible:
             cur += TAGS_NONE
-    if flexible:
+    if hints and node_endpoints:
+        cur += b"\x01" + endpoints_tag(0, node_endpoints)
+    elif flexible:
         cur += TAGS_NONE
     if cur:
         parts.append(bytes(cur))

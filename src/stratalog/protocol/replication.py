@@ -35,6 +35,7 @@ __all__ = [
     "REFUSED_STORAGE",
     "Ack",
     "Append",
+    "Commit",
     "Fence",
     "FenceAck",
     "Message",
@@ -44,7 +45,7 @@ __all__ = [
     "encode",
 ]
 
-VERSION = 2  # 2: Append.data_epoch, FenceAck.history
+VERSION = 2  # 2: Append.data_epoch, FenceAck.history, Commit
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 # Refused.error: why a backup refused (the storage exception behind it), named as Kafka names
@@ -54,7 +55,7 @@ REFUSED_GAP = "GAP"  # ReplicaGap: expected_seq/expected_position say where the 
 REFUSED_CORRUPT = "CORRUPT"  # CorruptReplica
 REFUSED_STORAGE = "KAFKA_STORAGE_ERROR"  # the backup's log failed (or is full)
 
-_APPEND, _ACK, _FENCE, _FENCE_ACK, _REFUSED = 1, 2, 3, 4, 5
+_APPEND, _ACK, _FENCE, _FENCE_ACK, _REFUSED, _COMMIT = 1, 2, 3, 4, 5, 6
 _SIZE = struct.Struct(">I")
 _HEAD = struct.Struct(">IBB")  # length, version, type
 _U8 = struct.Struct(">B")
@@ -159,7 +160,20 @@ class Refused:
     expected_position: int = -1
 
 
-Message = Append | Ack | Fence | FenceAck | Refused
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Primary -> backup: every byte of the log before (seq, position) is committed (in every
+    in-sync replica), so a backup's partitions may show records up to there (their high
+    watermark), and no more: a backup promoted later must not serve what was never committed
+    (Kafka's followers learn the leader's high watermark the same way, from its fetches)."""
+
+    vlog: str
+    epoch: int
+    seq: int
+    position: int
+
+
+Message = Append | Ack | Fence | FenceAck | Refused | Commit
 
 
 # -- encoding ------------------------------------------------------------------------------------
@@ -210,6 +224,8 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         body += _U16.pack(len(msg.history))
         body += b"".join(_ints(*entry) for entry in msg.history)
         return [_frame(_FENCE_ACK, body)]
+    if isinstance(msg, Commit):
+        return [_frame(_COMMIT, vlog + _ints(msg.epoch, msg.seq, msg.position))]
     if isinstance(msg, Refused):
         body = (
             vlog
@@ -282,6 +298,8 @@ def _decode(frame: memoryview) -> Message:
         epoch, end_seq, end_position = r.ints(3)
         history = tuple(r.ints(3) for _ in range(r.count()))
         msg = FenceAck(vlog, epoch, end_seq, end_position, history)
+    elif kind == _COMMIT:
+        msg = Commit(vlog, *r.ints(3))
     elif kind == _REFUSED:
         (epoch,) = r.ints(1, low=-1)
         error = r.text(_U16)

@@ -41,3 +41,19 @@ def bytes_len(n: int | None, flexible: bool) -> bytes:
 
 
 TAGS_NONE = b"\x00"
+
+
+# -- KIP-951: where the leader went, in tagged fields of Produce (v10+) and Fetch (v16+) ---------
+def leader_tag(tag: int, leader_id: int, leader_epoch: int) -> bytes:
+    """One tagged field holding a LeaderIdAndEpoch (a partition's CurrentLeader)."""
+    body = I32.pack(leader_id) + I32.pack(leader_epoch) + TAGS_NONE
+    return uvarint(tag) + uvarint(len(body)) + body
+
+
+def endpoints_tag(tag: int, endpoints: list[tuple[int, str, int]]) -> bytes:
+    """One tagged field holding the NodeEndpoints array: (node id, host, port), rack null."""
+    body = bytearray(array_len(len(endpoints), True))
+    for node_id, host, port in endpoints:
+        body += I32.pack(node_id) + string(host, True) + I32.pack(port)
+        body += nullable_string(None, True) + TAGS_NONE
+    return uvarint(tag) + uvarint(len(body)) + bytes(body)

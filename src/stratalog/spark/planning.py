@@ -310,10 +310,21 @@ class StartLog:
         meta = self.client.metadata([START_LOG_TOPIC]).get(START_LOG_TOPIC)
         if meta is None or meta.error_code:
             try:
-                self.client.create_topic(START_LOG_TOPIC, 1, {"retention.ms": str(7 * 86400000)})
+                self.client.create_topic(
+                    START_LOG_TOPIC,
+                    1,
+                    {"retention.ms": str(7 * 86400000)},
+                    replication_factor=self._replication_factor(),
+                )
             except WireError as e:
                 if e.error_code != 36:  # TOPIC_ALREADY_EXISTS: someone was quicker
                     raise
+
+    def _replication_factor(self) -> int:
+        """In a cluster the log is replicated as data would be (up to three copies): a query
+        restarted after a broker's loss needs it. Alone, the broker's default."""
+        brokers = len(self.client.leaders.brokers)
+        return min(3, brokers) if brokers > 1 else -1
 
     def _append(self, doc: dict) -> None:
         from stratalog.records import build_batch

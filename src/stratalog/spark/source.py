@@ -3,7 +3,9 @@
 Planning (``partitions``, ``initialOffset``, ``latestOffset``) runs in Spark's driver-side Python
 workers and talks to the broker with the wire client; ``read`` runs in executor Python workers,
 fetches raw record batches and decodes them straight into Arrow columns with exactly Spark's
-Arrow schema, so Spark never converts rows one by one.
+Arrow schema, so Spark never converts rows one by one. In a cluster the wire client sends each
+partition's requests to its leader and follows a leader change; a task starts at the leader
+its planning saw.
 """
 
 from __future__ import annotations
@@ -71,6 +73,18 @@ class OffsetRangePartition(InputPartition):
     partition: int
     start: int
     end: int
+    # The partition's leader when planned (HOST:PORT), tried first by the task: in a cluster it
+    # spares each task a wrong first guess. Only a hint; the client follows a moved leader.
+    leader: str | None = None
+
+
+def _tasks(client: WireClient, ranges: list[planning.Range]) -> list[InputPartition]:
+    return [
+        OffsetRangePartition(
+            r.topic, r.partition, r.start, r.end, client.leader_address(r.topic, r.partition)
+        )
+        for r in ranges
+    ]
 
 
 class _Reading:
@@ -86,7 +100,10 @@ class _Reading:
         if not isinstance(partition, OffsetRangePartition) or partition.end <= partition.start:
             return
         worker_gc.freeze_once()
-        with WireClient(self.bootstrap, client_id="stratalog-spark") as client:
+        bootstrap = self.bootstrap
+        if partition.leader:
+            bootstrap = f"{partition.leader},{bootstrap}"
+        with WireClient(bootstrap, client_id="stratalog-spark") as client:
             start = partition.start
             low = client.list_offsets(partition.topic, [partition.partition], EARLIEST)
             log_start = low[partition.partition][0]
@@ -120,9 +137,9 @@ class StratalogBatchReader(DataSourceReader):
             tps = planning.topic_partitions(client, self.opts)
             start = planning.resolve_start(client, tps, self.opts, "earliest")
             end = planning.resolve_end(client, tps, self.opts)
-        planning.check_batch_ranges(start, end)
-        ranges = planning.plan_ranges(start, end, self.opts.min_partitions)
-        return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
+            planning.check_batch_ranges(start, end)
+            ranges = planning.plan_ranges(start, end, self.opts.min_partitions)
+            return _tasks(client, ranges)
 
     def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         yield from self._reading.read(partition)
@@ -224,7 +241,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._check_data_loss(begin, finish)
         self._first_partitions = False
         ranges = planning.plan_ranges(begin, finish, self.opts.min_partitions)
-        return [OffsetRangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
+        return _tasks(self._wire(), ranges)
 
     def _check_data_loss(self, begin: planning.Offsets, finish: planning.Offsets) -> None:
         """An end before the start: the offsets from the end on are gone (Spark's Kafka source

@@ -43,7 +43,9 @@ from stratalog.storage.virtual_log import VirtualLog, WriteBatch
 if TYPE_CHECKING:
     from stratalog.records import Record
 
-_OFF = struct.Struct(">q")
+# A stored batch's first 16 bytes as the broker rewrites them: baseOffset, batchLength (as
+# sent), partitionLeaderEpoch (the log's); all outside the batch CRC.
+_HEAD = struct.Struct(">qii")
 
 
 def _row(r: Record) -> tuple:
@@ -197,6 +199,7 @@ class PartitionLog:
 
         items: list[tuple[bytes, memoryview, BatchHeader, int]] = []
         offset = self.next_offset
+        epoch = self.vlog.write_epoch
         for n, (pos, h) in enumerate(found):
             batch = mv[pos : pos + h.batch_length + LOG_OVERHEAD]
             stamp = log_append_time_ms
@@ -211,7 +214,7 @@ class PartitionLog:
                     max_timestamp=stamp,
                     crc=int.from_bytes(batch[17:21], "big"),
                 )
-            items.append((_OFF.pack(offset), batch, h, offset))
+            items.append((_HEAD.pack(offset, h.batch_length, epoch), batch, h, offset))
             offset += h.last_offset_delta + 1
 
         base = self.next_offset
@@ -225,7 +228,7 @@ class PartitionLog:
             record = self.producers.record
             tail_put = self._tail.put
             uid = self.uid
-            for (off8, batch, h, b), p in zip(items, positions, strict=True):
+            for (head, batch, h, b), p in zip(items, positions, strict=True):
                 size = h.batch_length + LOG_OVERHEAD
                 chunks_append(b, b + h.last_offset_delta, seq, p, size, h.max_timestamp)
                 if h.producer_id >= 0:
@@ -237,7 +240,7 @@ class PartitionLog:
                         b,
                         h.max_timestamp,
                     )
-                tail_put(uid, b, off8, batch[8:])
+                tail_put(uid, b, head, batch[16:])
                 self.size_bytes += size
             if self.on_append is not None:
                 self.on_append(self, seq, len(items))
@@ -261,8 +264,9 @@ class PartitionLog:
         """A backup's view of frames of this partition its log took from the primary
         (VirtualLog.append_replica, through LogStore): learn of them exactly as ``append``'s
         ``written`` does on the primary (chunk index, producer state for dedup after a
-        failover, next offset), and move the high watermark once they are durable here
-        (consumers are served by the primary; ``vlog.lsn`` is the replicated write's LSN)."""
+        failover, next offset), and move the high watermark once they are durable here and
+        the primary says they are committed, so that a backup promoted later never serves
+        records that were not (``vlog.lsn`` is the replicated write's LSN)."""
         seq = seg.seq
         if not len(self.chunks) and not len(self.cold):
             # The first chunk here may follow others the primary no longer has (retention).
@@ -284,7 +288,48 @@ class PartitionLog:
         self.next_offset = end
         if self.on_append is not None:
             self.on_append(self, seq, len(entries))
-        self.vlog.when_durable(self.vlog.lsn, lambda ok: ok and self.advance_high_watermark(end))
+        last = entries[-1]
+        self.vlog.when_committed_at(
+            seq, last.position + last.size, self.vlog.lsn, lambda: self.advance_high_watermark(end)
+        )
+
+    def leader_epochs(self) -> list[tuple[int, int]]:
+        """(epoch, start offset) of each leader epoch this partition has a batch of, oldest
+        first, from its log's epoch history (Kafka's leader-epoch cache); a primary adds its
+        current epoch at the log end offset if it wrote nothing yet (Kafka's leader assigns
+        its epoch when elected). Chunks in the cold tier are not looked at."""
+        hist = self.vlog.epoch_history
+        chunks = self.chunks
+        out: list[tuple[int, int]] = []
+        for i, (epoch, seq, position) in enumerate(hist):
+            k = chunks.count_before_location(seq, position + FRAME_SIZE)
+            if k >= len(chunks):
+                continue
+            first = chunks[k]
+            if i + 1 < len(hist):
+                _, nseq, npos = hist[i + 1]
+                if (first.segment, first.position) >= (nseq, npos + FRAME_SIZE):
+                    continue  # its first batch here is of a later epoch
+            out.append((epoch, first.base_offset))
+        current = self.vlog.write_epoch
+        if self.vlog.leading and hist and (not out or out[-1][0] < current):
+            out.append((current, self.next_offset))
+        return out
+
+    def epoch_end(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch answer for ``epoch``: the newest epoch at or below it
+        this partition has, and the offset its records end at (the start of the next epoch,
+        or the log end for the latest); (-1, -1) for an epoch newer than any here."""
+        cache = self.leader_epochs()
+        if epoch < 0 or not cache:
+            return -1, -1
+        if epoch == cache[-1][0]:
+            return epoch, self.next_offset
+        higher = next((start for e, start in cache if e > epoch), None)
+        if higher is None:
+            return -1, -1
+        floor = [e for e, _ in cache if e <= epoch]
+        return (floor[-1] if floor else epoch), higher
 
     def truncate_to(self, seq: int, position: int) -> dict[int, int]:
         """Forget the hot chunks whose frames lie at or past (seq, position) of the log (its

@@ -38,8 +38,8 @@ class TailCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, uid: int, base: int, off8: bytes, rest: bytes | memoryview) -> None:
-        size = len(rest) + 8
+    def put(self, uid: int, base: int, head: bytes, rest: bytes | memoryview) -> None:
+        size = len(head) + len(rest)
         if size > self.capacity:
             return  # also when the cache is off (capacity 0)
         key = uid << _SHIFT | base
@@ -47,7 +47,7 @@ class TailCache:
         old = entries.pop(key, None)
         if old is not None:
             self.bytes -= len(old)
-        entries[key] = off8 + rest
+        entries[key] = head + rest
         self._order.append(base)
         self._order_uid.append(uid)
         self.bytes += size

@@ -183,6 +183,13 @@ class VirtualLog:
         self.on_write: OnWrite | None = None
         # False for a replicated log this broker does not lead: local appends are refused.
         self.leading = True
+        # Stamped as partitionLeaderEpoch into every batch appended here (Kafka's leader
+        # epoch; 0 for a single node's whole life, the log's epoch on a cluster's primary).
+        self.write_epoch = 0
+        # A backup: the primary's commit point (Commit), and what waits for it to pass a
+        # position (partitions' high watermarks). Opened logs start with everything they hold.
+        self.primary_commit: tuple[int, int] = (-1, -1)
+        self._commit_waiters: deque[tuple[tuple[int, int], Callable[[], None]]] = deque()
         # Backup: called with the entries of every replicated write (LogStore routes them to
         # the partitions).
         self.on_replica_entries: OnReplicaEntries | None = None
@@ -241,6 +248,10 @@ class VirtualLog:
             for e in entries[seq]:
                 nxt[e.uid] = e.last_offset + 1
         self._runs = [(0, self.active.seq, self.active.size)]
+        # What a restart finds is treated as committed (no commit point is kept on disk): a
+        # broker promoted right after its restart may show records its old primary had not
+        # committed yet (docs/cluster.md, failure model).
+        self.primary_commit = self.end
         self.epochs = EpochHistory.load(self.directory)
         if self.epochs.cut(*self._after_end()):  # epochs whose bytes recovery cut
             self.epochs.save()
@@ -283,10 +294,11 @@ class VirtualLog:
         """Append the frames of one partition's batches in one write (or stage them in the
         WriteBatch in progress).
 
-        Each item is (new 8-byte baseOffset, the batch as received, its header, the new base
-        offset as an int); the batch's own first 8 bytes are replaced by the new offset without
-        copying the rest (zero copy). Once the bytes are written, their index entries are added
-        and ``on_written(segment, positions, lsn)`` runs (the LSN to wait on for durability);
+        Each item is (new 16-byte head: baseOffset, batchLength, partitionLeaderEpoch; the
+        batch as received, its header, the new base offset as an int); the batch's own first
+        16 bytes are replaced by the head without copying the rest (zero copy). Once the bytes
+        are written, their index entries are added and ``on_written(segment, positions, lsn)``
+        runs (the LSN to wait on for durability);
         if the write fails, ``on_failed(failure)`` runs instead and StorageFailure is raised (at
         once, or from the WriteBatch's commit).
         """
@@ -301,10 +313,10 @@ class VirtualLog:
         start = pos = seg.size
         start_crc = uid_crc(uid)
         pack_frame = FRAME.pack
-        for off8, batch, _h, _base in batches:
+        for head, batch, _h, _base in batches:
             # Frame CRC over uid + the rewritten first 21 bytes, chained without concatenating.
-            fh = pack_frame(uid, crc32c(batch[8:21], crc32c(off8, start_crc)))
-            parts += (fh, off8, batch[8:])
+            fh = pack_frame(uid, crc32c(batch[16:21], crc32c(head, start_crc)))
+            parts += (fh, head, batch[16:])
             positions.append(pos + FRAME_SIZE)
             pos += FRAME_SIZE + len(batch)
         nbytes = pos - start
@@ -340,7 +352,7 @@ class VirtualLog:
         lsn = self.lsn
         for st in staged:
             lsn += st.nbytes
-            for (_off8, _batch, h, base), p in zip(st.batches, st.positions, strict=True):
+            for (_head, _batch, h, base), p in zip(st.batches, st.positions, strict=True):
                 add_index(
                     st.uid,
                     base,
@@ -434,19 +446,22 @@ class VirtualLog:
             return self.journal.durable
         return self._committed
 
-    def require_replicas(self, ids: Iterable[int]) -> None:
+    def require_replicas(self, ids: Iterable[int], committed: int | None = None) -> None:
         """The in-sync backups whose acknowledgement a commit needs from now on (empty: local
         durability alone, the single-node default). A smaller set releases the waiters it
         now satisfies; a replica that leaves forgets its acknowledgements, so it must
-        acknowledge again after it rejoins (it may have been truncated meanwhile)."""
+        acknowledge again after it rejoins (it may have been truncated meanwhile).
+        ``committed``: the LSN known committed so far, for a backup that starts leading (what
+        it took beyond its old primary's commit point is committed only once acknowledged)."""
         new = frozenset(ids)
-        if new == self._required:
+        if new == self._required and committed is None:
             return
-        committed = self.committed  # committed never goes back, whoever joins
+        # Committed never goes back, whoever joins (unless told where a new primary stands).
+        base = self.committed if committed is None else min(committed, self.journal.durable)
         for r in self._required - new:
             self._acked.pop(r, None)
         self._required = new
-        self._committed = committed
+        self._committed = base
         self._release()
 
     def replica_acked(self, replica_id: int, lsn: int) -> None:
@@ -566,6 +581,43 @@ class VirtualLog:
             return lsn + position - run_position
         # In no segment written here (a seq a roll skipped): where the next run starts.
         return runs[i + 1][0] if i + 1 < len(runs) else self.lsn
+
+    def position_at(self, lsn: int) -> tuple[int, int]:
+        """Primary: the (seq, position) this log had reached at local ``lsn`` (``lsn_at``'s
+        inverse), for a commit point in positions, which every replica shares."""
+        runs = self._runs
+        i = bisect_right(runs, lsn, key=lambda r: r[0]) - 1
+        if i < 0:
+            return runs[0][1], runs[0][2]
+        run_lsn, seq, position = runs[i]
+        return seq, position + lsn - run_lsn
+
+    def when_committed_at(
+        self, seq: int, position: int, lsn: int, callback: Callable[[], None]
+    ) -> None:
+        """Backup: ``callback()`` once the bytes ending at (seq, position), written at local
+        ``lsn``, are durable here and the primary's commit point passed them; never if a
+        truncation cuts them first."""
+
+        def durable(ok: bool) -> None:
+            if not ok:
+                return
+            if (seq, position) <= self.primary_commit:
+                callback()
+            else:
+                self._commit_waiters.append(((seq, position), callback))
+
+        self.when_durable(lsn, durable)
+
+    def commit_to(self, seq: int, position: int) -> None:
+        """Backup: the primary committed every byte before (seq, position)."""
+        point = min((seq, position), self.end)
+        if point <= self.primary_commit:
+            return
+        self.primary_commit = point
+        waiters = self._commit_waiters
+        while waiters and waiters[0][0] <= point:
+            waiters.popleft()[1]()
 
     def append_replica(
         self,
@@ -726,6 +778,8 @@ class VirtualLog:
             (self._pending if lsn <= cut_lsn else failed).append((lsn, callback))
         for r, lsn in self._acked.items():
             self._acked[r] = min(lsn, cut_lsn)
+        self._commit_waiters = deque(w for w in self._commit_waiters if w[0] <= (seq, position))
+        self.primary_commit = min(self.primary_commit, (seq, position))
 
         # The checkpoint must not vouch for index entries the cut removed.
         ckpt = read_checkpoint(self.directory)
@@ -822,6 +876,7 @@ class VirtualLog:
         """Primary: write under ``epoch`` from here on; it is promised and recorded as
         starting at the end (what ``epoch_end`` answers for older epochs)."""
         self.promise_epoch(epoch)
+        self.write_epoch = epoch
         if epoch > self.epochs.last:
             self.epochs.starts.append((epoch, *self.end))
             self.epochs.save()

@@ -26,6 +26,8 @@ from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.partition import FileSlice, PartitionLog, ReadResult
 from stratalog.storage.throttle import PacedResponse
 
+from . import leader_hints
+
 _ZERO_UUID = uuid.UUID(int=0)
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,12 @@ def _resolve_topic(core, req: Request, ft) -> tuple[str, uuid.UUID | None, objec
         return t.name, t.topic_id, t, ""
     t = core.metadata.topics.get(ft.topic)
     return ft.topic, t.topic_id if t else None, t, "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+def _leader_endpoints(core, topics: list) -> list[tuple[int, str, int]]:
+    """KIP-951: the endpoints of the leaders that refused partitions name (error path only)."""
+    named = leader_hints.named_leaders(r for _name, _tid, results in topics for r in results)
+    return leader_hints.endpoints(core, named)
 
 
 def _gather(core, req: Request, plan, max_bytes: int):
@@ -58,6 +66,8 @@ def _gather(core, req: Request, plan, max_bytes: int):
             p = core.partition(name, fp.partition) if t is not None and lead is None else None
             if p is None:
                 r.error_code = code(missing or lead or "UNKNOWN_TOPIC_OR_PARTITION")
+                if lead == leader_hints.NOT_LEADER and req.api_version >= 16:
+                    r.current_leader = leader_hints.current_leader(core, name, fp.partition)
                 errors = True
                 continue
             logs.append(p)
@@ -228,7 +238,12 @@ async def handle_fetch(core, req: Request, conn):
         # so those answers stay with the loop); the loop neither checks the page cache nor
         # waits for the read pool.
         parts, _size = encode_fetch_response(
-            v, req.correlation_id, topics, session_id=0, read_committed=read_committed
+            v,
+            req.correlation_id,
+            topics,
+            session_id=0,
+            read_committed=read_committed,
+            node_endpoints=_leader_endpoints(core, topics) if errors and v >= 16 else None,
         )
         return BacklogAnswer(parts, sender)
     # Slices already in the page cache stay slices (the connection sends them with sendfile);
@@ -286,6 +301,7 @@ async def handle_fetch(core, req: Request, conn):
         topics,
         session_id=0,
         read_committed=read_committed,
+        node_endpoints=_leader_endpoints(core, topics) if errors and v >= 16 else None,
     )
     if paced:
         # History goes to the socket at the budget's rate, a piece per turn of the loop

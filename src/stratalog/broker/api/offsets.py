@@ -130,13 +130,9 @@ def _epoch_end(core, req: Request, topic: str, rp, p) -> object:
     elif current > v.epoch:
         error = "UNKNOWN_LEADER_EPOCH"
     elif rp.leader_epoch >= 0:
-        # Batches do not carry the epoch they were written in yet (partitionLeaderEpoch is the
-        # producer's), so a consumer's epoch is often older than its records: the exact end of
-        # that epoch in the log would make it "detect" a truncation and rewind (the fault
-        # harness saw it). Consumers read only committed records, which no failover cuts (no
-        # unclean election), so every epoch up to the current one ends at the log's end here.
-        epoch = min(rp.leader_epoch, v.epoch)
-        end = p.next_offset
+        # Exact (KIP-101/279): batches carry the epoch they were written in (stamped by the
+        # primary), so a consumer's epoch is its records' and a real truncation shows.
+        epoch, end = p.epoch_end(rp.leader_epoch)
     return sub(
         req,
         "EpochEndOffset",

@@ -21,7 +21,9 @@ from stratalog.storage.partition import AppendError, AppendResult, PartitionLog
 from stratalog.storage.replica import NotPrimary
 from stratalog.storage.virtual_log import WriteBatch
 
+from . import leader_hints
 from .common import NONE, err, reply
+from .leader_hints import NOT_LEADER
 
 
 class _TimestampRejected(Exception):
@@ -72,14 +74,17 @@ def handle_produce(core, req: Request, conn):
         return _refuse_all(
             core, req, results, acks, conn, "KAFKA_STORAGE_ERROR", core.disk.reason()
         )
-    pending = _Pending(req, results) if acks == -1 else None
+    hints = req.api_version >= 10  # KIP-951: a refused partition names its leader
+    pending = _Pending(req, results, core, hints) if acks == -1 else None
     writes = WriteBatch()
     appended: list[tuple[PartitionLog, AppendResult, PartitionProduceResult, int, bool]] = []
     try:
-        any_error = _append_all(core, body, now, results, appended, writes)
+        any_error = _append_all(core, body, now, results, appended, writes, hints)
     finally:
         # Always, so no virtual log is left staging if an append raised unexpectedly.
         writes.commit()
+    if pending is not None and any_error and hints:
+        pending.hinted = True
     # Only now is it known which appends were written: a failed write's partitions answer
     # KAFKA_STORAGE_ERROR at once (nothing of them was recorded, so a retry is appended).
     produced = spilled = 0
@@ -110,7 +115,12 @@ def handle_produce(core, req: Request, conn):
             conn.abort()
         return None
     if pending is None or pending.all_registered(_timeout_ms(body)):
-        answer = encode_produce_response(req.api_version, req.correlation_id, results)
+        answer = encode_produce_response(
+            req.api_version,
+            req.correlation_id,
+            results,
+            node_endpoints=_leader_endpoints(core, results) if any_error and hints else None,
+        )
     else:
         answer = pending.future
     cold_rate = core.migrator.cold_rate
@@ -121,10 +131,19 @@ def handle_produce(core, req: Request, conn):
     return answer
 
 
-def _append_all(core, body, now: int, results: list, appended: list, writes: WriteBatch):
+def _leader_endpoints(core, results: list) -> list[tuple[int, str, int]]:
+    return leader_hints.endpoints(
+        core, leader_hints.named_leaders(r for _name, parts in results for r in parts)
+    )
+
+
+def _append_all(
+    core, body, now: int, results: list, appended: list, writes: WriteBatch, hints: bool
+):
     """Validate and stage every partition of a Produce request, in request order, filling
     ``results`` and ``appended`` (what was staged, its size, whether it spilled to the cold
-    tier); returns whether any partition failed."""
+    tier); returns whether any partition failed. With ``hints`` a partition this broker does not
+    lead names its current leader (KIP-951)."""
     any_error = False
     for td in body.topic_data:
         name = td.name
@@ -151,6 +170,8 @@ def _append_all(core, body, now: int, results: list, appended: list, writes: Wri
                 lead = core.in_sync_error(name, pd.index, view.get_int("min.insync.replicas"))
             if lead is not None:
                 r.error_code = code(lead)
+                if hints and lead == leader_hints.NOT_LEADER:
+                    r.current_leader = leader_hints.current_leader(core, name, pd.index)
                 any_error = True
                 continue
             p: PartitionLog | None = core.partition(name, pd.index) if topic else None
@@ -184,6 +205,8 @@ def _append_all(core, body, now: int, results: list, appended: list, writes: Wri
                 deposed = isinstance(e, NotPrimary)
                 r.error_code = code("NOT_LEADER_OR_FOLLOWER" if deposed else "KAFKA_STORAGE_ERROR")
                 r.error_message = str(e)
+                if deposed and hints:
+                    r.current_leader = leader_hints.current_leader(core, name, pd.index)
                 any_error = True
                 continue
             r.base_offset = res.base_offset
@@ -226,11 +249,14 @@ class _Pending:
     completed (with the response) by the last partition to become durable or visible, or by the
     request's own timeout, whichever comes first: no answer waits for what may never happen."""
 
-    __slots__ = ("future", "left", "req", "results", "timer", "waiting")
+    __slots__ = ("core", "future", "hinted", "hints", "left", "req", "results", "timer", "waiting")
 
-    def __init__(self, req: Request, results: list) -> None:
+    def __init__(self, req: Request, results: list, core, hints: bool) -> None:
         self.req = req
         self.results = results
+        self.core = core
+        self.hints = hints  # v10+: a partition refused as not led names its leader (KIP-951)
+        self.hinted = False  # some partition may name one: the endpoints are worth collecting
         self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         # One extra count until every partition is registered: a callback that runs at once
         # (already durable) must not answer before later partitions are appended.
@@ -243,9 +269,20 @@ class _Pending:
 
         def done(ok: bool) -> None:
             if not ok and id(r) in self.waiting:
-                r.error_code = code("KAFKA_STORAGE_ERROR")
-                r.error_message = "fsync failed; the write may not be durable"
                 r.base_offset = -1
+                core = self.core
+                if core.leader_error(p.topic, p.index) == NOT_LEADER:
+                    # Deposed before the write was committed (a failover or an election): as
+                    # Kafka, the producer is sent to the new leader, where its retry is appended
+                    # or recognised as a duplicate.
+                    r.error_code = code("NOT_LEADER_OR_FOLLOWER")
+                    r.error_message = "the leader changed before the write was committed"
+                    if self.hints:
+                        r.current_leader = leader_hints.current_leader(core, p.topic, p.index)
+                        self.hinted = True
+                else:
+                    r.error_code = code("KAFKA_STORAGE_ERROR")
+                    r.error_message = "fsync failed; the write may not be durable"
             self._one_done(r)
 
         p.when_durable(lsn, done)
@@ -290,8 +327,17 @@ class _Pending:
             self.timer.cancel()
             self.timer = None
         if not self.future.done():
+            endpoints = None
+            if self.hinted and self.hints:
+                # Only on the error path: partitions refused at append time or deposed since.
+                endpoints = _leader_endpoints(self.core, self.results)
             self.future.set_result(
-                encode_produce_response(self.req.api_version, self.req.correlation_id, self.results)
+                encode_produce_response(
+                    self.req.api_version,
+                    self.req.correlation_id,
+                    self.results,
+                    node_endpoints=endpoints,
+                )
             )
 
 
