@@ -93,9 +93,12 @@ def run_rejoin(
         target.stop_broker(away)
         if target.wait_in_sync(topic, node, want=False, timeout=60) is None:
             raise RuntimeError(f"{target.name}: {away} stayed in the in-sync sets after its stop")
+        jobs = producer_jobs(w, [topic], None, records)
+        for job in jobs:
+            job.extra = {"log_level": 0}  # the stopped broker in the bootstrap list refuses
         load = run_load(
             target,
-            producer_jobs(w, [topic], None, records),
+            jobs,
             [],
             label=f"{w.name} · {target.name} · write {i + 1} while {away} is away",
             progress=progress,
