@@ -436,6 +436,15 @@ def markdown(run: dict[str, Any]) -> str:
     results = aggregate(run["results"])
     lines = [f"# stratalog bench: {run['started']}", ""]
     lines += [f"Command: `{run['command']}`", ""]
+    load = run.get("load_average") or {}
+    if load:
+        lines += [
+            "Load average (1, 5, 15 min) "
+            + ", ".join(
+                f"at the {k}: {' / '.join(f'{x:.2f}' for x in v)}" for k, v in load.items()
+            ),
+            "",
+        ]
     n = run.get("runs", 1)
     if n > 1:
         lines += [
@@ -491,6 +500,10 @@ def markdown(run: dict[str, Any]) -> str:
     for g in goals(results, m):
         lines.append(f"| {g.name} | {g.want} | {g.measured} | {g.verdict} |")
     lines.append("")
+    from stratalog.bench import cluster_report
+
+    if cluster_report.has_cluster(results):
+        lines += cluster_report.markdown_lines(results)
     by_w: dict[str, list[dict]] = defaultdict(list)
     for r in results:
         by_w[r["workload"]].append(r)
@@ -673,7 +686,11 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
         return made
     disk = ((run.get("machine") or {}).get("fdatasync_1m") or {}).get("mb_per_s")
 
-    plain = [r for r in results if not r.get("params") and r["workload"] not in ("e",)]
+    plain = [
+        r
+        for r in results
+        if not r.get("params") and r["workload"] not in ("e", "failover", "rejoin")
+    ]
     if plain:
         workloads = sorted({r["workload"] for r in plain})
         targets = sorted({r["target"] for r in plain})
@@ -792,6 +809,11 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
         fig.tight_layout()
         made.append(_save(fig, out_dir / "catchup.png"))
         plt.close(fig)
+    from stratalog.bench import cluster_report
+
+    cluster = cluster_report.chart(results, out_dir)
+    if cluster is not None:
+        made.append(cluster)
     return made
 
 
@@ -804,6 +826,11 @@ def _save(fig, path: Path) -> Path:
 def write(run: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
+    from stratalog.bench import cluster_report
+
+    rows = aggregate(run["results"])
+    if cluster_report.has_cluster(rows):
+        run["cluster_goals"] = cluster_report.summary(rows)
     paths["json"].write_text(json.dumps(run, indent=2, default=str))
     pngs = charts(run, out_dir)
     md = markdown(run)

@@ -212,7 +212,7 @@ def run_load(
                 f"{label}: load processes did not start: "
                 + ("; ".join(failed) or f"{len(ready)}/{len(procs)} ready after 180 s")
             )
-        cpu0 = process_cpu_s(target.pid)
+        cpu0 = target.cpu_s()
         t_start = time.time()
         start_evt.set()
         results: list[dict[str, Any]] = []
@@ -241,7 +241,7 @@ def run_load(
         stop_evt.set()
         results += drain(result_q, len(procs) - len(results), timeout=120)
         t_end = time.time()
-        cpu1 = process_cpu_s(target.pid)
+        cpu1 = target.cpu_s()
         progress(label, total, sum(v.value for v in counted), total)
     finally:
         stop_evt.set()
@@ -471,6 +471,8 @@ class Runner:
                 res = self._catchup_case(w, target, params)
             elif w.kind == "burst":
                 res = self._burst_case(w, target, params)
+            elif w.kind in ("failover", "rejoin"):
+                res = self._cluster_case(w, target, params)
             else:
                 res = self._plain_case(w, target, params)
         except Exception as e:
@@ -788,6 +790,49 @@ class Runner:
             counted_consumers=w.consumers,
         )
         return load, (broker_p99_since(target, before) if before else {})
+
+    def _cluster_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
+        """Failover trials or a rejoining replica's catch-up (bench/failover.py, rejoin.py)."""
+        from stratalog.bench.cluster_targets import ClusterTarget
+        from stratalog.bench.failover import run_failover
+        from stratalog.bench.rejoin import run_rejoin
+
+        if not isinstance(target, ClusterTarget):
+            raise RuntimeError(f"workload {w.name} needs a cluster target, not {target.kind}")
+        res = CaseResult(w.name, target.name, target.kind, target.describe(), params)
+        if w.kind == "failover":
+            out = run_failover(w, target, self.progress, self.log)
+            load = out.pop("load")
+            res.records = load.get("records", 0)
+            res.bytes = load.get("bytes", 0)
+            res.seconds = load.get("t_last", 0.0) - load.get("t_first", 0.0)
+            if res.seconds > 0:
+                res.records_per_s = res.records / res.seconds
+                res.mb_per_s = res.bytes / 1e6 / res.seconds
+            res.publish = hist.summary(hist.merge([load.get("hist")]))
+            res.extra.update(out, failed_sends=load.get("errors", 0), target_rate=w.rate)
+            if not out["recovered"]:
+                res.ok, res.error = False, "no trial saw an acknowledgement after the kill"
+        else:
+            out = run_rejoin(w, target, self.progress, self.log)
+            trials = out["trials"]
+            rates = [t["mb_per_s"] for t in trials if t.get("mb_per_s")]
+            disks = [t["disk"]["mb_per_s"] for t in trials]
+            res.bytes = sum(t["bytes"] for t in trials)
+            res.records = res.bytes // w.record_size
+            res.extra.update(
+                out,
+                catch_up_mb_per_s=_median(rates),
+                disk_read_mb_per_s=_median(disks),
+                of_disk=_median([t["of_disk"] for t in trials if t.get("of_disk")]),
+                catch_up_mb_per_s_from_restart=_median(
+                    [t["mb_per_s_from_restart"] for t in trials if t.get("mb_per_s_from_restart")]
+                ),
+            )
+            if len(rates) < len(trials):
+                res.ok = False
+                res.error = f"{len(trials) - len(rates)} of {len(trials)} rejoins did not finish"
+        return res
 
     def _burst_case(self, w: Workload, target: Target, params: dict[str, Any]) -> CaseResult:
         """Pafka's burst: with the hot tier filled to just under its migration threshold, a

@@ -3,6 +3,7 @@ rich progress bars, written to a results directory as JSON, Markdown and PNG cha
 
 from __future__ import annotations
 
+import os
 import platform
 import shlex
 import sys
@@ -45,6 +46,8 @@ def run_suite(
         "python": platform.python_version(),
         "workloads": {w.name: w.title for w in workloads},
         "machine": None,
+        # The machine is shared: a run on a busy one says more about the neighbours.
+        "load_average": {"start": os.getloadavg()},
         "results": [],
     }
     if limits:
@@ -81,6 +84,7 @@ def run_suite(
             # Written after every workload, so a long run that is stopped keeps what it measured.
             report.write(run, results_dir)
     run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    run["load_average"]["end"] = os.getloadavg()
     paths = report.write(run, results_dir)
     console.print(
         f"Results in {paths['markdown'].parent}: " + ", ".join(p.name for p in paths.values())

@@ -124,6 +124,10 @@ class Target(ABC):
     @abstractmethod
     def client_factory(self) -> ClientFactory: ...
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server has used so far (every process of it, for a cluster)."""
+        return process_cpu_s(self.pid)
+
     def data_dirs(self) -> list[Path]:
         """Directories holding the stored records (for dropping them from the page cache)."""
         return []
@@ -168,7 +172,7 @@ def _load_peers() -> None:
     import stratalog.bench as pkg
 
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name.startswith("peers_"):
+        if mod.name.startswith("peers_") or mod.name == "cluster_targets":
             importlib.import_module(f"stratalog.bench.{mod.name}")
 
 
@@ -182,6 +186,7 @@ class KafkaProtocolTarget(Target):
 
     kafka_protocol = True
     bootstrap = ""
+    replication_factor = 1
 
     def topic_config(self) -> dict[str, str]:
         return dict(self.spec.topic_config)
@@ -194,7 +199,8 @@ class KafkaProtocolTarget(Target):
         for i in range(0, len(names), 200):
             chunk = names[i : i + 200]
             futures = admin.create_topics(
-                [NewTopic(n, partitions, 1, config=cfg) for n in chunk], request_timeout=120
+                [NewTopic(n, partitions, self.replication_factor, config=cfg) for n in chunk],
+                request_timeout=120,
             )
             for n, f in futures.items():
                 try:

@@ -90,6 +90,10 @@ _TOP_LEVEL = {
     "burst",
     "prefill_bytes",
     "drain_max_s",
+    "failover_trials",
+    "failover_timeout_s",
+    "rejoin_bytes",
+    "rejoin_trials",
     "vars",
     "target",
     "profile",
@@ -204,6 +208,15 @@ class Workload:
     burst: bool = False
     prefill_bytes: int = 0
     drain_max_s: float = 300.0
+    # Cluster targets only. Failover: under a steady acks=all load at ``rate``, kill -9 the
+    # partition's leader this many times (restarting it and waiting for it to be in sync
+    # between trials); a trial with no acknowledgement within the timeout counts as never.
+    failover_trials: int = 0
+    failover_timeout_s: float = 60.0
+    # Rejoin: stop one broker, write this many bytes, restart it and time its catch-up until
+    # it is in sync again, ``rejoin_trials`` times; beside it the disk's sequential read.
+    rejoin_bytes: int = 0
+    rejoin_trials: int = 1
     # "{name}" in a Stratalog target's setting stands for vars[name], so a profile can resize a
     # target (a smaller hot tier for --quick) without repeating it.
     vars: dict[str, Any] = field(default_factory=dict)
@@ -220,6 +233,10 @@ class Workload:
 
     @property
     def kind(self) -> str:
+        if self.failover_trials:
+            return "failover"
+        if self.rejoin_bytes:
+            return "rejoin"
         if self.spark_read:
             return "spark"
         if self.burst:

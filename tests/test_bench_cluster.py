@@ -1,0 +1,119 @@
+"""The cluster benchmarks (workloads rf3, rf3-kera, failover, rejoin) at their quick sizes
+against a three-broker Stratalog cluster and a three-node Kafka KRaft cluster: the harness
+counts, times and reports completely. No assertion on speed: speeds are for
+docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratalog.bench import cluster_report
+from stratalog.bench.failover import quantile
+from stratalog.bench.workload import find_workloads
+
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.kafka]
+
+WORKLOADS = ("rf3", "rf3-kera", "failover", "rejoin")
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench-cluster")
+    r = subprocess.run(
+        [sys.executable, "-m", "stratalog.cli", "bench", *WORKLOADS, "--quick", "--no-limits",
+         "-o", str(out)],
+        capture_output=True, text=True, timeout=1400, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = json.loads((out / "results.json").read_text())
+    run["_dir"] = str(out)
+    return run
+
+
+def _rows(run: dict, workload: str) -> list[dict]:
+    return [r for r in run["results"] if r["workload"] == workload]
+
+
+def test_ingest_cases_count_every_record_on_every_system(cluster_run):
+    quick = {w.name: w for w in find_workloads(list(WORKLOADS), "quick")}
+    for workload in ("rf3", "rf3-kera"):
+        rows = _rows(cluster_run, workload)
+        assert {r["target"] for r in rows} == {"stratalog-rf3", "kafka-rf3", "kafka-rf3-fsync"}
+        for r in rows:
+            assert r["ok"], (r["target"], r["error"])
+            assert r["records"] == quick[workload].records
+            assert r["stored"] >= r["records"]
+            assert r["bytes"] == r["records"] * 1024
+            assert r["mb_per_s"] > 0 and r["publish"]["count"] > 0
+            assert "RF 3" in r["describe"]
+    fsync = next(r for r in _rows(cluster_run, "rf3") if r["target"] == "kafka-rf3-fsync")
+    assert "flush.messages=1" in fsync["describe"]
+
+
+def test_failover_trials_each_kill_the_leader_and_see_a_new_one(cluster_run):
+    rows = _rows(cluster_run, "failover")
+    assert {r["target"] for r in rows} == {"stratalog-rf3", "kafka-rf3"}
+    for r in rows:
+        assert r["ok"], (r["target"], r["error"])
+        x = r["extra"]
+        assert len(x["trials"]) == 2 and x["never"] == 0
+        for t in x["trials"]:
+            assert t["seconds"] > 0
+            assert t["new_leader"] != t["killed"]
+            assert t["leader_moved_s"] is None or t["leader_moved_s"] > 0
+            assert t["resync_s"] >= 0
+        assert 0 < x["failover_p50_s"] <= x["failover_p99_s"] == x["failover_max_s"]
+        assert r["records"] > 0  # the steady load went on across the kills
+
+
+def test_rejoin_times_the_catch_up_beside_the_disk(cluster_run):
+    rows = _rows(cluster_run, "rejoin")
+    assert {r["target"] for r in rows} == {"stratalog-rf3", "kafka-rf3"}
+    for r in rows:
+        assert r["ok"], (r["target"], r["error"])
+        (t,) = r["extra"]["trials"]
+        assert t["bytes"] >= 16 * 2**20 - 1024
+        assert 0 <= t["listed_s"] <= t["in_sync_s"]
+        assert t["disk"]["bytes"] == t["bytes"] and t["disk"]["mb_per_s"] > 0
+        assert t["disk"]["cache_drop"] in ("drop_caches", "fadvise_dontneed")
+        assert r["extra"]["catch_up_mb_per_s"] > 0 and r["extra"]["of_disk"] > 0
+
+
+def test_cluster_report_files(cluster_run):
+    out = Path(cluster_run["_dir"])
+    assert (out / "cluster.png").stat().st_size > 0
+    md = (out / "results.md").read_text()
+    assert "## Cluster goals" in md and "Failover trials on stratalog-rf3" in md
+    goals = cluster_run["cluster_goals"]
+    assert goals and all(g["verdict"] in ("met", "missed") for g in goals.values()), goals
+
+
+def _failover_row(target: str, p99: float | None) -> dict:
+    return {
+        "workload": "failover",
+        "target": target,
+        "kind": "stratalog-cluster",
+        "ok": True,
+        "params": {},
+        "extra": {"trials": [{}] * 20, "failover_p50_s": 1.0, "failover_p99_s": p99},
+    }
+
+
+@pytest.mark.parametrize(
+    ("mine", "kafka", "verdict"),
+    [(2.5, 10.0, "met"), (3.5, 10.0, "missed"), (2.0, 1.5, "missed"), (None, 10.0, "missed")],
+)
+def test_failover_goal_needs_three_seconds_and_kafkas_p99(mine, kafka, verdict):
+    rows = [_failover_row("stratalog-rf3", mine), _failover_row("kafka-rf3", kafka)]
+    (g,) = [g for g in cluster_report.cluster_goals(rows) if g.name.startswith("failover")]
+    assert g.verdict == verdict
+
+
+def test_quantile_is_nearest_rank():
+    xs = [float(i) for i in range(1, 21)]
+    assert quantile(xs, 0.5) == 10.0 and quantile(xs, 0.99) == 20.0 and quantile([], 0.5) is None
