@@ -1,7 +1,8 @@
-"""The cluster benchmarks (workloads rf3, rf3-kera, failover, rejoin) at their quick sizes
-against a three-broker Stratalog cluster and a three-node Kafka KRaft cluster: the harness
-counts, times and reports completely. No assertion on speed: speeds are for
-docs/benchmarks.md."""
+"""The cluster benchmarks rf3 and failover at their quick sizes against a three-broker
+Stratalog cluster and a three-node Kafka KRaft cluster: the harness counts, times and reports
+completely. No assertion on speed: speeds are for docs/benchmarks.md. (rf3-kera and rejoin
+share their targets and report with these; at quick size they would add five minutes to
+`make test`, so they are run by `make bench-cluster` only.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from stratalog.bench.workload import find_workloads
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.kafka]
 
-WORKLOADS = ("rf3", "rf3-kera", "failover", "rejoin")
+WORKLOADS = ("rf3", "failover")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def _rows(run: dict, workload: str) -> list[dict]:
 
 def test_ingest_cases_count_every_record_on_every_system(cluster_run):
     quick = {w.name: w for w in find_workloads(list(WORKLOADS), "quick")}
-    for workload in ("rf3", "rf3-kera"):
+    for workload in ("rf3",):
         rows = _rows(cluster_run, workload)
         assert {r["target"] for r in rows} == {"stratalog-rf3", "kafka-rf3", "kafka-rf3-fsync"}
         for r in rows:
@@ -71,26 +72,14 @@ def test_failover_trials_each_kill_the_leader_and_see_a_new_one(cluster_run):
         assert r["records"] > 0  # the steady load went on across the kills
 
 
-def test_rejoin_times_the_catch_up_beside_the_disk(cluster_run):
-    rows = _rows(cluster_run, "rejoin")
-    assert {r["target"] for r in rows} == {"stratalog-rf3", "kafka-rf3"}
-    for r in rows:
-        assert r["ok"], (r["target"], r["error"])
-        (t,) = r["extra"]["trials"]
-        assert t["bytes"] >= 16 * 2**20 - 1024
-        assert 0 <= t["listed_s"] <= t["in_sync_s"]
-        assert t["disk"]["bytes"] == t["bytes"] and t["disk"]["mb_per_s"] > 0
-        assert t["disk"]["cache_drop"] in ("drop_caches", "fadvise_dontneed")
-        assert r["extra"]["catch_up_mb_per_s"] > 0 and r["extra"]["of_disk"] > 0
-
-
 def test_cluster_report_files(cluster_run):
     out = Path(cluster_run["_dir"])
     assert (out / "cluster.png").stat().st_size > 0
     md = (out / "results.md").read_text()
     assert "## Cluster goals" in md and "Failover trials on stratalog-rf3" in md
     goals = cluster_run["cluster_goals"]
-    assert goals and all(g["verdict"] in ("met", "missed") for g in goals.values()), goals
+    ran = {k: g for k, g in goals.items() if k.startswith(("failover", "RF 3 durable"))}
+    assert len(ran) == 3 and all(g["verdict"] in ("met", "missed") for g in ran.values()), goals
 
 
 def _failover_row(target: str, p99: float | None) -> dict:

@@ -324,14 +324,16 @@ def load_workload(path: str | Path, profile: str = "full") -> Workload:
 
 
 def find_workloads(names: list[str] | None, profile: str = "full") -> list[Workload]:
-    """Workloads by file path or by name in bench/workloads/ (all of them when ``names`` is empty),
-    ordered by their ``order`` key."""
+    """Workloads by file path or by name in bench/workloads/ (when ``names`` is empty, all but
+    the cluster ones, which take an hour and a half and are named or run by `make
+    bench-cluster`), ordered by their ``order`` key."""
     found: list[Workload] = []
     if not names:
         files = sorted(WORKLOAD_DIR.glob("*.toml"))
         if not files:
             raise WorkloadError(f"no workload files in {WORKLOAD_DIR}")
         found = [load_workload(f, profile) for f in files]
+        found = [w for w in found if not any(t.kind.endswith("-cluster") for t in w.targets)]
     else:
         available = {}
         for f in sorted(WORKLOAD_DIR.glob("*.toml")):
