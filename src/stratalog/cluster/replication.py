@@ -393,8 +393,9 @@ class Replicator:
         self.on_lead: Callable[[], None] | None = None
         self._tasks: set[asyncio.Future] = set()
 
-    async def start(self, host: str) -> int:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen for primaries on ``host``:``port`` (0: a free port); returns the port."""
+        self._server = await asyncio.start_server(self._serve, host, port)
         return self._server.sockets[0].getsockname()[1]
 
     def reconcile(self) -> None:
