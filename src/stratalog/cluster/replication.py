@@ -359,6 +359,11 @@ class PrimaryLog:
                         b,
                         now - link.caught_up_at,
                     )
+                    # It joins again only by acknowledging everything up to here, as a new
+                    # backup does: a link that froze (a partition resets nothing) would
+                    # otherwise still count as joined and be named in sync a moment later.
+                    link.joined = False
+                    link.joined_lsn = self.vlog.lsn
                     self._change_isr(lambda isr, b=b: [x for x in isr if x != b])
                     break
 
