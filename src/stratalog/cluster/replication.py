@@ -306,6 +306,10 @@ class PrimaryLog:
         st = self.state()
         if st is None or backup in st.isr or self._isr_busy:
             return
+        if backup not in self.node.brokers:
+            # Not registered (its lease lost while its link to us lives on): the controller
+            # drops it from every in-sync set, so naming it would only start a tug of war.
+            return
         # Commits wait for it from now on, before etcd names it in sync: once named, it may be
         # elected, so it must already hold everything committed from then on.
         self.vlog.require_replicas([b for b in [*st.isr, backup] if b != self.node.node_id])
@@ -349,7 +353,7 @@ class PrimaryLog:
             for b, link in self.links.items():
                 if link.acked >= self.vlog.lsn:
                     link.caught_up_at = now
-                if link.joined and b not in st.isr:
+                if link.joined and b not in st.isr and b in self.node.brokers:
                     self.in_sync(b)  # a join that met another in-sync change is tried again
                     break
                 if b in st.isr and now - link.caught_up_at > self.lag_s:
