@@ -371,10 +371,19 @@ class PrimaryLog:
                     self._change_isr(lambda isr, b=b: [x for x in isr if x != b])
                     break
 
-    def deposed(self) -> None:
-        log.warning("%s: a backup holds a newer epoch than %d", self.vlog.name, self.epoch)
+    def deposed(self, why: str = "a backup holds a newer epoch") -> None:
+        """Proof that etcd moved the log on (epochs come only from its guarded writes): stop
+        leading now, not once this broker's copy of etcd says so, which for a broker cut from
+        etcd can be long after its backups were fenced (a zombie answering reads and fences as
+        the primary meanwhile). Etcd's copy names it again only at a newer epoch."""
+        if self.closed:
+            return
+        log.warning("%s: %s than %d: no longer primary", self.vlog.name, why, self.epoch)
+        self.close(fail_waiters=True)
 
     def close(self, *, fail_waiters: bool) -> None:
+        if self.closed:  # deposed already: the log may be a backup's by now, not to be touched
+            return
         self.closed = True
         self._lag_task.cancel()
         for link in self.links.values():
@@ -414,8 +423,9 @@ class Replicator:
             current = self.primaries.get(vid)
             if st.primary == me and me in self.node.brokers:
                 if current is not None and current.epoch == st.epoch:
-                    # The controller may have dropped a dead backup from the in-sync set.
-                    current.vlog.require_replicas([b for b in st.isr if b != me])
+                    if not current.closed:  # (closed: deposed at this epoch, see deposed())
+                        # The controller may have dropped a dead backup from the in-sync set.
+                        current.vlog.require_replicas([b for b in st.isr if b != me])
                     continue
                 if current is not None:
                     current.close(fail_waiters=True)
@@ -548,13 +558,21 @@ class Replicator:
             self._peers.discard(task)
             peer.close()
 
+    def _leading(self, name: str) -> PrimaryLog | None:
+        return next(
+            (p for p in self.primaries.values() if p.vlog.name == name and not p.closed), None
+        )
+
     def _leads(self, name: str) -> bool:
-        return any(p.vlog.name == name for p in self.primaries.values())
+        return self._leading(name) is not None
 
     def _on_fence(self, peer: _Peer, msg: Fence) -> None:
         name = msg.vlog
         vlog = self.store.open_log(name)
-        if self._leads(name):
+        leading = self._leading(name)
+        if leading is not None and msg.epoch > leading.epoch:
+            leading.deposed("a primary fences it at a newer epoch")
+        elif leading is not None:
             peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
             return
         try:
