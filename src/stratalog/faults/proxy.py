@@ -154,6 +154,11 @@ class FaultProxy:
             self._server = None
         for c in list(self._conns):
             self._drop(c)
+        # Every accept and pump ends here, not as a "destroyed but pending" task at exit.
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in others:
+            t.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     def _drop(self, c: _Connection) -> None:
         self._conns.discard(c)
