@@ -48,6 +48,21 @@ SETTINGS: dict[str, Setting] = {
             "The cluster's name: its metadata lives under /stratalog/<name>/ in etcd.",
         ),
         _S(
+            "cluster.replication.port",
+            int,
+            0,
+            "Port the replication listener (where primaries push to this broker's backups) "
+            "binds to on host; 0 picks a free port.",
+        ),
+        _S(
+            "cluster.advertised.replication.port",
+            int,
+            0,
+            "Replication port the other brokers are told to connect to, in the broker's etcd "
+            "registration (default: the bound one); for a proxy in between, as "
+            "advertised.listeners in Kafka.",
+        ),
+        _S(
             "replica.lag.time.max.ms",
             int,
             10_000,
@@ -522,6 +537,8 @@ class BrokerConfig:
         "group_commit_bytes": 0,
         "port": 0,
         "advertised.port": 0,
+        "cluster.replication.port": 0,
+        "cluster.advertised.replication.port": 0,
         "admin.port": -1,
         "node.id": 0,
         "gc.young_threshold": 0,
@@ -562,7 +579,9 @@ class BrokerConfig:
                 if low == 0:
                     raise ConfigError(f"{name} must be 0 or more, not {v}")
                 raise ConfigError(f"setting {name!r} must be at least {low}, not {v}")
-        for name in ("port", "advertised.port", "admin.port"):
+        ports = ("port", "advertised.port", "admin.port", "cluster.replication.port",
+                 "cluster.advertised.replication.port")  # fmt: skip
+        for name in ports:
             if self[name] > 65535:
                 raise ConfigError(
                     f"setting {name!r} must be a port (at most 65535), not {self[name]}"

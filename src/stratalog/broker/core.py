@@ -351,7 +351,8 @@ class BrokerCore:
             cid = await node.connect(None if self.metadata.fresh else self.metadata.cluster_id)
             if self.metadata.fresh:
                 self.metadata.adopt_cluster(cid)
-            node.replication_port = await replicator.start(self.host)
+            bound = await replicator.start(self.host, self.config["cluster.replication.port"])
+            node.replication_port = self.config["cluster.advertised.replication.port"] or bound
             node.on_topic = lambda name, t: self._cluster_topic(node, name, t)
             node.on_change = replicator.reconcile
             await node.register()

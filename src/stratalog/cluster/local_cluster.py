@@ -36,6 +36,7 @@ class BrokerProc:
     data_dir: Path
     pid: int = 0
     settings: dict[str, str] = field(default_factory=dict)
+    etcd_endpoint: str = ""  # where this broker reaches etcd (empty: the cluster's etcd)
 
     @property
     def bootstrap(self) -> str:
@@ -100,7 +101,7 @@ class LocalCluster:
             "--node-id",
             str(b.node_id),
             "--etcd",
-            self.etcd.endpoint,
+            b.etcd_endpoint or self.etcd.endpoint,
             "--log-level",
             self.log_level,
         ]

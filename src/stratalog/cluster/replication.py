@@ -306,6 +306,10 @@ class PrimaryLog:
         st = self.state()
         if st is None or backup in st.isr or self._isr_busy:
             return
+        if backup not in self.node.brokers:
+            # Not registered (its lease lost while its link to us lives on): the controller
+            # drops it from every in-sync set, so naming it would only start a tug of war.
+            return
         # Commits wait for it from now on, before etcd names it in sync: once named, it may be
         # elected, so it must already hold everything committed from then on.
         self.vlog.require_replicas([b for b in [*st.isr, backup] if b != self.node.node_id])
@@ -349,7 +353,7 @@ class PrimaryLog:
             for b, link in self.links.items():
                 if link.acked >= self.vlog.lsn:
                     link.caught_up_at = now
-                if link.joined and b not in st.isr:
+                if link.joined and b not in st.isr and b in self.node.brokers:
                     self.in_sync(b)  # a join that met another in-sync change is tried again
                     break
                 if b in st.isr and now - link.caught_up_at > self.lag_s:
@@ -359,13 +363,27 @@ class PrimaryLog:
                         b,
                         now - link.caught_up_at,
                     )
+                    # It joins again only by acknowledging everything up to here, as a new
+                    # backup does: a link that froze (a partition resets nothing) would
+                    # otherwise still count as joined and be named in sync a moment later.
+                    link.joined = False
+                    link.joined_lsn = self.vlog.lsn
                     self._change_isr(lambda isr, b=b: [x for x in isr if x != b])
                     break
 
-    def deposed(self) -> None:
-        log.warning("%s: a backup holds a newer epoch than %d", self.vlog.name, self.epoch)
+    def deposed(self, why: str = "a backup holds a newer epoch") -> None:
+        """Proof that etcd moved the log on (epochs come only from its guarded writes): stop
+        leading now, not once this broker's copy of etcd says so, which for a broker cut from
+        etcd can be long after its backups were fenced (a zombie answering reads and fences as
+        the primary meanwhile). Etcd's copy names it again only at a newer epoch."""
+        if self.closed:
+            return
+        log.warning("%s: %s than %d: no longer primary", self.vlog.name, why, self.epoch)
+        self.close(fail_waiters=True)
 
     def close(self, *, fail_waiters: bool) -> None:
+        if self.closed:  # deposed already: the log may be a backup's by now, not to be touched
+            return
         self.closed = True
         self._lag_task.cancel()
         for link in self.links.values():
@@ -393,8 +411,9 @@ class Replicator:
         self.on_lead: Callable[[], None] | None = None
         self._tasks: set[asyncio.Future] = set()
 
-    async def start(self, host: str) -> int:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen for primaries on ``host``:``port`` (0: a free port); returns the port."""
+        self._server = await asyncio.start_server(self._serve, host, port)
         return self._server.sockets[0].getsockname()[1]
 
     def reconcile(self) -> None:
@@ -404,8 +423,9 @@ class Replicator:
             current = self.primaries.get(vid)
             if st.primary == me and me in self.node.brokers:
                 if current is not None and current.epoch == st.epoch:
-                    # The controller may have dropped a dead backup from the in-sync set.
-                    current.vlog.require_replicas([b for b in st.isr if b != me])
+                    if not current.closed:  # (closed: deposed at this epoch, see deposed())
+                        # The controller may have dropped a dead backup from the in-sync set.
+                        current.vlog.require_replicas([b for b in st.isr if b != me])
                     continue
                 if current is not None:
                     current.close(fail_waiters=True)
@@ -538,13 +558,21 @@ class Replicator:
             self._peers.discard(task)
             peer.close()
 
+    def _leading(self, name: str) -> PrimaryLog | None:
+        return next(
+            (p for p in self.primaries.values() if p.vlog.name == name and not p.closed), None
+        )
+
     def _leads(self, name: str) -> bool:
-        return any(p.vlog.name == name for p in self.primaries.values())
+        return self._leading(name) is not None
 
     def _on_fence(self, peer: _Peer, msg: Fence) -> None:
         name = msg.vlog
         vlog = self.store.open_log(name)
-        if self._leads(name):
+        leading = self._leading(name)
+        if leading is not None and msg.epoch > leading.epoch:
+            leading.deposed("a primary fences it at a newer epoch")
+        elif leading is not None:
             peer.send(Refused(name, vlog.promised_epoch, REFUSED_STALE_EPOCH))
             return
         try:

@@ -10,7 +10,9 @@ The ideas are jepsen.tests.kafka's (replication-facts.md §2 and §7), the code 
   whose outcome is unknown is ``info``, never ``fail``);
 * :mod:`~stratalog.faults.nemesis` - a seeded schedule of ``kill -9`` (one or two brokers),
   ``SIGSTOP`` past the 3 s lease, and ``kill -9`` / ``SIGSTOP`` of the coordinator (etcd; on
-  Kafka the active KRaft controller), with fault-free gaps and a final heal, all by PID;
+  Kafka the active KRaft controller), all by PID, and network cuts (one leader from etcd, one
+  from its peers), with fault-free gaps and a final heal;
+* :mod:`~stratalog.faults.proxy` - the loopback TCP fault proxy those cuts go through;
 * :mod:`~stratalog.faults.checker` - lost writes, unseen, duplicates, inconsistent offsets,
   nonmonotonic sends, nonmonotonic and skipping polls, G1a, phantoms; from the history alone;
 * :mod:`~stratalog.faults.targets` - the systems under test behind one interface: Stratalog's
@@ -36,9 +38,11 @@ runs, and the current run's phase), and writes under ``--results`` (``faults-res
             logs/                         the brokers' (and etcd's) logs
             cluster/                      data directories, kept only when a run is not valid
 
-Other options: ``--faults kill1,kill2,pause1,coord-kill,coord-pause`` (the mix; ``--fixed``
-runs it once in order), ``--rate 200`` sends/s, ``--partitions 8``, ``--gap 5,15`` fault-free
-seconds after each fault, ``--restart-delay 0,5``, ``--pause 5,5``, ``--settle 10``,
+Other options: ``--faults kill1,kill2,pause1,coord-kill,coord-pause`` (the mix, the default;
+also ``etcd-cut1`` and ``isolate1``, Stratalog only, with ``--cut 6,6`` seconds and
+``--cut-mode blackhole|refuse``; ``--fixed`` runs it once in order), ``--rate 200`` sends/s,
+``--partitions 8``, ``--gap 5,15`` fault-free seconds after each fault,
+``--restart-delay 0,5``, ``--pause 5,5``, ``--settle 10``,
 ``--final-read-timeout 200``, ``--set KEY=VALUE`` (broker settings or Kafka properties),
 ``--flush-messages`` (Kafka: ``flush.messages=1``), ``--broker-log-level INFO`` (Stratalog),
 ``--stop-on-anomaly``. The history's first event holds the wall clock at its time 0, to line it

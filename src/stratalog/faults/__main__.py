@@ -23,7 +23,8 @@ from rich.progress import (
 
 from stratalog.faults.checker import check
 from stratalog.faults.history import compress, load_history
-from stratalog.faults.nemesis import FAULTS
+from stratalog.faults.nemesis import FAULTS, KNOWN
+from stratalog.faults.proxy import MODES
 from stratalog.faults.report import anomaly_table, load_results, row, table
 from stratalog.faults.runner import RunConfig, run
 
@@ -52,7 +53,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--faults",
         default=",".join(FAULTS),
-        help=f"comma-separated mix, drawn at random (default {','.join(FAULTS)})",
+        help=f"comma-separated mix, drawn at random, of {','.join(KNOWN)} (default "
+        f"{','.join(FAULTS)}; etcd-cut1 and isolate1 need --target stratalog)",
     )
     p.add_argument("--fixed", action="store_true", help="the faults once, in the given order")
     p.add_argument("--rate", type=float, default=200, help="sends per second (200)")
@@ -64,6 +66,9 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gap", type=_range, default=(5.0, 15.0), help="fault-free gap LO,HI (5,15)")
     p.add_argument("--restart-delay", type=_range, default=(0.0, 5.0), help="LO,HI s (0,5)")
     p.add_argument("--pause", type=_range, default=(5.0, 5.0), help="SIGSTOP length LO,HI (5)")
+    p.add_argument("--cut", type=_range, default=(6.0, 6.0), help="network cut length LO,HI (6)")
+    p.add_argument("--cut-mode", choices=MODES, default="blackhole",
+                   help="blackhole: silence, as a partition (default); refuse: resets")  # fmt: skip
     p.add_argument("--settle", type=float, default=10)
     p.add_argument("--final-read-timeout", type=float, default=200)
     p.add_argument("--message-timeout-ms", type=int, default=120_000)
@@ -92,6 +97,8 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, seed: int
         gap=args.gap,
         restart_delay=args.restart_delay,
         pause=args.pause,
+        cut=args.cut,
+        cut_mode=args.cut_mode,
         settle=args.settle,
         final_read_timeout=args.final_read_timeout,
         message_timeout_ms=args.message_timeout_ms,

@@ -1,6 +1,7 @@
-"""The nemesis: a seeded schedule of process faults with fault-free periods, then a heal.
+"""The nemesis: a seeded schedule of process and network faults with fault-free periods, then a
+heal.
 
-Faults (every one to one PID, recorded in the history with the PIDs it hit):
+Faults (each to one process, recorded in the history with the PIDs it hit):
 
 ``kill1``
     ``kill -9`` of one broker - a partition leader when the metadata names one - restarted after
@@ -15,11 +16,21 @@ Faults (every one to one PID, recorded in the history with the PIDs it hit):
     0-5 s.
 ``coord-pause``
     ``SIGSTOP`` of the coordinator for ``pause`` seconds, then ``SIGCONT``.
+``etcd-cut1``
+    One leader's link to etcd cut for ``cut`` seconds (6 s: past its 3 s lease), while it still
+    serves clients and replicates: the zombie leader, deposed in etcd without knowing it.
+``isolate1``
+    One leader cut from the other brokers' replication traffic, both ways, for ``cut`` seconds,
+    while it still reaches etcd and clients.
+
+Network cuts go through the target's fault proxies (``cut_mode``: ``blackhole``, silence as in
+a real partition, or ``refuse``, resets); they are recorded as ``cut`` and ``reconnect``.
 
 The schedule waits ``quiet_start`` seconds, then runs one fault at a time - each to its end,
 restart included - with a fault-free gap of ``gap`` seconds after each. ``fixed`` runs the
 listed faults once in order (a test's mix); otherwise each fault is drawn at random from the
-list. :meth:`Nemesis.heal` resumes and restarts whatever is still down (the coordinator first).
+list. :meth:`Nemesis.heal` reconnects what is cut, then resumes and restarts whatever is still
+down (the coordinator first).
 """
 
 from __future__ import annotations
@@ -31,10 +42,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratalog.faults.history import History
+from stratalog.faults.proxy import MODES, Mode
 from stratalog.faults.targets import Target
 
 FAULTS = ("kill1", "kill2", "pause1", "coord-kill", "coord-pause")
 PAUSES = frozenset({"pause1", "coord-pause"})
+CUTS = {"etcd-cut1": "etcd", "isolate1": "replication"}  # fault -> the link it cuts
+KNOWN = (*FAULTS, *CUTS)  # the default mix keeps to process faults (they need no proxies)
 
 
 @dataclass
@@ -45,12 +59,16 @@ class NemesisConfig:
     gap: tuple[float, float] = (5.0, 15.0)
     restart_delay: tuple[float, float] = (0.0, 5.0)
     pause: tuple[float, float] = (5.0, 5.0)
+    cut: tuple[float, float] = (6.0, 6.0)
+    cut_mode: Mode = "blackhole"
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = set(self.faults) - set(FAULTS)
+        unknown = set(self.faults) - set(KNOWN)
         if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(KNOWN)}")
+        if self.cut_mode not in MODES:
+            raise ValueError(f"unknown cut mode {self.cut_mode!r}: {' or '.join(MODES)}")
 
 
 class Nemesis(threading.Thread):
@@ -67,6 +85,7 @@ class Nemesis(threading.Thread):
         self._halt = threading.Event()
         self.down: set[str] = set()  # killed and not yet restarted
         self.paused: set[str] = set()
+        self.cut: set[tuple[str, str]] = set()  # (node, link) partitioned and not reconnected
         self.applied: list[str] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()  # the schedule and heal() never act at once
@@ -116,7 +135,7 @@ class Nemesis(threading.Thread):
 
     def _apply(self, fault: str) -> None:
         h = self.history
-        if fault in ("kill1", "kill2", "pause1"):
+        if fault in ("kill1", "kill2", "pause1", *CUTS):
             names, leaders = self._victims(2 if fault == "kill2" else 1)
         else:
             coord = self.target.coordinator()
@@ -125,7 +144,18 @@ class Nemesis(threading.Thread):
                 return
             names, leaders = [coord], None
         self.applied.append(fault)
-        if fault in PAUSES:
+        if fault in CUTS:
+            link, mode = CUTS[fault], self.cfg.cut_mode
+            seconds = self.rng.uniform(*self.cfg.cut)
+            h.invoke("nemesis", "cut", value={**self._describe(names, leaders), "link": link})
+            for n in names:
+                self.target.cut(n, link, mode)
+                self.cut.add((n, link))
+            h.ok("nemesis", "cut", value={**self._describe(names), "link": link, "mode": mode,
+                                          "seconds": round(seconds, 3)})  # fmt: skip
+            time.sleep(seconds)  # never cut short, like a pause
+            self._reconnect([(n, link) for n in names])
+        elif fault in PAUSES:
             seconds = self.rng.uniform(*self.cfg.pause)
             h.invoke("nemesis", "pause", value=self._describe(names, leaders))
             for n in names:
@@ -143,6 +173,14 @@ class Nemesis(threading.Thread):
             h.ok("nemesis", "kill", value={"nodes": names, "restart_in": round(delay, 3)})
             time.sleep(delay)
             self._restart(names)
+
+    def _reconnect(self, cuts: list[tuple[str, str]]) -> None:
+        h = self.history
+        for n, link in cuts:
+            h.invoke("nemesis", "reconnect", value={"nodes": [n], "link": link})
+            self.target.reconnect(n, link)
+            self.cut.discard((n, link))
+            h.ok("nemesis", "reconnect", value={"nodes": [n], "link": link})
 
     def _resume(self, names: list[str]) -> None:
         h = self.history
@@ -174,10 +212,15 @@ class Nemesis(threading.Thread):
             )
 
     def heal(self, attempts: int = 3) -> bool:
-        """Everything running again: paused processes continued, killed ones restarted (the
-        coordinator first). True when nothing is left down."""
+        """Everything running again: links reconnected, paused processes continued, killed ones
+        restarted (the coordinator first). True when nothing is left down."""
         with self._lock:
             self.history.invoke("nemesis", "heal")
+            if self.cut:
+                try:
+                    self._reconnect(sorted(self.cut))
+                except Exception as e:
+                    self.errors.append(f"heal: {e!r}")
             if self.paused:
                 self._resume(sorted(self.paused))
             for _ in range(attempts):
@@ -189,9 +232,10 @@ class Nemesis(threading.Thread):
                     self._restart(order)
                 except Exception as e:
                     self.errors.append(f"heal: {e!r}")
-            healed = not self.down and not self.paused
+            healed = not self.down and not self.paused and not self.cut
             if healed:
                 self.history.ok("nemesis", "heal")
             else:
-                self.history.info("nemesis", "heal", value={"down": sorted(self.down)})
+                left = {"down": sorted(self.down), "cut": sorted(map(list, self.cut))}
+                self.history.info("nemesis", "heal", value=left)
             return healed

@@ -26,7 +26,8 @@ from confluent_kafka.admin import NewTopic
 
 from stratalog.faults.checker import check
 from stratalog.faults.history import History
-from stratalog.faults.nemesis import FAULTS, Nemesis, NemesisConfig
+from stratalog.faults.nemesis import CUTS, FAULTS, Nemesis, NemesisConfig
+from stratalog.faults.proxy import Mode
 from stratalog.faults.targets import Target, admin_client, make_target, remove_data
 from stratalog.faults.workload import Workload, WorkloadConfig, final_reads
 
@@ -49,6 +50,8 @@ class RunConfig:
     gap: tuple[float, float] = (5.0, 15.0)
     restart_delay: tuple[float, float] = (0.0, 5.0)
     pause: tuple[float, float] = (5.0, 5.0)
+    cut: tuple[float, float] = (6.0, 6.0)  # etcd-cut1 / isolate1 length
+    cut_mode: Mode = "blackhole"
     settle: float = 10.0
     led_timeout: float = 30.0  # after settling, how long to wait for every partition's leader
     final_read_timeout: float = 60.0
@@ -110,6 +113,7 @@ def run(cfg: RunConfig, out: Path, progress: Progress | None = None) -> dict[str
         settings=cfg.settings,
         flush_messages=cfg.flush_messages,
         log_level=cfg.broker_log_level,
+        network=any(f in CUTS for f in cfg.faults),
     )
     history = History(out / "history.jsonl")
     client_log = _client_log(out / "clients.log")
@@ -159,6 +163,8 @@ def run(cfg: RunConfig, out: Path, progress: Progress | None = None) -> dict[str
                 gap=cfg.gap,
                 restart_delay=cfg.restart_delay,
                 pause=cfg.pause,
+                cut=cfg.cut,
+                cut_mode=cfg.cut_mode,
                 seed=cfg.seed,
             ),
             cfg.topic,

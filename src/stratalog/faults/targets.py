@@ -3,7 +3,15 @@
 A :class:`Target` is a cluster of processes on 127.0.0.1 with names: its brokers, and a
 *coordinator* whose faults stand for losing the cluster's metadata service - etcd for
 Stratalog, the active KRaft controller (the quorum leader, itself a broker in combined mode)
-for Kafka. Every fault goes to one PID; a restart reuses the process's ports and data.
+for Kafka. Every process fault goes to one PID; a restart reuses the process's ports and data.
+
+Network faults (Stratalog only, with ``network=True``) cut links through fault proxies
+(:mod:`stratalog.faults.proxy`): each broker reaches etcd through a proxy of its own (the
+``etcd`` link), and advertises a proxy in front of its replication listener
+(``cluster.advertised.replication.port``), through which every other broker reaches it (the
+``replication`` link; cutting it also cuts that broker's connections to the others' proxies).
+A kill -9 behind a proxy looks alive to a peer's probe (the proxy still accepts), so without
+network faults there are no proxies and failover after a kill is as fast as it is in production.
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ from confluent_kafka.admin import AdminClient
 
 from stratalog.cluster.errors import ClusterError
 from stratalog.cluster.local_cluster import BrokerProc, LocalCluster
+from stratalog.faults.proxy import FaultProxy, Mode, free_port, owner
 from stratalog.peers.kafka_cluster import KafkaCluster, KafkaNode
+
+LINKS = ("etcd", "replication")
 
 # Admin clients' librdkafka lines (refused connections while a broker is down) go nowhere.
 _quiet = logging.getLogger("stratalog.faults.admin")
@@ -78,6 +89,13 @@ class Target(ABC):
     def resume(self, name: str) -> None:
         """SIGCONT."""
 
+    def cut(self, name: str, link: str, mode: Mode = "blackhole") -> None:
+        """Partition broker ``name``'s ``link`` (one of ``LINKS``) until :meth:`reconnect`."""
+        raise NotImplementedError(f"{self.kind} has no network faults")
+
+    def reconnect(self, name: str, link: str) -> None:
+        raise NotImplementedError(f"{self.kind} has no network faults")
+
     @abstractmethod
     def topic_configs(self) -> dict[str, str]:
         """The configs a test topic is created with (RF 3 is the caller's)."""
@@ -116,18 +134,81 @@ class StratalogTarget(Target):
         brokers: int = 3,
         settings: dict[str, str] | None = None,
         log_level: str = "WARNING",
+        network: bool = False,
     ) -> None:
         self.cluster = LocalCluster(root, brokers=brokers, settings=settings, log_level=log_level)
+        self.network = network
+        self.etcd_proxies: dict[str, FaultProxy] = {}
+        self.replication_proxies: dict[str, FaultProxy] = {}
 
     def start(self) -> None:
-        self.cluster.start()
+        if self.network:
+            self._start_proxies()
+        try:
+            self.cluster.start()
+        except BaseException:
+            self._close_proxies()
+            raise
+
+    def _start_proxies(self) -> None:
+        etcd = self.cluster.etcd
+
+        def brokers_pids() -> dict[str, int | None]:
+            return {n: self.pid(n) for n in self.brokers}
+
+        for b in self.cluster.brokers:
+            name = f"broker-{b.node_id}"
+            # etcd's port is known once it has started: resolved per connection.
+            to_etcd = FaultProxy(lambda: ("127.0.0.1", etcd.client_port), name=f"etcd<-{name}")
+            listener = free_port()
+            to_broker = FaultProxy(
+                ("127.0.0.1", listener),
+                name=f"replication->{name}",
+                source=lambda peer: owner(peer, brokers_pids()),
+            )
+            self.etcd_proxies[name] = to_etcd.start()
+            self.replication_proxies[name] = to_broker.start()
+            b.etcd_endpoint = f"http://127.0.0.1:{to_etcd.port}"
+            b.settings = {
+                **b.settings,
+                "cluster.replication.port": str(listener),
+                "cluster.advertised.replication.port": str(to_broker.port),
+            }
+
+    def _close_proxies(self) -> None:
+        for p in [*self.etcd_proxies.values(), *self.replication_proxies.values()]:
+            p.close()
 
     def stop(self) -> None:
         for b in self.cluster.brokers:  # a paused broker cannot act on SIGTERM
             self.cluster.send_signal(b, signal.SIGCONT)
         if self.cluster.etcd.proc is not None:
             self.cluster.etcd.resume()
-        self.cluster.stop()
+        for p in [*self.etcd_proxies.values(), *self.replication_proxies.values()]:
+            p.heal()  # a clean stop hands its logs over through etcd and its peers
+        try:
+            self.cluster.stop()
+        finally:
+            self._close_proxies()
+
+    def cut(self, name: str, link: str, mode: Mode = "blackhole") -> None:
+        self._need(name)
+        if link == "etcd":
+            self.etcd_proxies[name].cut(mode)
+        elif link == "replication":
+            self.replication_proxies[name].cut(mode)  # nobody reaches it
+            for other, p in self.replication_proxies.items():
+                if other != name:
+                    p.cut(mode, sources={name})  # it reaches nobody
+        else:
+            raise ValueError(f"unknown link {link!r}: {', '.join(LINKS)}")
+
+    def reconnect(self, name: str, link: str) -> None:
+        if link == "etcd":
+            self.etcd_proxies[name].heal()
+        else:
+            for p in self.replication_proxies.values():
+                p.heal()
 
     @property
     def bootstrap(self) -> str:
@@ -286,10 +367,14 @@ def make_target(
     settings: dict[str, str] | None = None,
     flush_messages: bool = False,
     log_level: str = "WARNING",
+    network: bool = False,
 ) -> Target:
-    """``stratalog`` or ``kafka``, with its data under ``root`` (``log_level``: Stratalog's)."""
+    """``stratalog`` or ``kafka``, with its data under ``root`` (``log_level``: Stratalog's;
+    ``network``: fault proxies in every broker's links, Stratalog only)."""
     if kind == "stratalog":
-        return StratalogTarget(root, settings=settings, log_level=log_level)
+        return StratalogTarget(root, settings=settings, log_level=log_level, network=network)
+    if network:
+        raise ValueError(f"network faults are not available against {kind}")
     if kind == "kafka":
         return KafkaTarget(root, properties=settings, flush_messages=flush_messages)
     raise ValueError(f"unknown target {kind!r}: stratalog or kafka")

@@ -58,6 +58,12 @@ class FakeTarget(Target):
     def resume(self, name: str) -> None:
         self.calls.append(("resume", name))
 
+    def cut(self, name: str, link: str, mode: str = "blackhole") -> None:
+        self.calls.append((f"cut-{link}-{mode}", name))
+
+    def reconnect(self, name: str, link: str) -> None:
+        self.calls.append((f"reconnect-{link}", name))
+
     def topic_configs(self) -> dict[str, str]:
         return {}
 
@@ -131,6 +137,33 @@ def test_heal_restarts_what_a_failed_restart_left_down_coordinator_first() -> No
     assert h.events[-1]["f"] == "heal" and h.events[-1]["type"] == "ok"
 
 
+def test_network_cuts_go_to_a_leader_and_are_recorded_and_reconnected() -> None:
+    t = FakeTarget()
+    n, h = run_schedule(t, NemesisConfig(faults=("etcd-cut1", "isolate1"), fixed=True,
+                                         quiet_start=0, gap=(0, 0), cut=(0.01, 0.01)))  # fmt: skip
+    assert n.applied == ["etcd-cut1", "isolate1"]
+    kinds = [c for c, _ in t.calls]
+    assert kinds == ["cut-etcd-blackhole", "reconnect-etcd", "cut-replication-blackhole",
+                     "reconnect-replication"]  # fmt: skip
+    assert all(name in {"b-2", "b-3"} for _, name in t.calls)  # leaders
+    cuts = [e for e in h.events if e["f"] == "cut"]
+    assert [(e["type"], e["value"]["link"]) for e in cuts] == [
+        ("invoke", "etcd"), ("ok", "etcd"), ("invoke", "replication"), ("ok", "replication")
+    ]  # fmt: skip
+    assert cuts[0]["value"]["pids"] == [t.pids[cuts[0]["value"]["nodes"][0]]]
+    assert not n.cut
+
+
+def test_heal_reconnects_a_cut_left_open() -> None:
+    t = FakeTarget()
+    n = Nemesis(t, History(), fast(("kill1",)), "t")
+    n.cut.add(("b-2", "replication"))
+    assert n.heal()
+    assert t.calls == [("reconnect-replication", "b-2")]
+
+
 def test_an_unknown_fault_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown faults"):
         NemesisConfig(faults=("kill1", "partition"))
+    with pytest.raises(ValueError, match="cut mode"):
+        NemesisConfig(faults=("isolate1",), cut_mode="drop")  # type: ignore[arg-type]
