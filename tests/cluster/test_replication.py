@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stratalog.cluster.local_cluster import LocalCluster
+from stratalog.records import build_batch
 
 from ..conformance import wire
 
@@ -329,3 +330,31 @@ def test_a_dead_brokers_lease_is_revoked_by_the_peers_that_saw_it_die(cluster):
     for i in range(100):
         p.produce("dd", b"e%04d" % i)
     assert p.flush(30) == 0
+
+
+def test_a_write_committed_by_a_shrunken_in_sync_set_is_not_acknowledged(cluster):
+    """acks=all with min.insync.replicas=2: both backups of a partition freeze while a write
+    waits for them; once their leases expire the in-sync set is the primary alone, which
+    commits the write, and the answer is NOT_ENOUGH_REPLICAS_AFTER_APPEND (Kafka's), not an
+    acknowledgement two replicas never gave."""
+    first = cluster.brokers[0].bootstrap
+    _create(first, "shrink")
+    t = _wait_in_sync(first, "shrink", 3)
+    leader_id = t["partitions"][0]["leader_id"]
+    leader = next(b for b in cluster.brokers if b.node_id == leader_id)
+    backups = [b for b in cluster.brokers if b is not leader]
+    batch = build_batch([(b"k", b"v", int(time.time() * 1000))])
+    data = [{"name": "shrink", "partition_data": [{"index": 0, "records": batch}]}]
+    for b in backups:
+        cluster.send_signal(b, signal.SIGSTOP)
+    try:
+        r = wire.call(
+            leader.bootstrap, 0, 9, transactional_id=None, acks=-1, timeout=25000, topic_data=data
+        )
+    finally:
+        for b in backups:
+            cluster.send_signal(b, signal.SIGCONT)
+    part = r["responses"][0]["partition_responses"][0]
+    assert part["error_code"] == 20, part  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    # Written all the same (Kafka's rule too): the backups catch up with it and rejoin.
+    _wait_in_sync(leader.bootstrap, "shrink", 3, timeout=60)

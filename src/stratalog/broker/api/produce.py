@@ -283,6 +283,16 @@ class _Pending:
                 else:
                     r.error_code = code("KAFKA_STORAGE_ERROR")
                     r.error_message = "fsync failed; the write may not be durable"
+            elif ok and self.core.cluster is not None and id(r) in self.waiting:
+                # Committed, but by an in-sync set that shrank below min.insync.replicas while
+                # it waited (a backup dropped for lag): written, not acknowledged (Kafka).
+                core = self.core
+                t = core.metadata.topics.get(p.topic)
+                if t is not None and core.in_sync_error(
+                    p.topic, p.index, core.topic_config(t).get_int("min.insync.replicas")
+                ):
+                    r.error_code = code("NOT_ENOUGH_REPLICAS_AFTER_APPEND")
+                    r.error_message = "the in-sync set shrank below min.insync.replicas"
             self._one_done(r)
 
         p.when_durable(lsn, done)
