@@ -1,8 +1,8 @@
-"""The cluster benchmarks rf3 and failover at their quick sizes against a three-broker
-Stratalog cluster and a three-node Kafka KRaft cluster: the harness counts, times and reports
-completely. No assertion on speed: speeds are for docs/benchmarks.md. (rf3-kera and rejoin
-share their targets and report with these; at quick size they would add five minutes to
-`make test`, so they are run by `make bench-cluster` only.)"""
+"""The cluster benchmark failover at its quick size against a three-broker Stratalog cluster
+and a three-node Kafka KRaft cluster: the harness kills, times and reports completely. No
+assertion on speed: speeds are for docs/benchmarks.md. (rf3, rf3-kera and rejoin share its
+targets and report; at quick size they would add five minutes to `make test`, so they are run
+by `make bench-cluster` only.)"""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ import pytest
 
 from stratalog.bench import cluster_report
 from stratalog.bench.failover import quantile
-from stratalog.bench.workload import find_workloads
 
 pytestmark = [pytest.mark.timeout(1500), pytest.mark.kafka]
 
-WORKLOADS = ("rf3", "failover")
+WORKLOADS = ("failover",)
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +37,6 @@ def cluster_run(tmp_path_factory) -> dict:
 
 def _rows(run: dict, workload: str) -> list[dict]:
     return [r for r in run["results"] if r["workload"] == workload]
-
-
-def test_ingest_cases_count_every_record_on_every_system(cluster_run):
-    quick = {w.name: w for w in find_workloads(list(WORKLOADS), "quick")}
-    for workload in ("rf3",):
-        rows = _rows(cluster_run, workload)
-        assert {r["target"] for r in rows} == {"stratalog-rf3", "kafka-rf3", "kafka-rf3-fsync"}
-        for r in rows:
-            assert r["ok"], (r["target"], r["error"])
-            assert r["records"] == quick[workload].records
-            assert r["stored"] >= r["records"]
-            assert r["bytes"] == r["records"] * 1024
-            assert r["mb_per_s"] > 0 and r["publish"]["count"] > 0
-            assert "RF 3" in r["describe"]
-    fsync = next(r for r in _rows(cluster_run, "rf3") if r["target"] == "kafka-rf3-fsync")
-    assert "flush.messages=1" in fsync["describe"]
 
 
 def test_failover_trials_each_kill_the_leader_and_see_a_new_one(cluster_run):
@@ -78,8 +61,8 @@ def test_cluster_report_files(cluster_run):
     md = (out / "results.md").read_text()
     assert "## Cluster goals" in md and "Failover trials on stratalog-rf3" in md
     goals = cluster_run["cluster_goals"]
-    ran = {k: g for k, g in goals.items() if k.startswith(("failover", "RF 3 durable"))}
-    assert len(ran) == 3 and all(g["verdict"] in ("met", "missed") for g in ran.values()), goals
+    ran = {k: g for k, g in goals.items() if k.startswith("failover")}
+    assert len(ran) == 1 and all(g["verdict"] in ("met", "missed") for g in ran.values()), goals
 
 
 def _failover_row(target: str, p99: float | None) -> dict:

@@ -203,8 +203,13 @@ def _output(spark, out: Path) -> list[Record]:
     return rows(spark.read.schema(OUTPUT_SCHEMA).parquet(str(out)))
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "stop"])
-@pytest.mark.parametrize("source", ["stratalog-python", "stratalog"])
+# Each source through one kind of leader change (the Python client's own tests follow both
+# kinds; four Spark streams would cost make test another 40 s).
+@pytest.mark.parametrize(
+    ("source", "how"),
+    [("stratalog", signal.SIGKILL), ("stratalog-python", signal.SIGTERM)],
+    ids=["stratalog-kill", "stratalog-python-stop"],
+)
 def test_a_stream_goes_on_through_a_leader_change_exactly_once(
     cluster, spark, tmp_path, how, source
 ):

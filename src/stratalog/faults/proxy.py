@@ -232,7 +232,8 @@ def _inode(local: Address) -> int | None:
         next(f)
         for line in f:
             fields = line.split()
-            if fields[1] == want:
+            # An earlier connection's TIME_WAIT entry may share the address: it has no inode.
+            if fields[1] == want and int(fields[9]):
                 return int(fields[9])
     return None
 
