@@ -12,13 +12,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from stratalog.cluster.local_cluster import LocalCluster
 
 from .test_client_routing import PARTITIONS, create_spread_topic, leaders_of
 
@@ -26,16 +23,6 @@ pytestmark = pytest.mark.spark
 
 Record = tuple[int, int, bytes | None, bytes]  # partition, offset, key, value
 OUTPUT_SCHEMA = "partition int, offset bigint, key binary, value binary"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path_factory.mktemp("spark-cluster") / "c", brokers=3)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

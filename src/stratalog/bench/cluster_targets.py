@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from abc import abstractmethod
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -129,12 +130,12 @@ class ClusterTarget(KafkaProtocolTarget):
     def restart(self, name: str, timeout: float = 180) -> None:
         self.cluster.restart(name, timeout=timeout)
 
+    @abstractmethod
     def stop_broker(self, name: str) -> None:
         """A clean stop (SIGTERM): leadership handed over first, as in a rolling restart."""
-        raise NotImplementedError
 
-    def broker_data_dir(self, name: str) -> Path:
-        raise NotImplementedError
+    @abstractmethod
+    def broker_data_dir(self, name: str) -> Path: ...
 
     def data_dirs(self) -> list[Path]:
         return [self.broker_data_dir(n) for n in self.brokers]
@@ -156,8 +157,8 @@ class ClusterTarget(KafkaProtocolTarget):
             cluster.stop()
         self._rmworkdir()
 
-    def _make(self, root: Path) -> fault_targets.Target:
-        raise NotImplementedError
+    @abstractmethod
+    def _make(self, root: Path) -> fault_targets.Target: ...
 
 
 @register

@@ -23,7 +23,7 @@ from rich.progress import (
 
 from stratalog.faults.checker import check
 from stratalog.faults.history import compress, load_history
-from stratalog.faults.nemesis import FAULTS, KNOWN
+from stratalog.faults.nemesis import CUTS, FAULTS, KNOWN
 from stratalog.faults.proxy import MODES
 from stratalog.faults.report import anomaly_table, load_results, row, table
 from stratalog.faults.runner import RunConfig, run
@@ -81,12 +81,23 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", type=Path, default=Path("faults-results"))
 
 
+def _faults(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    faults = tuple(f for f in args.faults.split(",") if f)
+    unknown = [f for f in faults if f not in KNOWN]
+    if unknown:
+        parser.error(f"unknown fault(s) {', '.join(unknown)}: choose from {', '.join(KNOWN)}")
+    cuts = [f for f in faults if f in CUTS]
+    if cuts and args.target != "stratalog":
+        parser.error(f"{', '.join(cuts)} need --target stratalog (Kafka runs without proxies)")
+    return faults
+
+
 def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, seed: int) -> RunConfig:
     return RunConfig(
         target=args.target,
         duration=args.duration,
         seed=seed,
-        faults=tuple(f for f in args.faults.split(",") if f),
+        faults=_faults(args, parser),
         fixed=args.fixed,
         rate=args.rate,
         partitions=args.partitions,

@@ -90,11 +90,12 @@ class Target(ABC):
         """SIGCONT."""
 
     def cut(self, name: str, link: str, mode: Mode = "blackhole") -> None:
-        """Partition broker ``name``'s ``link`` (one of ``LINKS``) until :meth:`reconnect`."""
-        raise NotImplementedError(f"{self.kind} has no network faults")
+        """Partition broker ``name``'s ``link`` (one of ``LINKS``) until :meth:`reconnect`;
+        only a target run behind proxies has links to cut (the CLI refuses the rest)."""
+        raise ValueError(f"{self.kind} runs without proxies: no link of {name} to cut")
 
     def reconnect(self, name: str, link: str) -> None:
-        raise NotImplementedError(f"{self.kind} has no network faults")
+        raise ValueError(f"{self.kind} runs without proxies: no link of {name} to reconnect")
 
     @abstractmethod
     def topic_configs(self) -> dict[str, str]:

@@ -167,3 +167,18 @@ def test_an_unknown_fault_is_refused() -> None:
         NemesisConfig(faults=("kill1", "partition"))
     with pytest.raises(ValueError, match="cut mode"):
         NemesisConfig(faults=("isolate1",), cut_mode="drop")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--target", "kafka", "--faults", "kill1,isolate1"], "isolate1 need --target stratalog"),
+        (["--faults", "kill1,explode"], "unknown fault(s) explode"),
+    ],
+)
+def test_the_cli_refuses_a_mix_it_cannot_run(args, said, capsys):
+    from stratalog.faults.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", *args, "--duration", "1"])
+    assert e.value.code == 2 and said in capsys.readouterr().err
