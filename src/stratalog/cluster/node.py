@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 PRODUCER_ID_BLOCK = 1000
 LEASE_TTL_S = 3.0  # a stuck event loop loses its lease within this (replication-facts.md §6)
+PROBE_ATTEMPTS = 10  # connections tried on a suspected broker's replication port ...
+PROBE_PAUSE = 0.15  # ... this far apart: about half the lease in all
 
 
 class Keys:
@@ -227,12 +229,15 @@ class ClusterNode:
         task.add_done_callback(lambda _t: self._probing.discard(node_id))
 
     async def _probe(self, info: BrokerInfo) -> None:
-        # Two refusals prove it; an accepted connection disproves it; a timeout (a starved
-        # event loop here, a full backlog there) proves nothing, so it is tried again.
-        refused = 0
-        for attempt in range(5):
+        # Two refusals prove it. An accepted connection proves nothing: a process being killed
+        # still has its listening socket open while the kernel tears it down (its files close
+        # in descriptor order, so a peer's link can end before the listener does), and the
+        # kernel completes handshakes for it meanwhile. Nor does a timeout (a starved event
+        # loop here, a full backlog there). So it is tried again, for about the lease's time.
+        refused = accepted = failed = 0
+        for attempt in range(PROBE_ATTEMPTS):
             if attempt:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(PROBE_PAUSE)
             try:
                 _, writer = await asyncio.wait_for(
                     asyncio.open_connection(info.host, info.replication_port), 1.0
@@ -243,11 +248,18 @@ class ClusterNode:
                     break
                 continue
             except (OSError, TimeoutError):
+                failed += 1
                 continue
             writer.close()
-            return
+            accepted += 1
+            refused = 0  # listening again (a restart): only refusals in a row count
         if refused < 2:
-            log.info("broker %d: not proven gone; its lease decides", info.node_id)
+            log.warning(
+                "broker %d: not proven gone (%d accepted, %d failed): its lease decides",
+                info.node_id,
+                accepted,
+                failed,
+            )
             return
         if self.brokers.get(info.node_id) != info or self.store is None:
             return  # it registered again meanwhile
