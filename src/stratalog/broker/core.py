@@ -38,6 +38,7 @@ from stratalog.storage.tiering import Migrator, TierSettings
 if TYPE_CHECKING:
     from stratalog.cluster.controller import Controller
     from stratalog.cluster.node import ClusterNode, ClusterTopic
+    from stratalog.cluster.reassignment import Mover
     from stratalog.cluster.replication import Replicator
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class BrokerCore:
         self.replicator: Replicator | None = None
         self._offsets_creating: asyncio.Future | None = None
         self.controller: Controller | None = None
+        self.mover: Mover | None = None
         self.metadata = MetadataStore(self.data_dir)
         self.offsets = OffsetStore(self.data_dir, self)
         self.coordinator = GroupCoordinator(
@@ -224,6 +226,8 @@ class BrokerCore:
         stop = BoundedStop(bound_s)
         if self.controller is not None:
             await stop.step("the controller", self.controller.close())
+        if self.mover is not None:
+            await stop.step("the reassignments", self.mover.close())
         if self.cluster is not None:
             self.cluster.leaving = True  # a peer may end its lease first: no new registration
         if self.replicator is not None:
@@ -336,6 +340,7 @@ class BrokerCore:
         # Imported here: the embedded single node loads no cluster code.
         from stratalog.cluster.controller import Controller
         from stratalog.cluster.node import ClusterNode
+        from stratalog.cluster.reassignment import Mover
         from stratalog.cluster.replication import Replicator
 
         endpoints = [e.strip() for e in self.config["cluster.etcd"].split(",") if e.strip()]
@@ -361,10 +366,12 @@ class BrokerCore:
             await node.leave()
             raise
         controller = Controller(node)
+        mover = Mover(node, self.store, replicator)
 
         def changed() -> None:
             replicator.reconcile()
             controller.changed()
+            mover.reconcile()
 
         node.on_change = changed
         # A broker that starts leading offsets partitions takes the commits replicated to it.
@@ -372,6 +379,7 @@ class BrokerCore:
         self.cluster = node
         self.replicator = replicator
         self.controller = controller
+        self.mover = mover
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
@@ -384,10 +392,20 @@ class BrokerCore:
                 self.store.remove_partition(uid)
         if topic is None:
             return
+        moved = [
+            u
+            for i, u in enumerate(old.partitions)
+            if old.topic_id == topic.topic_id and i < len(topic.partitions)
+            and topic.partitions[i] != u
+        ] if old is not None else []  # fmt: skip
         self.metadata.put_topic(TopicMeta(name, topic.topic_id, topic.partitions, topic.configs))
+        for uid in moved:  # reassigned: the partition lives on under its uid in another log
+            self.store.remove_partition(uid)
         for i, (uid, vid) in enumerate(zip(topic.partitions, topic.vlogs, strict=True)):
             if uid not in self.store.partitions and node.hosts(vid):
                 self.store.add_partition(name, i, uid, log_name=node.vlogs[vid].log_name)
+        if moved and name == OFFSETS_TOPIC:
+            self.offsets.load()  # its partitions are other logs now
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""

@@ -7,7 +7,17 @@ from collections.abc import Callable
 from stratalog.broker import metrics
 from stratalog.protocol import versions as v
 
-from .api import admin, elections, fetch, groups, internal_topics, metadata, offsets, produce
+from .api import (
+    admin,
+    elections,
+    fetch,
+    groups,
+    internal_topics,
+    metadata,
+    offsets,
+    produce,
+    reassignments,
+)
 from .api import versions as api_versions
 
 HANDLERS = {
@@ -26,6 +36,8 @@ HANDLERS = {
     v.DESCRIBE_CONFIGS: admin.handle_describe_configs,
     v.INCREMENTAL_ALTER_CONFIGS: admin.handle_incremental_alter_configs,
     v.ELECT_LEADERS: elections.handle_elect_leaders,
+    v.ALTER_PARTITION_REASSIGNMENTS: reassignments.handle_alter_partition_reassignments,
+    v.LIST_PARTITION_REASSIGNMENTS: reassignments.handle_list_partition_reassignments,
     v.FIND_COORDINATOR: groups.handle_find_coordinator,
     v.JOIN_GROUP: groups.handle_join_group,
     v.SYNC_GROUP: groups.handle_sync_group,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from stratalog.cluster.errors import ClusterError
 from stratalog.cluster.etcd import EtcdStore, Lease
 from stratalog.cluster.placement import VirtualLogState, assign_virtual_logs, replica_lists
+from stratalog.cluster.reassignment import Reassignment
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Keys:
         self.brokers = self.root + "brokers/"
         self.topics = self.root + "topics/"
         self.vlogs = self.root + "vlogs/"
+        self.reassignments = self.root + "reassignments/"
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -52,6 +54,9 @@ class Keys:
 
     def vlog(self, vid: int) -> str:
         return f"{self.vlogs}{vid}"
+
+    def reassignment(self, topic: str, index: int) -> str:
+        return f"{self.reassignments}{topic}/{index}"
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class ClusterNode:
         self.brokers: dict[int, BrokerInfo] = {}
         self.topics: dict[str, ClusterTopic] = {}
         self.vlogs: dict[int, VirtualLogState] = {}
+        # (topic, partition) -> its reassignment in flight (or just done), as etcd holds it.
+        self.reassignments: dict[tuple[str, int], Reassignment] = {}
         # Called with (name, topic or None) when a topic appears, changes or goes away.
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
         # Called after any change of brokers or virtual logs (replication reconciles itself).
@@ -279,9 +286,10 @@ class ClusterNode:
         assert self.store is not None
         revision = 0
         brokers, topics, vlogs = {}, {}, {}
+        self.reassignments = {}
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
-            self._apply(key, value, brokers, topics, vlogs)
+            self._apply(key, value, brokers, topics, vlogs, rev)
         self.brokers, self.vlogs = brokers, vlogs
         for name in set(self.topics) - set(topics):
             self._topic_changed(name, None)
@@ -289,9 +297,16 @@ class ClusterNode:
             self._topic_changed(name, t)
         return revision
 
-    def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs) -> None:
+    def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs, rev: int = 0) -> None:
         k = self.keys
-        if key.startswith(k.brokers):
+        if key.startswith(k.reassignments):
+            topic, _, index = key[len(k.reassignments) :].rpartition("/")
+            if value is None:
+                self.reassignments.pop((topic, int(index)), None)
+            else:
+                r = Reassignment.from_json(topic, int(index), json.loads(value), rev)
+                self.reassignments[(topic, int(index))] = r
+        elif key.startswith(k.brokers):
             node = int(key[len(k.brokers) :])
             if value is None:
                 brokers.pop(node, None)
@@ -335,7 +350,7 @@ class ClusterNode:
                 self._changed()
                 async for ev in self.store.watch_prefix(self.keys.root, revision + 1):
                     topics = dict(self.topics)
-                    self._apply(ev.key, ev.value, self.brokers, topics, self.vlogs)
+                    self._apply(ev.key, ev.value, self.brokers, topics, self.vlogs, ev.mod_revision)
                     if ev.key.startswith(self.keys.topics):
                         name = ev.key[len(self.keys.topics) :]
                         self._topic_changed(name, topics.get(name))
@@ -431,7 +446,12 @@ class ClusterNode:
         got = await self.store.get(self.keys.topic(name))
         if got is None:
             return False
-        ok = await self.store.txn({self.keys.topic(name): got[1]}, {}, [self.keys.topic(name)])
+        # Its reassignments go with it.
+        prefix = f"{self.keys.reassignments}{name}/"
+        moving = [k for k, _v, _r in await self.store.get_prefix(prefix)]
+        ok = await self.store.txn(
+            {self.keys.topic(name): got[1]}, {}, [self.keys.topic(name), *moving]
+        )
         if ok:
             self._topic_changed(name, None)
         return ok

@@ -144,6 +144,9 @@ class PartitionLog:
         self.deleted = False
         self.size_bytes = 0
         self.on_append: Callable[[PartitionLog, int, int], None] | None = None
+        # Being moved to another virtual log (a reassignment): no more appends here, so the
+        # copy's end is final (cluster/reassignment.py).
+        self.sealed = False
 
     # -- write path ----------------------------------------------------------------------------
     @property
@@ -172,6 +175,8 @@ class PartitionLog:
             raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
         if not self.vlog.leading:
             raise NotPrimary(f"{self.topic}-{self.index}: this broker is not its leader")
+        if self.sealed:
+            raise NotPrimary(f"{self.topic}-{self.index} is moving to other replicas")
         mv = memoryview(records)
         found = split_batches(mv)
         restamp: set[int] | None = None
@@ -259,6 +264,61 @@ class PartitionLog:
         # Tentatively at once, so a later append of this request continues from here.
         self.next_offset = offset
         return result
+
+    def append_copy(self, records: bytes | memoryview) -> int | None:
+        """Append batches copied from this partition's previous log (a reassignment), byte for
+        byte as stored there: their offsets, leader epochs, timestamps and producer ids and
+        sequences stay as they are. Batches below ``next_offset`` (already copied) are
+        skipped; a later base offset leaves a gap, as compaction or retention did there.
+        Returns the LSN to wait on for the last one (None: nothing new)."""
+        if self.deleted:
+            raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
+        if not self.vlog.leading:
+            raise NotPrimary(f"{self.topic}-{self.index}: this broker is not its leader")
+        mv = memoryview(records)
+        items: list[tuple[bytes, memoryview, BatchHeader, int]] = []
+        nxt = self.next_offset
+        for pos, h in split_batches(mv):
+            if h.base_offset < nxt:
+                continue
+            batch = mv[pos : pos + h.batch_length + LOG_OVERHEAD]
+            items.append((bytes(batch[:16]), batch, h, h.base_offset))
+            nxt = h.last_offset + 1
+        if not items:
+            return None
+        if not len(self.chunks) and not len(self.cold):
+            self.log_start_offset = max(self.log_start_offset, items[0][3])
+            self.high_watermark = max(self.high_watermark, self.log_start_offset)
+        done: list[int] = []
+
+        def written(seg: Segment, positions: list[int], lsn: int) -> None:
+            for (head, batch, h, b), p in zip(items, positions, strict=True):
+                size = h.batch_length + LOG_OVERHEAD
+                self.chunks.append(b, h.last_offset, seg.seq, p, size, h.max_timestamp)
+                if h.producer_id >= 0:
+                    self.producers.record(
+                        h.producer_id,
+                        h.producer_epoch,
+                        h.base_sequence,
+                        h.record_count,
+                        b,
+                        h.max_timestamp,
+                    )
+                self._tail.put(self.uid, b, head, batch[16:])
+                self.size_bytes += size
+            if self.on_append is not None:
+                self.on_append(self, seg.seq, len(items))
+            done.append(lsn)
+            self.vlog.when_durable(lsn, lambda ok: ok and self.advance_high_watermark(nxt))
+
+        base = self.next_offset
+
+        def failed(_failure: StorageFailure) -> None:
+            self.next_offset = min(self.next_offset, base)
+
+        self.vlog.append(self.uid, items, written, failed)
+        self.next_offset = nxt
+        return done[0] if done else self.vlog.lsn
 
     def apply_replica(self, seg: Segment, entries: list[IndexEntry]) -> None:
         """A backup's view of frames of this partition its log took from the primary
