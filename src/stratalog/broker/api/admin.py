@@ -406,12 +406,41 @@ def _list_change(core, topic, c, changes: dict) -> str:
     return ",".join(have)
 
 
+# Kafka's replication throttles (KIP-73), which kafka-reassign-partitions --verify deletes from
+# every broker and the moved topics when a reassignment is done. Stratalog has none: deleting
+# them succeeds and changes nothing.
+THROTTLE_CONFIGS = {
+    BROKER_RESOURCE: frozenset({
+        "leader.replication.throttled.rate",
+        "follower.replication.throttled.rate",
+        "replica.alter.log.dirs.io.max.bytes.per.second",
+    }),
+    TOPIC_RESOURCE: frozenset({
+        "leader.replication.throttled.replicas",
+        "follower.replication.throttled.replicas",
+    }),
+}  # fmt: skip
+
+
+class _NothingToDo(Exception):
+    pass
+
+
+def _clears_throttles(res) -> bool:
+    names = THROTTLE_CONFIGS.get(res.resource_type, frozenset())
+    return bool(res.configs) and all(
+        c.config_operation == DELETE and c.name in names for c in res.configs
+    )
+
+
 def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
     body = req.body
     results = []
     for res in body.resources:
         error, message = "NONE", None
         try:
+            if _clears_throttles(res):
+                raise _NothingToDo()  # Stratalog has no replication throttles
             if res.resource_type != TOPIC_RESOURCE:
                 raise MetadataError(
                     "INVALID_REQUEST",
@@ -438,6 +467,8 @@ def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
                 raise MetadataError("INVALID_CONFIG", str(e)) from None
             if not body.validate_only:
                 core.metadata.set_configs(t.name, checked)
+        except _NothingToDo:
+            pass
         except TopicConfigError as e:
             error, message = "INVALID_CONFIG", str(e)
         except MetadataError as e:
