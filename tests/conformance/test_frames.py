@@ -290,6 +290,34 @@ def req_elect_leaders(bs: str, v: int) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def _node_id(bs: str) -> int:
+    return wire.call(bs, 60, 0, include_cluster_authorized_operations=False)["brokers"][0][
+        "broker_id"
+    ]
+
+
+def req_describe_log_dirs(bs: str, v: int) -> dict[str, Any]:
+    wanted = [{"topic": TOPIC, "partitions": [0, 1, 7]}, {"topic": MISSING, "partitions": [0]}]
+    return dict(topics=wanted)
+
+
+def req_alter_partition_reassignments(bs: str, v: int) -> dict[str, Any]:
+    # A single node: its own id is where every partition is already; nothing to cancel.
+    me = _node_id(bs)
+    return dict(
+        timeout=10000, allow_replication_factor_change=True,
+        topics=[{"name": TOPIC, "partitions": [
+                    {"partition_index": 0, "replicas": [me]},
+                    {"partition_index": 1, "replicas": None},
+                    {"partition_index": 7, "replicas": [me]}]},
+                {"name": MISSING, "partitions": [{"partition_index": 0, "replicas": [me]}]}],
+    )  # fmt: skip
+
+
+def req_list_partition_reassignments(bs: str, v: int) -> dict[str, Any]:
+    return dict(timeout=10000, topics=None)
+
+
 def req_describe_cluster(bs: str, v: int) -> dict[str, Any]:
     return dict(include_cluster_authorized_operations=False, endpoint_type=1)
 
@@ -320,9 +348,12 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     22: req_init_producer_id,
     23: req_offset_for_leader_epoch,
     32: req_describe_configs,
+    35: req_describe_log_dirs,
     37: req_create_partitions,
     43: req_elect_leaders,
     44: req_incremental_alter_configs,
+    45: req_alter_partition_reassignments,
+    46: req_list_partition_reassignments,
     60: req_describe_cluster,
     75: req_describe_topic_partitions,
 }
@@ -369,6 +400,10 @@ def test_request_versions(frames, api_key, version):
     if api_key == 18:
         assert _api_versions_ranges(s, k) == {}
         s, k = dict(s, api_keys="<compared above>"), dict(k, api_keys="<compared above>")
+    if api_key == 35:  # each broker's own directory and disk
+        for body in (s, k):
+            for r in body["results"]:
+                r.update(log_dir="<dir>", total_bytes="<disk>", usable_bytes="<disk>")
     raw_messages = (_messages(s), _messages(k))
     s, k = wire.normalise(s, topic_prefix=PREFIX), wire.normalise(k, topic_prefix=PREFIX)
     assert s == k, wire.differences(s, k)
@@ -376,7 +411,7 @@ def test_request_versions(frames, api_key, version):
     # (an unknown tagged field, say) differs. ApiVersions, CreateTopics and DescribeConfigs
     # legitimately carry different lists (Kafka's newer APIs, Kafka's other configs), and
     # ListGroups lists every group on the broker, of which only this test's are compared.
-    if api_key not in (16, 18, 19, 32) and raw_messages[0] == raw_messages[1]:
+    if api_key not in (16, 18, 19, 32, 35) and raw_messages[0] == raw_messages[1]:
         assert strat["size"] == kafka["size"], "same decoded response, different frame sizes"
 
 
