@@ -287,11 +287,12 @@ class PrimaryLog:
             self._commit_soon = True
             asyncio.get_running_loop().call_soon(self.send_commit)
 
-    def send_commit(self, link: BackupLink | None = None) -> None:
-        """Tell the backups (or one that just went live) the commit point, as a position."""
+    def send_commit(self, link: BackupLink | None = None, *, again: bool = False) -> None:
+        """Tell the backups (or one that just went live) the commit point, as a position;
+        ``again``: even if it has not moved (the heartbeat of an idle log)."""
         self._commit_soon = False
         lsn = self.vlog.committed
-        if self.closed or lsn <= 0 or (link is None and lsn <= self._commit_sent):
+        if self.closed or lsn <= 0 or (link is None and not again and lsn <= self._commit_sent):
             return  # (LSN 0: nothing committed at this epoch yet)
         self._commit_sent = max(self._commit_sent, lsn)
         msg = Commit(self.vlog.name, self.epoch, *self.vlog.position_at(lsn))
@@ -346,6 +347,9 @@ class PrimaryLog:
         """Drop a backup that has not caught up for replica.lag.time.max.ms (Kafka's rule)."""
         while not self.closed:
             await asyncio.sleep(min(1.0, self.lag_s / 4))
+            # A heartbeat: a backup fenced by a newer primary refuses it, so a primary replaced
+            # while cut from etcd stops answering reads as the leader even if no write comes.
+            self.send_commit(again=True)
             st = self.state()
             if st is None or self._isr_busy:
                 continue
@@ -546,7 +550,7 @@ class Replicator:
                 elif isinstance(msg, Append):
                     self._on_append(peer, msg)
                 elif isinstance(msg, Commit):
-                    self._on_commit(msg)
+                    self._on_commit(peer, msg)
         except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
             # The primary's end closed: if its process died, fail over now.
             primary = next((s.primary for s in self.node.vlogs.values() if s.log_name == name), -1)
@@ -594,9 +598,11 @@ class Replicator:
                     return
         peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.epoch_history))
 
-    def _on_commit(self, msg: Commit) -> None:
+    def _on_commit(self, peer: _Peer, msg: Commit) -> None:
         vlog = self.store.open_log(msg.vlog)
-        if msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog):
+        if msg.epoch < vlog.promised_epoch:  # from a replaced primary: tell it (it steps down)
+            peer.send(Refused(msg.vlog, vlog.promised_epoch, REFUSED_STALE_EPOCH))
+        elif msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog):
             vlog.commit_to(msg.seq, msg.position)
 
     def _on_append(self, peer: _Peer, msg: Append) -> None:
