@@ -111,6 +111,7 @@ class BrokerCore:
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
                 cold_options=config.cold_options,
+                cold_shared=config["tiers.cold.shared"],
                 replicated=bool(config["cluster.etcd"]),
             )
         )
@@ -337,6 +338,7 @@ class BrokerCore:
         from stratalog.cluster.controller import Controller
         from stratalog.cluster.node import ClusterNode
         from stratalog.cluster.replication import Replicator
+        from stratalog.cluster.tiers import ClusterTiers
 
         endpoints = [e.strip() for e in self.config["cluster.etcd"].split(",") if e.strip()]
         node = ClusterNode(
@@ -369,6 +371,7 @@ class BrokerCore:
         node.on_change = changed
         # A broker that starts leading offsets partitions takes the commits replicated to it.
         replicator.on_lead = self.offsets.load
+        ClusterTiers(replicator, self.store, self.migrator)  # only primaries pick segments
         self.cluster = node
         self.replicator = replicator
         self.controller = controller
