@@ -28,8 +28,10 @@ from stratalog.protocol.replication import (
     REFUSED_GAP,
     Ack,
     Append,
+    Commit,
     Fence,
     FenceAck,
+    Migrated,
     ProtocolError,
     Refused,
     ReplicationConnection,
@@ -789,6 +791,8 @@ _messages = st.one_of(
     st.builds(Fence, _names, _u, _u, _u),
     st.builds(FenceAck, _names, _u, _u, _u, st.lists(st.tuples(_u, _u, _u), max_size=5).map(tuple)),
     st.builds(Refused, _names, _opt, st.text(max_size=30), _opt, _opt),
+    st.builds(Commit, _names, _u, _u, _u),
+    st.builds(Migrated, _names, _u, _u),
 )
 
 
