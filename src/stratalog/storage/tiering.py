@@ -381,7 +381,9 @@ class Migrator:
             copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))
             moved = 0
             for p, meta, piece in copied:
-                if p.deleted or store.partitions.get(p.uid) is not p:
+                # (A shared tier is its primary's alone: one deposed meanwhile commits nothing.)
+                gone = p.deleted or store.partitions.get(p.uid) is not p
+                if gone or (cold.shared and not vlog.leading):
                     cold.remove_files(p.uid, meta)
                     continue
                 metas = [s.meta for s in p.cold_segments.values()] + [meta]
