@@ -28,8 +28,10 @@ from stratalog.protocol.replication import (
     REFUSED_GAP,
     Ack,
     Append,
+    Commit,
     Fence,
     FenceAck,
+    Migrated,
     ProtocolError,
     Refused,
     ReplicationConnection,
@@ -789,6 +791,8 @@ _messages = st.one_of(
     st.builds(Fence, _names, _u, _u, _u),
     st.builds(FenceAck, _names, _u, _u, _u, st.lists(st.tuples(_u, _u, _u), max_size=5).map(tuple)),
     st.builds(Refused, _names, _opt, st.text(max_size=30), _opt, _opt),
+    st.builds(Commit, _names, _u, _u, _u),
+    st.builds(Migrated, _names, _u, _u),
 )
 
 
@@ -822,6 +826,9 @@ def test_append_data_is_not_copied():
     assert bytes(msg.data) == b"head" + payload
 
 
+_MESSAGE_TYPES = Append | Ack | Fence | FenceAck | Refused | Commit | Migrated
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200), st.lists(_messages, max_size=3), st.data())
 def test_garbage_is_a_protocol_error_never_a_crash(garbage, messages, data):
@@ -837,10 +844,10 @@ def test_garbage_is_a_protocol_error_never_a_crash(garbage, messages, data):
             if a < b:
                 conn.receive_data(bytes(stream[a:b]))
                 while (m := conn.next_event()) is not NEED_DATA:
-                    assert isinstance(m, Append | Ack | Fence | FenceAck | Refused)
+                    assert isinstance(m, _MESSAGE_TYPES)
         conn.receive_data(b"")
         while (m := conn.next_event()) is not CLOSED:
-            assert isinstance(m, Append | Ack | Fence | FenceAck | Refused)
+            assert isinstance(m, _MESSAGE_TYPES)
     except ProtocolError:
         with pytest.raises(ProtocolError):
             conn.next_event()  # the connection stays failed

@@ -332,6 +332,14 @@ SETTINGS: dict[str, Setting] = {
         ),
         _S("tiers.cold.url", str, "", "An fsspec URL for the cold tier (e.g. s3://bucket/prefix)."),
         _S(
+            "tiers.cold.shared",
+            bool,
+            False,
+            "Cluster mode: every broker has this same cold tier (one directory or object "
+            "store): a virtual log's primary uploads each segment once and its backups read "
+            "it from there; otherwise each backup copies the segments itself.",
+        ),
+        _S(
             "tiers.cold.options",
             str,
             "",

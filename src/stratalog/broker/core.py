@@ -113,6 +113,7 @@ class BrokerCore:
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
                 cold_options=config.cold_options,
+                cold_shared=config["tiers.cold.shared"],
                 replicated=bool(config["cluster.etcd"]),
             )
         )
@@ -342,6 +343,7 @@ class BrokerCore:
         from stratalog.cluster.node import ClusterNode
         from stratalog.cluster.reassignment import Mover
         from stratalog.cluster.replication import Replicator
+        from stratalog.cluster.tiers import ClusterTiers
 
         endpoints = [e.strip() for e in self.config["cluster.etcd"].split(",") if e.strip()]
         node = ClusterNode(
@@ -376,6 +378,7 @@ class BrokerCore:
         node.on_change = changed
         # A broker that starts leading offsets partitions takes the commits replicated to it.
         replicator.on_lead = self.offsets.load
+        ClusterTiers(replicator, self.store, self.migrator)  # only primaries pick segments
         self.cluster = node
         self.replicator = replicator
         self.controller = controller

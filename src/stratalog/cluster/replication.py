@@ -37,6 +37,7 @@ from stratalog.protocol.replication import (
     Commit,
     Fence,
     FenceAck,
+    Migrated,
     ProtocolError,
     Refused,
     ReplicationConnection,
@@ -197,6 +198,7 @@ class BackupLink:
         end = vlog.end
         peer.send(Append(vlog.name, self.primary.epoch, end[0], end[1], vlog.lsn, b""))
         self.primary.send_commit(self)
+        self.primary.tell_cold(self)
 
     async def _read_acks(self, peer: _Peer) -> None:
         vlog = self.primary.vlog
@@ -300,6 +302,16 @@ class PrimaryLog:
             if each.live and each.peer is not None:
                 each.peer.send(msg)
 
+    def tell_cold(self, link: BackupLink | None = None) -> None:
+        """Tell the backups (or one that just went live) where this log's hot segments begin
+        now: what is before has gone to the cold tier (cluster/tiers.py)."""
+        if self.closed or not self.vlog.segments:
+            return
+        msg = Migrated(self.vlog.name, self.epoch, min(self.vlog.segments))
+        for each in [link] if link is not None else self.links.values():
+            if each.live and each.peer is not None:
+                each.peer.send(msg)
+
     def state(self) -> VirtualLogState | None:
         return self.node.vlogs.get(self.vid)
 
@@ -393,6 +405,8 @@ class PrimaryLog:
         for link in self.links.values():
             link.close()
         self.vlog.on_write = None
+        # What it committed stays known committed (the commit checkpoint keeps it).
+        self.vlog.primary_commit = self.vlog.commit_point
         self.vlog.leading = False
         if fail_waiters:
             self.vlog.abandon_waiters()
@@ -411,8 +425,11 @@ class Replicator:
         self._server: asyncio.Server | None = None
         self._peers: set[asyncio.Task] = set()
         self._bumping: set[int] = set()
-        # Called after this broker starts leading a log (the offsets table reloads then).
+        # Called after this broker starts leading a log (the offsets table reloads then),
+        # and again once what the log held then is committed.
         self.on_lead: Callable[[], None] | None = None
+        # Called with (log name, first hot seq) when a primary says where its hot tier begins.
+        self.on_cold: Callable[[str, int], None] | None = None
         self._tasks: set[asyncio.Future] = set()
 
     async def start(self, host: str, port: int = 0) -> int:
@@ -497,11 +514,17 @@ class Replicator:
                     end_lsn, lambda ok, p=p, n=nxt: ok and p.advance_high_watermark(n)
                 )
         log.info("%s: primary at epoch %d, in sync %s", vlog.name, st.epoch, st.isr)
+        self._led(vlog.name)
+        if vlog.committed < end_lsn:
+            # Records past the commit point it knew become visible only now: read them too.
+            vlog.when_durable(end_lsn, lambda ok: ok and self._led(vlog.name))
+
+    def _led(self, name: str) -> None:
         if self.on_lead is not None:
             try:
                 self.on_lead()
             except Exception:
-                log.exception("%s: reacting to the new leadership failed", vlog.name)
+                log.exception("%s: reacting to the new leadership failed", name)
 
     async def hand_over(self) -> None:
         """A clean stop: give each log this broker leads to another in-sync replica first
@@ -551,6 +574,8 @@ class Replicator:
                     self._on_append(peer, msg)
                 elif isinstance(msg, Commit):
                     self._on_commit(peer, msg)
+                elif isinstance(msg, Migrated):
+                    self._on_migrated(msg)
         except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
             # The primary's end closed: if its process died, fail over now.
             primary = next((s.primary for s in self.node.vlogs.values() if s.log_name == name), -1)
@@ -604,6 +629,11 @@ class Replicator:
             peer.send(Refused(msg.vlog, vlog.promised_epoch, REFUSED_STALE_EPOCH))
         elif msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog):
             vlog.commit_to(msg.seq, msg.position)
+
+    def _on_migrated(self, msg: Migrated) -> None:
+        vlog = self.store.open_log(msg.vlog)
+        if msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog) and self.on_cold:
+            self.on_cold(msg.vlog, msg.first_hot_seq)
 
     def _on_append(self, peer: _Peer, msg: Append) -> None:
         name = msg.vlog

@@ -39,13 +39,14 @@ __all__ = [
     "Fence",
     "FenceAck",
     "Message",
+    "Migrated",
     "ProtocolError",
     "Refused",
     "ReplicationConnection",
     "encode",
 ]
 
-VERSION = 2  # 2: Append.data_epoch, FenceAck.history, Commit
+VERSION = 3  # 2: Append.data_epoch, FenceAck.history, Commit; 3: Migrated
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 # Refused.error: why a backup refused (the storage exception behind it), named as Kafka names
@@ -55,7 +56,7 @@ REFUSED_GAP = "GAP"  # ReplicaGap: expected_seq/expected_position say where the 
 REFUSED_CORRUPT = "CORRUPT"  # CorruptReplica
 REFUSED_STORAGE = "KAFKA_STORAGE_ERROR"  # the backup's log failed (or is full)
 
-_APPEND, _ACK, _FENCE, _FENCE_ACK, _REFUSED, _COMMIT = 1, 2, 3, 4, 5, 6
+_APPEND, _ACK, _FENCE, _FENCE_ACK, _REFUSED, _COMMIT, _MIGRATED = 1, 2, 3, 4, 5, 6, 7
 _SIZE = struct.Struct(">I")
 _HEAD = struct.Struct(">IBB")  # length, version, type
 _U8 = struct.Struct(">B")
@@ -173,7 +174,19 @@ class Commit:
     position: int
 
 
-Message = Append | Ack | Fence | FenceAck | Refused | Commit
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """Primary -> backup: the primary's hot tier holds nothing of the log before segment
+    ``first_hot_seq`` any more (migrated to the cold tier, or gone by retention), so the
+    backup moves its copies of those segments to the cold tier too (cluster/tiers.py): from
+    the shared cold tier if every broker has the same one, else by copying them itself."""
+
+    vlog: str
+    epoch: int
+    first_hot_seq: int
+
+
+Message = Append | Ack | Fence | FenceAck | Refused | Commit | Migrated
 
 
 # -- encoding ------------------------------------------------------------------------------------
@@ -226,6 +239,8 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         return [_frame(_FENCE_ACK, body)]
     if isinstance(msg, Commit):
         return [_frame(_COMMIT, vlog + _ints(msg.epoch, msg.seq, msg.position))]
+    if isinstance(msg, Migrated):
+        return [_frame(_MIGRATED, vlog + _ints(msg.epoch, msg.first_hot_seq))]
     if isinstance(msg, Refused):
         body = (
             vlog
@@ -300,6 +315,8 @@ def _decode(frame: memoryview) -> Message:
         msg = FenceAck(vlog, epoch, end_seq, end_position, history)
     elif kind == _COMMIT:
         msg = Commit(vlog, *r.ints(3))
+    elif kind == _MIGRATED:
+        msg = Migrated(vlog, *r.ints(2))
     elif kind == _REFUSED:
         (epoch,) = r.ints(1, low=-1)
         error = r.text(_U16)

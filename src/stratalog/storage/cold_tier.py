@@ -157,6 +157,12 @@ class ColdStore:
             self.root = location.removeprefix("file://")
             self.local = True
         self._gen: dict[int, int] = {}
+        # Cluster mode with one cold tier for every broker (tiers.cold.shared): only a log's
+        # primary writes here, and other brokers read what it wrote. A broker's view of the
+        # manifests may be stale then, and files it does not know of may be another's upload
+        # under way: loading removes nothing, and a commit starts after the newest generation
+        # there is and tidies up the partition's leftovers itself.
+        self.shared = False
 
     # -- paths ---------------------------------------------------------------------------------
     def _dir(self, uid: int) -> str:
@@ -315,22 +321,39 @@ class ColdStore:
             except (ValueError, KeyError, TypeError):
                 continue  # a torn manifest write: the previous generation stands
         self._gen[uid] = gen
+        if not self.shared:
+            self._tidy(uid, names, metas, gen)
+        return metas
+
+    def _tidy(self, uid: int, names: list[str], metas: list[ColdSegmentMeta], gen: int) -> None:
+        """Remove the partition's files that manifest ``gen`` does not name."""
         keep = {f"{s.name}.log" for s in metas} | {f"{s.name}.idx" for s in metas}
         keep.add(f"manifest-{gen:012d}.json")
         for n in names:
             if n not in keep:
                 self._remove(f"{self._dir(uid)}/{n}")
-        return metas
+
+    def _newest_gen(self, uid: int, names: list[str]) -> int:
+        gens = [
+            int(n[len("manifest-") : -len(".json")])
+            for n in names
+            if n.startswith("manifest-") and n.endswith(".json")
+        ]
+        return max(gens, default=0)
 
     def commit(self, uid: int, metas: list[ColdSegmentMeta]) -> None:
         """Make ``metas`` the partition's segment list (a new manifest generation)."""
-        gen = self._gen.get(uid, 0) + 1
+        names = self._list(uid) if self.shared else []
+        # Shared: another broker (an earlier primary) may have committed newer generations.
+        old = max(self._gen.get(uid, 0), self._newest_gen(uid, names))
+        gen = old + 1
         doc = json.dumps({"segments": [asdict(m) for m in metas]}).encode()
         self._write(f"{self._dir(uid)}/manifest-{gen:012d}.json", doc)
         self._sync_dir(uid)
-        old = self._gen.get(uid, 0)
         self._gen[uid] = gen
-        if old:
+        if self.shared:
+            self._tidy(uid, names, metas, gen)  # older manifests and killed uploads
+        elif old:
             self._remove(f"{self._dir(uid)}/manifest-{old:012d}.json")
 
     def drop_partition(self, uid: int) -> None:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.storage import reaper
+from stratalog.storage import commit_checkpoint, reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
 from stratalog.storage.fsync_ring import open_ring
 from stratalog.storage.journal import FsyncPolicy
@@ -73,6 +73,8 @@ class StorageConfig:
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
     cold_options: dict | None = None  # fsspec storage options for a URL
+    # Cluster mode: every broker's cold tier is the same one (ColdStore.shared).
+    cold_shared: bool = False
     # Cluster mode: a log takes local appends only while this broker is its primary
     # (VirtualLog.leading, set by the replicator); otherwise only its primary's bytes.
     replicated: bool = False
@@ -104,7 +106,10 @@ class LogStore:
         self.cold = (
             ColdStore(config.cold_location, config.cold_options) if config.cold_location else None
         )
+        if self.cold is not None:
+            self.cold.shared = config.cold_shared
         self.cold_error: str | None = None  # why the cold tier is unusable right now
+        self._saved_commits: dict[str, tuple[int, int]] = {}
         self.executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="stratalog-io")
         self.fsync_ring = open_ring(config.fsync_via) if config.fsync.mode == "always" else None
         self.logs: dict[str, VirtualLog] = {}
@@ -138,6 +143,7 @@ class LogStore:
         for uid in wanted:
             names.add(self._log_name(uid))
         entries_by_uid: dict[int, list[tuple[str, int, IndexEntry]]] = {}
+        commits = commit_checkpoint.load(self.root) if self.config.replicated else None
         for name in sorted(names):
             if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in wanted:
                 shutil.rmtree(self.root / name, ignore_errors=True)  # a deleted topic's log
@@ -149,6 +155,8 @@ class LogStore:
             # A log the caller named (cluster mode) holds replicated chunks of partitions this
             # broker may not know of yet: kept for add_partition, not collected as garbage.
             named = not _LAYOUT_NAME.fullmatch(name)
+            if commits is not None and named:
+                vlog.restore_commit(commits.get(name))
             for seq, entries in by_seq.items():
                 live.setdefault(seq, 0)
                 for e in entries:
@@ -193,8 +201,12 @@ class LogStore:
                 p.next_offset = max(end, p.log_start_offset)
             p.high_watermark = p.next_offset
             p.size_bytes = p.chunks.total_bytes()
+            if commits is not None:
+                _hold_uncommitted(p)
         self._collect_garbage()
         self.save_state()
+        if commits is not None:
+            self._saved_commits = commits
 
     def _load_cold(self, p: PartitionLog) -> int:
         """Attach the partition's cold segments; return the last offset they hold (or -1)."""
@@ -218,6 +230,8 @@ class LogStore:
 
     async def close(self) -> None:
         self.save_state()
+        if self.config.replicated:
+            commit_checkpoint.save(self.root, self._commit_points())
         for vlog in self.logs.values():
             await vlog.close()
         if self.fsync_ring is not None:
@@ -269,7 +283,8 @@ class LogStore:
             direct_min_bytes=c.direct_min_bytes,
             ring=self.fsync_ring,
         )
-        if self.cold is not None and self.cold.local:
+        # (Not into a shared cold tier: every replica of the log would spill to one path.)
+        if self.cold is not None and self.cold.local and not self.cold.shared:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name
         vlog.on_replica_entries = lambda seg, entries: self._replica_entries(name, seg, entries)
         vlog.leading = not c.replicated
@@ -476,6 +491,11 @@ class LogStore:
 
     def _forget_cold(self, p: PartitionLog, gone: list) -> None:
         assert self.cold is not None
+        if self.cold.shared and not p.vlog.leading:
+            # A shared cold tier is its primary's to change: a backup only forgets them.
+            for s in gone:
+                s.release()
+            return
         try:
             self.cold.commit(p.uid, [s.meta for s in p.cold_segments.values()])
         except ColdTierError as e:
@@ -513,10 +533,40 @@ class LogStore:
 
     async def checkpoint(self) -> None:
         await asyncio.gather(*(v.checkpoint() for v in list(self.logs.values())))
+        if self.config.replicated:
+            points = self._commit_points()
+            if points != self._saved_commits:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self.executor, commit_checkpoint.save, self.root, points)
+                self._saved_commits = points
+
+    def _commit_points(self) -> dict[str, tuple[int, int]]:
+        """Each replicated log's commit point (commit_checkpoint.py)."""
+        return {
+            name: v.commit_point
+            for name, v in self.logs.items()
+            if v.opened and not _LAYOUT_NAME.fullmatch(name)
+        }
 
     # -- introspection -------------------------------------------------------------------------
     def segment_counts(self) -> dict[str, int]:
         return {name: len(v.segments) for name, v in self.logs.items()}
+
+
+def _hold_uncommitted(p: PartitionLog) -> None:
+    """A replicated partition just opened shows its records up to its log's commit point
+    only; the rest once the primary (or, leading, its in-sync set) commits them."""
+    vlog, chunks = p.vlog, p.chunks
+    seq, position = vlog.primary_commit
+    k = chunks.count_before_location(seq, position + FRAME_SIZE)
+    if k >= len(chunks):
+        return
+    p.high_watermark = chunks.base_of(k)
+    last = chunks[len(chunks) - 1]
+    end = p.next_offset
+    vlog.when_commit_passes(
+        (last.segment, last.position + last.size), lambda: p.advance_high_watermark(end)
+    )
 
 
 def _expired(p: PartitionLog, policy: RetentionPolicy, now: int) -> tuple[int, int]:

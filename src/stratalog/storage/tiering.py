@@ -9,6 +9,11 @@ index; the hot segment is deleted once no partition refers to it. A SIGKILL at a
 either the hot copy or both (start-up drops hot chunks the cold tier already has), never
 neither. When the hot tier is full, new segments are created in the cold tier's directory
 instead of failing writes, and the log and the metrics say so.
+
+In a cluster (``cluster``, cluster/tiers.py) only a virtual log's primary picks segments; its
+backups move the segments it tells them of. With a shared cold tier (ColdStore.shared) a
+segment's chunks that the tier already holds (a primary's upload) are taken into the index
+instead of copied (``_adopt``).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from stratalog.storage import reaper
-from stratalog.storage.cold_tier import ColdSegment, ColdTierError
+from stratalog.storage.cold_tier import ColdSegment, ColdTierError, entries_index
 from stratalog.storage.log_store import LogStore
 from stratalog.storage.migration_worker import CopyWorkers
 from stratalog.storage.partition import PartitionLog
@@ -51,6 +57,7 @@ class TierStats:
     migrated_segments: int = 0
     spilling: bool = False
     promoted_segments: int = 0
+    adopted_segments: int = 0  # found already in a shared cold tier, not copied
     evicted_segments: int = 0
     last_error: str | None = None
     recent: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes) per segment
@@ -64,6 +71,22 @@ class TierStats:
 
 # uid -> (local retention ms, local retention bytes); -1 means no limit
 LocalPolicies = Callable[[], dict[int, tuple[int, int]]]
+
+
+class ClusterRole(Protocol):
+    """Which replica migrates what (cluster/tiers.py)."""
+
+    def may_choose(self, vlog: VirtualLog, seg: Segment) -> bool:
+        """Whether this broker may decide to migrate ``seg`` of ``vlog``."""
+        ...
+
+    def migrated(self, vlog: VirtualLog) -> None:
+        """This broker migrated a segment of ``vlog`` it chose."""
+        ...
+
+    async def follow(self, migrator: Migrator) -> int:
+        """Migrate what a primary said is cold; how many segments went."""
+        ...
 
 
 class Migrator:
@@ -81,6 +104,7 @@ class Migrator:
         self._copier = (
             CopyWorkers(store.cold, settings.threads, settings.worker_cpus) if store.cold else None
         )
+        self.cluster: ClusterRole | None = None
 
     def close(self) -> None:
         """Stop the copy worker processes (a copy under way is abandoned uncommitted)."""
@@ -151,12 +175,16 @@ class Migrator:
         self._evict_promoted()
         self._update_spill()
         moved = 0
+        if self.cluster is not None:
+            moved += await self.cluster.follow(self)
         while True:
             pick = self._next_segment()
             if pick is None:
                 break
             vlog, seg = pick
             await self.migrate(vlog, seg)
+            if self.cluster is not None:
+                self.cluster.migrated(vlog)
             moved += 1
             self._update_spill()
             if vlog.segments.get(seg.seq) is seg:
@@ -216,7 +244,12 @@ class Migrator:
 
     def _can_spill(self) -> bool:
         cold = self.store.cold
-        return cold is not None and cold.local and self.settings.hot_capacity > 0
+        return (
+            cold is not None
+            and cold.local
+            and not cold.shared  # see LogStore._new_log
+            and self.settings.hot_capacity > 0
+        )
 
     def hot_full(self, segment_bytes: int = 0) -> bool:
         """Whether a new segment of ``segment_bytes`` should go to the cold tier (asked at
@@ -254,7 +287,7 @@ class Migrator:
             if not vlog.opened:
                 continue
             seg = vlog.oldest_sealed()
-            if seg is not None:
+            if seg is not None and (self.cluster is None or self.cluster.may_choose(vlog, seg)):
                 candidates.append((seg.created, vlog, seg))
         if not candidates:
             return None
@@ -295,11 +328,24 @@ class Migrator:
         return found
 
     # -- one segment ---------------------------------------------------------------------------
-    async def migrate(self, vlog: VirtualLog, seg: Segment) -> None:
+    async def migrate(self, vlog: VirtualLog, seg: Segment, *, copy: bool = True) -> None:
+        """Move ``seg``'s chunks to the cold tier; ``copy=False``: only take in what a shared
+        cold tier holds already (a backup's), keeping the segment if that is not all."""
         store = self.store
         cold = store.cold
         assert cold is not None
         loop = asyncio.get_running_loop()
+        if cold.shared:
+            await self._adopt(vlog, seg)
+            parts = store.partitions.values()
+            if not any(p.vlog is vlog and p.chunks.leading(seg.seq) for p in parts):
+                store._collect_garbage()
+                self.stats.adopted_segments += 1
+                log.info("took %s of %s from the shared cold tier", seg, vlog.name)
+                return
+        if not copy:
+            log.warning("%s of %s is not all in the shared cold tier: it stays hot", seg, vlog.name)
+            return
         # Everything on the event loop below is slices and bisects of the index columns; the
         # per-chunk work (reading, parsing, building the cold index) runs in a worker process
         # (migration_worker.py), off this process's GIL.
@@ -335,7 +381,9 @@ class Migrator:
             copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))
             moved = 0
             for p, meta, piece in copied:
-                if p.deleted or store.partitions.get(p.uid) is not p:
+                # (A shared tier is its primary's alone: one deposed meanwhile commits nothing.)
+                gone = p.deleted or store.partitions.get(p.uid) is not p
+                if gone or (cold.shared and not vlog.leading):
                     cold.remove_files(p.uid, meta)
                     continue
                 metas = [s.meta for s in p.cold_segments.values()] + [meta]
@@ -359,6 +407,41 @@ class Migrator:
             log.info("migrated %s of %s (%d bytes) to the cold tier", seg, vlog.name, moved)
         finally:
             seg.release()
+
+    async def _adopt(self, vlog: VirtualLog, seg: Segment) -> None:
+        """Take into each partition's index the cold segments the (shared) cold tier holds of
+        its chunks in ``seg`` (written by another broker, the log's primary then), and drop
+        those hot chunks. Only a run that continues the partition's cold chunks and covers its
+        first hot chunk is taken, so the two tiers never leave a gap."""
+        store, cold = self.store, self.store.cold
+        assert cold is not None
+        loop = asyncio.get_running_loop()
+        for p in list(store.partitions.values()):
+            if p.vlog is not vlog or not p.chunks.leading(seg.seq):
+                continue
+            metas = await loop.run_in_executor(store.executor, cold.load, p.uid)
+            known = {s.meta.name for s in p.cold_segments.values()}
+            last = p.cold.last_of(len(p.cold) - 1) if len(p.cold) else -1
+            new = [m for m in metas if m.name not in known and m.last > last]
+            new.sort(key=lambda m: m.base)
+            loaded = []
+            for m in new:
+                entries = await loop.run_in_executor(store.executor, cold.read_entries, p.uid, m)
+                loaded.append((m, entries))
+            if store.partitions.get(p.uid) is not p or not p.chunks.leading(seg.seq):
+                continue  # deleted, or moved meanwhile
+            for m, entries in loaded:
+                keep = [e for e in entries if e[0] > last]
+                if not keep or keep[0][0] > max(last + 1, p.chunks.base_of(0)):
+                    break  # a gap before it: not ours to bridge
+                at = max(p.cold_segments, default=-1) + 1
+                p.add_cold_segment(ColdSegment(cold, p.uid, m, at), entries_index(keep))
+                last = keep[-1][0] + keep[-1][1]
+            k = min(p.chunks.leading(seg.seq), p.chunks.count_through(last))
+            if k:
+                p.migrate_front(k)
+                live = store._live[vlog.name]
+                live[seg.seq] = live.get(seg.seq, 0) - k
 
 
 def _copy_down_up(seg: ColdSegment, target) -> None:

@@ -21,7 +21,7 @@ import errno
 import itertools
 import logging
 import os
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections import ChainMap, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
@@ -248,15 +248,45 @@ class VirtualLog:
             for e in entries[seq]:
                 nxt[e.uid] = e.last_offset + 1
         self._runs = [(0, self.active.seq, self.active.size)]
-        # What a restart finds is treated as committed (no commit point is kept on disk): a
-        # broker promoted right after its restart may show records its old primary had not
-        # committed yet (docs/cluster.md, failure model).
+        # What a restart finds counts as committed unless a replicated log's commit point
+        # was kept on disk (restore_commit).
         self.primary_commit = self.end
         self.epochs = EpochHistory.load(self.directory)
         if self.epochs.cut(*self._after_end()):  # epochs whose bytes recovery cut
             self.epochs.save()
         self.opened = True
         return entries
+
+    def restore_commit(self, point: tuple[int, int] | None) -> None:
+        """A replicated log just opened: the commit point checkpointed before the restart
+        (None: none was, so nothing is known committed). The bytes after it count as written
+        at LSNs 0.. in this process, so that a broker promoted now commits them only once its
+        in-sync backups acknowledge them, as for bytes it took from its primary
+        (PrimaryLog: ``lsn_at(primary_commit)``), where positions read at open were all LSN 0
+        (durable, hence committed) before."""
+        first = (min(self.segments), 0)
+        point = min(max(point or first, first), self.end)
+        self.primary_commit = point
+        if point == self.end:
+            return
+        runs = []
+        lsn = 0
+        for seq in sorted(s for s in self.segments if s >= point[0]):
+            start = point[1] if seq == point[0] else 0
+            runs.append((lsn, seq, start))
+            lsn += self.segments[seq].size - start
+        self._runs = runs
+        self.lsn = lsn
+        self.journal.appended = self.journal.durable = lsn  # recovered: on disk already
+
+    @property
+    def commit_point(self) -> tuple[int, int]:
+        """Where the committed bytes end, for the checkpoint: a primary's own commit point,
+        a backup's last word from its primary."""
+        point = self.primary_commit
+        if self.leading:
+            point = max(point, self.position_at(self.committed))
+        return min(point, self.end)
 
     async def close(self) -> None:
         """Flush everything and leave a clean-shutdown marker so the next start skips the scan."""
@@ -608,6 +638,14 @@ class VirtualLog:
                 self._commit_waiters.append(((seq, position), callback))
 
         self.when_durable(lsn, durable)
+
+    def when_commit_passes(self, position: tuple[int, int], callback: Callable[[], None]) -> None:
+        """Backup: ``callback()`` once the primary's commit point reaches ``position`` (bytes
+        recovered at open, past the checkpointed commit point)."""
+        if position <= self.primary_commit:
+            callback()
+        else:
+            insort(self._commit_waiters, (position, callback), key=lambda w: w[0])
 
     def commit_to(self, seq: int, position: int) -> None:
         """Backup: the primary committed every byte before (seq, position)."""
