@@ -31,6 +31,7 @@ class Kind(enum.IntEnum):
     UNLINK = 6  # a = directory, name (a file or, from rmdir, an empty directory)
     FSYNC = 7  # a = inode, b = 1 for fdatasync
     FSYNCDIR = 8  # a = directory inode
+    ROOT = 9  # a = the mount's root directory: the first record, written at mount
 
 
 # kind, a, b, len(name), len(name2), len(data)

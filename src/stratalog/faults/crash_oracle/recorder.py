@@ -44,6 +44,7 @@ class RecordingFS(Operations):
         self.backing = str(backing)
         self.log = LogWriter(log_path)
         self.inode_of_fh: dict[int, int] = {}
+        self.log.append(Op(Kind.ROOT, os.lstat(self.backing).st_ino))
 
     # -- helpers -------------------------------------------------------------------------------
     def _real(self, path: str) -> str:
