@@ -23,6 +23,7 @@ docs/architecture.md (storage failure model) says what it can and cannot see.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from pathlib import Path
@@ -146,7 +147,7 @@ def _crash_points(log: OpLog, first_ack: int) -> list[int]:
     rng = random.Random(SEED)
     barriers = [k for k in durability.barrier_points(log) if k >= first_ack]
     before = [k - 1 for k in barriers if not log.ops[k - 2].barrier]
-    between = [rng.randrange(a, b) for a, b in zip(barriers, barriers[1:]) if b - a > 2]
+    between = [rng.randrange(a, b) for a, b in itertools.pairwise(barriers) if b - a > 2]
     pool = sorted(set(barriers[:-1] + before + between))
     points = set(rng.sample(pool, min(STRICT_POINTS, len(pool))))
     points |= {barriers[0], barriers[-1], len(log.ops)}
@@ -219,7 +220,7 @@ def test_every_acknowledged_record_survives_every_crash_point(tmp_path, recordin
         checked_acks += sum(1 for *_, pos in acked.values() if log.count_at(pos) <= k)
         if mode == "strict":
             strict_seen.append((k, {v for prow in rows.values() for _, v in prow}))
-    for (k1, seen1), (k2, seen2) in zip(strict_seen, strict_seen[1:]):
+    for (k1, seen1), (k2, seen2) in itertools.pairwise(strict_seen):
         assert seen1 <= seen2, f"durable records at {k1} gone at {k2}: {sorted(seen1 - seen2)[:3]}"
 
     print(
