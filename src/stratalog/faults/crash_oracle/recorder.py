@@ -192,6 +192,13 @@ class RecordingMount:
         self.proc: subprocess.Popen[bytes] | None = None
         self.stderr_path = log_path.with_suffix(".stderr")
 
+    def mounted(self) -> bool:
+        # From the mount table, not inferred from stat: a mount whose process died answers
+        # with ENOTCONN, and it must still be found to be taken down.
+        target = os.path.realpath(self.mountpoint)
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1] == target for line in f)
+
     def position(self) -> int:
         """The log's size now: every operation already answered on the mount lies before it."""
         return os.stat(self.log_path).st_size
@@ -209,7 +216,7 @@ class RecordingMount:
                 stderr=err,
             )  # fmt: skip
         deadline = time.monotonic() + timeout
-        while not os.path.ismount(self.mountpoint):
+        while not self.mounted():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the recording mount did not come up: {self._stderr()}")
@@ -223,7 +230,7 @@ class RecordingMount:
 
     def stop(self) -> None:
         """Unmount (lazily if something still holds it) and end the process."""
-        if os.path.ismount(self.mountpoint):
+        if self.mounted():
             done = subprocess.run(["fusermount3", "-u", str(self.mountpoint)], capture_output=True)
             if done.returncode != 0:
                 subprocess.run(["fusermount3", "-uz", str(self.mountpoint)], capture_output=True)
