@@ -5,10 +5,12 @@ passes everything through to a backing directory and logs, from the kernel's req
 write, truncate, name operation and fsync. An idempotent acks=all producer writes to several
 partitions; each acknowledgement is tied to the log's size when it was seen, so every operation
 the broker finished before answering lies before that position. The broker is killed with
-SIGKILL mid-stream. Then, for a seeded sample of crash points (prefixes of the log: right after
-an fsync, right before one, between two), the image a power cut there may leave under strict
-POSIX rules (stratalog.faults.crash_oracle.durability) is written to a fresh directory, a broker
-recovers it, and everything is read back. At every crash point:
+SIGKILL mid-stream. Then for crash points (prefixes of the log) the image a power cut there may
+leave under strict POSIX rules (stratalog.faults.crash_oracle.durability) is written to a fresh
+directory, a broker recovers it, and everything is read back. A strict image changes only at an
+fsync, so the last point before each fsync stands for its whole interval; a seeded sample of
+those intervals is checked (STRATALOG_ORACLE_POINTS=all: every one), with torn images (some
+unsynced writes kept) at a few points and the kill -9 image at the end. At every crash point:
 
 * every record acknowledged at or before it is there, once, at the offset it was acknowledged
   with;
@@ -24,6 +26,7 @@ docs/architecture.md (storage failure model) says what it can and cannot see.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import time
 from pathlib import Path
@@ -48,7 +51,8 @@ PARTITIONS = 3
 RECORDS = 3000
 KILL_AFTER_ACKS = 2000
 SEED = 11
-STRICT_POINTS = 9  # sampled fsync boundaries and points between them, besides the fixed ones
+STRICT_POINTS = 12  # sampled intervals between fsyncs (see _intervals), besides the fixed ones
+TORN_POINTS = 4
 
 # Both write paths run over FUSE, so both are judged. The first is the strongest: every append
 # through O_DIRECT, the group commit's fdatasyncs (and a new segment's directory fsync) through
@@ -153,16 +157,24 @@ def _read_back(bootstrap: str) -> dict[int, list[tuple[int, bytes]]]:
     return out
 
 
-def _crash_points(log: OpLog, first_ack: int) -> list[int]:
-    """Seeded: after fsyncs and just before them (writes issued, not synced), plus the end."""
+def _intervals(log: OpLog) -> dict[int, int]:
+    """Every crash point's strict image changes only at an fsync: the last point before the
+    next fsync -> the first point with the same image. Checking that last point (the most
+    acknowledgements due, the same disk) covers every crash point of its interval."""
+    starts = [0, *durability.barrier_points(log)]
+    ends = [b - 1 for b in starts[1:]] + [len(log.ops)]
+    return {e: s for s, e in zip(starts, ends, strict=True) if e >= s}
+
+
+def _strict_points(intervals: dict[int, int], first_ack: int) -> list[int]:
+    """A seeded sample of the intervals that owe acknowledgements (all of them with
+    STRATALOG_ORACLE_POINTS=all), always with the first such and the end of the log."""
+    due = sorted(e for e in intervals if e >= first_ack)
+    want = os.environ.get("STRATALOG_ORACLE_POINTS", str(STRICT_POINTS))
+    if want == "all":
+        return due
     rng = random.Random(SEED)
-    barriers = [k for k in durability.barrier_points(log) if k >= first_ack]
-    before = [k - 1 for k in barriers if not log.ops[k - 2].barrier]
-    between = [rng.randrange(a, b) for a, b in itertools.pairwise(barriers) if b - a > 2]
-    pool = sorted(set(barriers[:-1] + before + between))
-    points = set(rng.sample(pool, min(STRICT_POINTS, len(pool))))
-    points |= {barriers[0], barriers[-1], len(log.ops)}
-    return sorted(points)
+    return sorted({due[0], due[-1], *rng.sample(due, min(int(want), len(due)))})
 
 
 def _image_bytes(root: Path) -> bytes:
@@ -237,11 +249,16 @@ def test_every_acknowledged_record_survives_every_crash_point(tmp_path, recordin
     assert len(acked) >= KILL_AFTER_ACKS, f"only {len(acked)} acknowledgements"
     assert len(sent) > len(acked), "the kill found nothing in flight"
     first_ack = min(log.count_at(pos) for _, _, pos in acked.values())
-    points = _crash_points(log, first_ack)
-    # Torn variants (some unsynced writes kept) at a third of the points; the end of the log
-    # also as the kill -9 alone left it (everything issued kept).
-    modes = [(k, "strict") for k in points]
-    modes += [(k, "torn") for k in points[::3]] + [(len(log.ops), "kept")]
+    intervals = _intervals(log)
+    points = _strict_points(intervals, first_ack)
+    covered = sum(k - intervals[k] + 1 for k in points)
+    # Torn images (some unsynced writes kept) differ at every operation: a seeded sample of
+    # points anywhere after the first acknowledgement. The end of the log also as the kill -9
+    # alone left it (everything issued kept).
+    rng = random.Random(SEED + 1)
+    torn = sorted(rng.sample(range(first_ack, len(log.ops) + 1), TORN_POINTS))
+    modes = [(k, "strict") for k in points] + [(k, "torn") for k in torn]
+    modes.append((len(log.ops), "kept"))
 
     seen_at: dict[bytes, tuple[int, int]] = {}
     strict_seen: list[tuple[int, set[bytes]]] = []
@@ -261,7 +278,8 @@ def test_every_acknowledged_record_survives_every_crash_point(tmp_path, recordin
     print(
         f"\ncrash oracle ({case}): {len(log.ops)} operations, "
         f"{len(durability.barrier_points(log))} fsyncs, {len(acked)} acknowledged of "
-        f"{len(sent)} sent; {len(modes)} crash images ({len(points)} strict points) checked, "
+        f"{len(sent)} sent; {len(modes)} crash images checked: {len(points)} strict ones "
+        f"covering {covered} of {len(log.ops) + 1} crash points, {len(torn)} torn, 1 kept; "
         f"{checked_acks} acknowledgement checks, {time.monotonic() - started:.1f} s"
     )
 
