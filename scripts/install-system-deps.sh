@@ -18,6 +18,9 @@ declare -A wanted=(
   [fio]=fio
   # Compiles the native column decoder (src/stratalog/client/_columns.c) at install.
   [gcc]=gcc
+  # libfuse 3 and fusermount3, for the crash oracle's recording file system
+  # (src/stratalog/faults/crash_oracle/, tests/test_crash_oracle.py).
+  [fusermount3]=fuse3
 )
 for extra in "$@"; do wanted[${extra%%:*}]=${extra#*:}; done
 

@@ -32,6 +32,7 @@ from stratalog.storage.journal import SLOWEST_SYNC, StorageFailure
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.priority import lower_this_thread
+from stratalog.storage.segment import mkdir_durable
 from stratalog.storage.throttle import ByteRate, FsyncGuidedRate
 from stratalog.storage.tiering import Migrator, TierSettings
 
@@ -196,7 +197,7 @@ class BrokerCore:
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
         _raise_fd_limit()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(self.data_dir)
         self.metadata.load()
         triples = [
             (t.name, i, uid)

@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.storage.segment import mkdir_durable
+
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_LENGTH = 249
 PRODUCER_ID_BLOCK = 1000
@@ -80,7 +82,7 @@ class MetadataStore:
         self._next_producer_id = 0
 
     def load(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(self.dir)
         if self.path.exists():
             raw = json.loads(self.path.read_text())
             self.cluster_id = raw["cluster_id"]

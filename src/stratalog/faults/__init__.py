@@ -19,7 +19,9 @@ The ideas are jepsen.tests.kafka's (replication-facts.md §2 and §7), the code 
   :class:`~stratalog.cluster.local_cluster.LocalCluster` and a three-node Kafka 4.x KRaft
   cluster (:class:`~stratalog.peers.kafka_cluster.KafkaCluster`);
 * :mod:`~stratalog.faults.runner` - one run, start to verdict; :mod:`~stratalog.faults.report`
-  - the results table.
+  - the results table;
+* :mod:`~stratalog.faults.crash_oracle` - one broker's storage under power cuts, judged from the
+  kernel's requests to a recording FUSE mount (tests/test_crash_oracle.py).
 
 ``make test`` runs a short mix (``-m faults``: tests/cluster/faults/). The long soak::
 

@@ -32,7 +32,14 @@ from stratalog.storage.fsync_ring import open_ring
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.recovery import RecoveryReport
-from stratalog.storage.segment import DIRECT_MIN_BYTES, FRAME_SIZE, IndexEntry, Segment, fsync_dir
+from stratalog.storage.segment import (
+    DIRECT_MIN_BYTES,
+    FRAME_SIZE,
+    IndexEntry,
+    Segment,
+    fsync_dir,
+    mkdir_durable,
+)
 from stratalog.storage.tail_cache import TailCache
 from stratalog.storage.virtual_log import VirtualLog
 
@@ -126,7 +133,7 @@ class LogStore:
     def open(self, partitions: Iterable[PartitionSpec]) -> None:
         """Open every log and load the given (topic, partition, uid) triples; a fourth item,
         when not None, names the log the partition lives in (cluster mode)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(self.root)
         # Promoted copies are a cache of cold segments: start without them.
         shutil.rmtree(self.root / "promoted", ignore_errors=True)
         if self.cold is not None and not (self.root / STATE_FILE).exists():

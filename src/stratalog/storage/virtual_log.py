@@ -59,6 +59,7 @@ from stratalog.storage.segment import (
     Segment,
     fsync_dir,
     list_segments,
+    mkdir_durable,
     uid_crc,
 )
 
@@ -220,7 +221,7 @@ class VirtualLog:
     # -- opening and closing -------------------------------------------------------------------
     def open(self) -> dict[int, list[IndexEntry]]:
         """Open (recovering if needed) and return the index entries of every segment."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        mkdir_durable(self.directory)
         reaper.sweep(self.directory)
         seqs = list_segments(self.directory)
         spilled: dict[int, Path] = {}
@@ -557,7 +558,7 @@ class VirtualLog:
         if self.spill and self.spill_directory is not None:
             # The hot tier is full: new segments go to the cold tier's directory (Pafka).
             try:
-                self.spill_directory.mkdir(parents=True, exist_ok=True)
+                mkdir_durable(self.spill_directory)
                 new = Segment(self.spill_directory, seq, create=True)
             except OSError as e:
                 # A cold tier that went away or turned read-only must not fail a write the
