@@ -106,6 +106,7 @@ def test_a_partition_moves_while_an_idempotent_producer_writes(cluster):
     consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "moving-check",
                          "enable.auto.commit": False})  # fmt: skip
     read: dict[bytes, list[tuple[int, int]]] = {}
+    epochs: dict[int, int] = {}  # partition 0's offset -> the leader epoch its batch carries
     consumer.assign([TopicPartition("moving", p, 0) for p in (0, 1)])
     try:
         deadline = time.monotonic() + 60
@@ -113,6 +114,8 @@ def test_a_partition_moves_while_an_idempotent_producer_writes(cluster):
             for m in consumer.consume(500, 1.0):
                 if m.error() is None:
                     read.setdefault(m.value(), []).append((m.partition(), m.offset()))
+                    if m.partition() == 0:
+                        epochs[m.offset()] = m.leader_epoch()
     finally:
         consumer.close()
     twice = {v: at for v, at in read.items() if len(at) > 1}
@@ -120,6 +123,21 @@ def test_a_partition_moves_while_an_idempotent_producer_writes(cluster):
     wrong = {v: (at, read.get(v)) for v, at in acked.items() if read.get(v) != [at]}
     assert not wrong, list(wrong.items())[:5]
     assert sum(1 for v in acked if acked[v][0] == 0) > after // 2  # partition 0 took writes
+
+    # The copied records keep the epoch they were written in, and the new leader knows where
+    # that epoch ends (OffsetForLeaderEpoch, KIP-320): a consumer that read them sees no
+    # truncation (without the copied epochs the answer was offset 0).
+    old_epoch = before[0]["leader_epoch"]
+    assert epochs[0] == old_epoch
+    switched_at = min(o for o, e in epochs.items() if e > old_epoch)
+    r = wire.call(
+        _broker(cluster, target[0]).bootstrap, 23, 4, replica_id=-1,
+        topics=[{"topic": "moving", "partitions": [
+            {"partition": 0, "current_leader_epoch": -1, "leader_epoch": old_epoch}]}],
+    )  # fmt: skip
+    answer = r["topics"][0]["partitions"][0]
+    assert (answer["error_code"], answer["leader_epoch"]) == (0, old_epoch)
+    assert answer["end_offset"] == switched_at
 
 
 def test_reassignment_errors_and_cancelling(cluster):
@@ -219,3 +237,58 @@ def test_kafka_reassign_partitions_execute_then_verify(cluster, tmp_path):
 
 def p_leader(cluster, p: dict) -> str:
     return _broker(cluster, p["leader_id"]).bootstrap
+
+
+def _epoch_end(bootstrap: str, topic: str, index: int, epoch: int) -> dict:
+    r = wire.call(
+        bootstrap, 23, 4, replica_id=-1,
+        topics=[{"topic": topic, "partitions": [
+            {"partition": index, "current_leader_epoch": -1, "leader_epoch": epoch}]}],
+    )  # fmt: skip
+    return r["topics"][0]["partitions"][0]
+
+
+def test_records_copied_into_a_log_at_a_newer_epoch_keep_theirs(cluster):
+    """A partition moves into a log whose epoch is already above its records' (the other
+    partition moved there first, which raised it): OffsetForLeaderEpoch of the records' epoch
+    still ends where the new leader's epoch starts, not at the first copied offset, which a
+    consumer would take for a truncation (librdkafka then resets its position)."""
+    first = cluster.brokers[0].bootstrap
+    ids = sorted(b.node_id for b in cluster.brokers)
+    _create(first, "epochs", 2, 2)
+    before = _settled(first, "epochs", 2, 2)
+    moving, staying = (0, 1) if before[0]["leader_epoch"] <= before[1]["leader_epoch"] else (1, 0)
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                  "enable.idempotence": True})  # fmt: skip
+    for i in range(40):
+        p.produce("epochs", b"e%d" % i, partition=i % 2)
+    assert p.flush(30) == 0
+    lists = {tuple(x["replica_nodes"]) for x in before}
+    fresh = next([a, b] for a in ids for b in ids if a != b and (a, b) not in lists)
+    assert _alter(first, "epochs", {staying: fresh})[staying]["error_code"] == 0
+    until(lambda: not _ongoing(first), "the first move to finish", timeout=60)
+    assert _alter(first, "epochs", {moving: fresh})[moving]["error_code"] == 0
+    until(lambda: not _ongoing(first), "the second move to finish", timeout=60)
+    after = _settled(first, "epochs", 2, 2)
+    assert after[moving]["leader_epoch"] > before[moving]["leader_epoch"]
+    for i in range(10):
+        p.produce("epochs", b"after%d" % i, partition=moving)
+    assert p.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "epochs-check",
+                         "enable.auto.commit": False})  # fmt: skip
+    epochs: dict[int, int] = {}
+    consumer.assign([TopicPartition("epochs", moving, 0)])
+    try:
+        deadline = time.monotonic() + 30
+        while len(epochs) < 30 and time.monotonic() < deadline:
+            for m in consumer.consume(100, 1.0):
+                if m.error() is None:
+                    epochs[m.offset()] = m.leader_epoch()
+    finally:
+        consumer.close()
+    old_epoch = before[moving]["leader_epoch"]
+    assert epochs[0] == old_epoch and len(epochs) == 30
+    leader = _broker(cluster, after[moving]["leader_id"]).bootstrap
+    answer = _epoch_end(leader, "epochs", moving, old_epoch)
+    assert (answer["error_code"], answer["leader_epoch"]) == (0, old_epoch)
+    assert answer["end_offset"] == min(o for o, e in epochs.items() if e > old_epoch) == 20

@@ -408,6 +408,10 @@ class BrokerCore:
         for i, (uid, vid) in enumerate(zip(topic.partitions, topic.vlogs, strict=True)):
             if uid not in self.store.partitions and node.hosts(vid):
                 self.store.add_partition(name, i, uid, log_name=node.vlogs[vid].log_name)
+            inherited = topic.inherited.get(i)
+            p = self.store.partitions.get(uid)
+            if inherited is not None and p is not None:  # a reassigned partition's old epochs
+                p.inherited_end, p.inherited_epochs = inherited[0], list(inherited[1])
         if moved and name == OFFSETS_TOPIC:
             self.offsets.load()  # its partitions are other logs now
 

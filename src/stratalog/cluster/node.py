@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stratalog.cluster.errors import ClusterError
 from stratalog.cluster.etcd import EtcdStore, Lease
@@ -76,14 +76,23 @@ class ClusterTopic:
     partitions: list[int]  # partition index -> storage uid
     vlogs: list[int]  # partition index -> virtual log id
     configs: dict[str, str]
+    # Partitions moved by a reassignment: index -> (end of the copied records, [(leader
+    # epoch, start offset)] of them), the epochs their new log's history does not hold.
+    inherited: dict[int, tuple[int, list[tuple[int, int]]]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {
+        raw = {
             "id": str(self.topic_id),
             "partitions": self.partitions,
             "vlogs": self.vlogs,
             "configs": self.configs,
         }
+        if self.inherited:
+            raw["inherited"] = {
+                str(i): {"end": end, "epochs": [list(e) for e in epochs]}
+                for i, (end, epochs) in self.inherited.items()
+            }
+        return raw
 
     @classmethod
     def from_json(cls, name: str, raw: dict) -> ClusterTopic:
@@ -93,6 +102,10 @@ class ClusterTopic:
             list(raw["partitions"]),
             list(raw["vlogs"]),
             dict(raw["configs"]),
+            {
+                int(i): (v["end"], [(e, s) for e, s in v["epochs"]])
+                for i, v in raw.get("inherited", {}).items()
+            },
         )
 
 

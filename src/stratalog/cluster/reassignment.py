@@ -470,6 +470,12 @@ class Mover:
             return False  # the old log failed over: its new primary seals again
         topic["partitions"][r.index] = r.new_uid
         topic["vlogs"][r.index] = r.vid
+        # The copied records keep the epochs they were written in, which the new log's epoch
+        # history does not know: recorded for OffsetForLeaderEpoch (KIP-320) on every replica.
+        topic.setdefault("inherited", {})[str(r.index)] = {
+            "end": p.next_offset,
+            "epochs": [list(e) for e in p.stored_epochs()],
+        }
         puts = {
             k.topic(r.topic): _dump(topic),
             rkey: _dump(replace(now, done=True).to_json()),

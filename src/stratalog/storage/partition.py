@@ -147,6 +147,11 @@ class PartitionLog:
         # Being moved to another virtual log (a reassignment): no more appends here, so the
         # copy's end is final (cluster/reassignment.py).
         self.sealed = False
+        # The leader epochs of records copied here from the partition's previous log (a
+        # reassignment): (epoch, start offset) of offsets below ``inherited_end``, as their
+        # batches carry them, since this log's own epoch history does not cover them.
+        self.inherited_epochs: list[tuple[int, int]] = []
+        self.inherited_end = 0
 
     # -- write path ----------------------------------------------------------------------------
     @property
@@ -371,9 +376,37 @@ class PartitionLog:
                 if (first.segment, first.position) >= (nseq, npos + FRAME_SIZE):
                     continue  # its first batch here is of a later epoch
             out.append((epoch, first.base_offset))
+        if self.inherited_epochs:
+            # Copied from the previous log: its epochs below inherited_end, then this log's
+            # epochs for what was written here after the move.
+            until = self.inherited_end
+            ends = [start for _e, start in out[1:]]
+            if out:
+                ends.append(self.next_offset)
+            own = [(e, max(s, until)) for (e, s), end in zip(out, ends, strict=True) if end > until]
+            out = list(self.inherited_epochs) + own
         current = self.vlog.write_epoch
         if self.vlog.leading and hist and (not out or out[-1][0] < current):
             out.append((current, self.next_offset))
+        return out
+
+    def stored_epochs(self) -> list[tuple[int, int]]:
+        """(epoch, start offset) of each run of hot batches by the leader epoch stamped in
+        them, after those inherited: what a reassignment hands on as ``inherited_epochs``
+        (one read of a batch head per chunk)."""
+        out: list[tuple[int, int]] = list(self.inherited_epochs)
+        chunks = self.chunks
+        for i in range(len(chunks)):
+            loc = chunks[i]
+            seg = self.vlog.segment(loc.segment)
+            if seg is None:
+                continue
+            head = seg.read(loc.position, 16)
+            if len(head) < 16:
+                continue
+            base, _length, epoch = _HEAD.unpack(head)
+            if not out or epoch > out[-1][0]:
+                out.append((epoch, base))
         return out
 
     def epoch_end(self, epoch: int) -> tuple[int, int]:
