@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -96,7 +97,9 @@ def _client_log(path: Path) -> logging.Logger:
     """librdkafka's own log lines, to a file of the run (not the console)."""
     logger = logging.getLogger(f"stratalog.faults.clients.{path.parent.name}.{id(path)}")
     logger.propagate = False
-    logger.setLevel(logging.INFO)
+    # librdkafka's debug lines (STRATALOG_FAULTS_CLIENT_DEBUG, see workload.py) are DEBUG
+    debug = os.environ.get("STRATALOG_FAULTS_CLIENT_DEBUG")
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logger.addHandler(handler)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import random
 import threading
 import time
@@ -138,6 +139,8 @@ class Workload:
             "reconnect.backoff.ms": 50,
             "reconnect.backoff.max.ms": 1000,
             "topic.metadata.refresh.interval.ms": 2000,
+            # librdkafka's own debug contexts (e.g. "eos,msg") into clients.log, to diagnose a run
+            **({"debug": d} if (d := os.environ.get("STRATALOG_FAULTS_CLIENT_DEBUG")) else {}),
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
