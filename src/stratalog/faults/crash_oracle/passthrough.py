@@ -146,7 +146,7 @@ class FuseMount:
         with open("/proc/self/mounts") as f:
             return any(line.split()[1] == target for line in f)
 
-    def start(self, timeout: float = 20) -> FuseMount:
+    def start(self, timeout: float = 20) -> Self:
         if shutil.which("fusermount3") is None:
             raise RuntimeError("fusermount3 is missing (Debian package fuse3)")
         self.backing.mkdir(parents=True, exist_ok=True)
