@@ -175,6 +175,8 @@ def env(tmp_path_factory):
         create_topic(broker.bootstrap, TOPIC, PARTITIONS)
         e.log_of = _map_partitions(e.backing, TOPIC)
         e.cold_log = _map_partitions(e.backing, COLD)[0]
+        cluster = json.loads((e.backing / "meta" / "cluster.json").read_text())
+        e.cold_uid = cluster["topics"][COLD]["partitions"][0]
         records = [(p, b"a-%d-%03d" % (p, i)) for i in range(PER_PARTITION) for p in range(8)]
         acked, errors = _produce(broker.bootstrap, TOPIC, records)
         assert not errors and len(acked) == len(records)
@@ -269,14 +271,29 @@ def test_a_write_error_refuses_that_write_only_and_the_log_takes_the_next(env, e
         assert [o for o, _ in got[p]] == list(range(len(env.sent[p]))), p
 
 
+def _set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+    res = ConfigResource("topic", topic, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the answer
+    admin.incremental_alter_configs([res])[res].result(10)
+
+
 def test_a_vanished_cold_segment_fails_its_range_only(env):
-    values = [(0, b"c%05d" % i + b"." * 400) for i in range(600)]
-    acked, errors = _produce(env.broker.bootstrap, COLD, values)
-    assert not errors
-    cold_dir = env.root / "cold"
-    _wait_for(lambda: list(cold_dir.glob("p*/*.log")), "a migrated cold segment")
+    # A hot segment migrates once every partition in it is past its local retention: the
+    # cold topic's log also holds partitions of TOPIC (not the target log's).
+    _set_topic_config(env.broker.bootstrap, TOPIC, "local.retention.ms", "0")
+    acked: dict[bytes, tuple[int, int]] = {}
+    for n in range(8):  # several appends: segments roll at 64 KiB
+        values = [(0, b"c%d-%03d" % (n, i) + b"." * 400) for i in range(80)]
+        done, errors = _produce(env.broker.bootstrap, COLD, values)
+        assert not errors and len(done) == len(values)
+        acked.update(done)
+    cold_dir = env.root / "cold" / f"p{env.cold_uid}"
+    _wait_for(lambda: list(cold_dir.glob("*.log")), "a migrated cold segment")
     # The oldest cold segment (offset 0 on) goes, as an object lost from the store.
-    first = min(cold_dir.glob("p*/*.log"), key=lambda f: int(f.name.split("-")[0]))
+    first = min(cold_dir.glob("*.log"), key=lambda f: int(f.name.split("-")[0]))
     assert int(first.name.split("-")[0]) == 0
     first.unlink()
     last = max(o for _, o in acked.values())  # the newest record: still hot

@@ -182,6 +182,7 @@ class VirtualLog:
         )
         # The error of the last write if it failed (None once one succeeds): /status.
         self.write_error: OSError | None = None
+        self._checkpoint_error = ""  # the last index write's error, logged once
         self.segments: dict[int, Segment] = {}
         self.active: Segment
         self.lsn = 0
@@ -438,6 +439,13 @@ class VirtualLog:
         )
         return WriteFailed(f"virtual log {self.name}: write to {seg.data_path} failed: {e}")
 
+    def _roll_failed(self, what: str, e: OSError) -> WriteFailed:
+        first = self.write_error is None or self.write_error.errno != e.errno
+        self.write_error = e
+        WRITE_ERRORS.labels(errno.errorcode.get(e.errno or 0, str(e.errno))).inc()
+        (log.error if first else log.debug)("virtual log %s: %s: %s", self.name, what, e)
+        return WriteFailed(f"virtual log {self.name}: {what}: {e}")
+
     def _write_recovered(self) -> None:
         log.warning("virtual log %s: writes succeed again (after %s)", self.name, self.write_error)
         self.write_error = None
@@ -584,7 +592,13 @@ class VirtualLog:
         old = self.active
         seq = old.seq + 1 if seq is None else seq
         old.sealed = True
-        old.flush_index()
+        try:
+            old.flush_index()
+        except OSError as e:
+            # The index cannot be written (EIO, a read-only file system): the segment stays
+            # active and this append fails; the next one tries the roll again.
+            old.sealed = False
+            raise self._roll_failed(f"cannot write the index of {old}", e) from None
         if self.spill_policy is not None and self.spill_directory is not None:
             self.spill = self.spill_policy(self.segment_bytes)
         new: Segment | None = None
@@ -604,8 +618,7 @@ class VirtualLog:
                 # No room for a new file: the old segment stays active; the next append tries
                 # again (an ENOSPC here must not make the log read-only).
                 old.sealed = False
-                log.warning("%s: cannot start a new segment: %s", self.name, e)
-                raise WriteFailed(f"cannot start a new segment: {e}") from None
+                raise self._roll_failed("cannot start a new segment", e) from None
         if self.direct_io:
             new.enable_direct(self.direct_min_bytes)
         # Cut the sealed segment's padding now: recovery treats a segment that ends short of its
@@ -1025,7 +1038,16 @@ class VirtualLog:
         self._checkpointing = True
         truncations = self._truncations
         try:
-            seg.flush_index()
+            try:
+                seg.flush_index()
+            except OSError as e:
+                # Kept in memory and written at the next checkpoint; appends go on meanwhile
+                # (recovery scans past the old checkpoint). Said once, not every interval.
+                (log.warning if str(e) != self._checkpoint_error else log.debug)(
+                    "virtual log %s: cannot write the index of %s: %s", self.name, seg, e
+                )
+                self._checkpoint_error = str(e)
+                return
             position = seg.size - self._batched_bytes
             seg.acquire()
             loop = asyncio.get_running_loop()
