@@ -541,6 +541,11 @@ def status(
         )
     elif disk:
         console.print(f"disk {disk['path']}: {_size(disk['free_bytes'])} free")
+    log_dir = (disk or {}).get("log_dir")
+    if log_dir and log_dir["state"] != "online":
+        console.print(f"[red]log dir {doc['tiers']['hot']['path']}: {log_dir['state']}[/red]")
+        for name, x in sorted(log_dir["not_online"].items()):
+            console.print(f"[red]  virtual log {name}: {x['state']}: {x['error']}[/red]")
     hot = tiers["hot"]
     cap = f" of {_size(hot['capacity'])}" if hot["capacity"] else ""
     console.print(f"hot tier {hot['path']}: {_size(hot['used'])}{cap} in use")

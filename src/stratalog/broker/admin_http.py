@@ -18,6 +18,8 @@ from typing import Any
 import h11
 from prometheus_client import generate_latest
 
+from stratalog.broker import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -31,6 +33,40 @@ def _tier_summary(indexes, segments: int) -> dict[str, Any]:
         "oldest_timestamp": min(stamps) if stamps else None,
         "newest_timestamp": max(stamps) if stamps else None,
     }
+
+
+LOG_STATES = ("online", "read-only", "write-error", "failed")
+
+
+def log_dir(core) -> dict[str, Any]:
+    """The hot tier's log directory as its virtual logs see it: ``online`` while all take
+    writes, ``read-only`` when one's last write met EROFS (a read-only remount), ``offline``
+    when every log has failed, ``degraded`` otherwise; the logs that are not online, with
+    their error. Reads go on in every state."""
+    counts = dict.fromkeys(LOG_STATES, 0)
+    troubled: dict[str, dict[str, str]] = {}
+    for name, vlog in core.store.logs.items():
+        state = vlog.state
+        counts[state] += 1
+        if state != "online":
+            error = vlog.journal.failed if state == "failed" else vlog.write_error
+            troubled[name] = {"state": state, "error": str(error)}
+    if not troubled:
+        overall = "online"
+    elif counts["read-only"]:
+        overall = "read-only"
+    elif counts["failed"] == len(core.store.logs):
+        overall = "offline"
+    else:
+        overall = "degraded"
+    return {"state": overall, "logs": counts, "not_online": troubled}
+
+
+def _update_log_metrics(core) -> None:
+    doc = log_dir(core)
+    for state, n in doc["logs"].items():
+        metrics.LOGS_BY_STATE.labels(state).set(n)
+    metrics.LOG_DIR_STATE.set(int(doc["state"] == "online"))
 
 
 def status(core) -> dict[str, Any]:
@@ -67,6 +103,7 @@ def status(core) -> dict[str, Any]:
             "free_bytes": core.disk.free,
             "min_free_bytes": core.disk.reserve,
             "produce_refused": core.disk.low,
+            "log_dir": log_dir(core),
         },
         "tiers": {
             "hot": {
@@ -150,6 +187,7 @@ class AdminServer:
             # Rendered on a thread: pure Python over every sample (20-120 ms a scrape with 23
             # request histograms under load), which on the event loop held every request up.
             # The registry and the metrics take their own locks.
+            _update_log_metrics(self.core)
             text = await asyncio.get_running_loop().run_in_executor(None, generate_latest)
             return 200, "text/plain; version=0.0.4", text
         return 404, "text/plain", b"try /status or /metrics\n"

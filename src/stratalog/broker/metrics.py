@@ -38,6 +38,16 @@ SPILLED_BYTES = Counter(
     "stratalog_spilled_bytes",
     "Record-batch bytes appended to segments in the cold tier's directory (hot tier full)",
 )
+LOGS_BY_STATE = Gauge(
+    "stratalog_logs",
+    "Virtual logs by state: online, read-only (the last write met EROFS), write-error (it "
+    "failed otherwise), failed (an fsync failed: nothing more acknowledged); set at each scrape",
+    ["state"],
+)
+LOG_DIR_STATE = Gauge(
+    "stratalog_log_dir_online",
+    "1 while every virtual log takes writes; 0 when one is read-only, failing or failed",
+)
 BACKLOG_RATE = Gauge(
     "stratalog_backlog_rate_bytes_per_second",
     "The backlog read budget now (0: unlimited); steered with fetch.backlog.fsync_target_ms",

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from stratalog.storage.fsync_ring import FsyncRing
 from stratalog.storage.segment import Segment
@@ -49,6 +49,10 @@ COMMIT_SECONDS = Histogram(
 
 
 # Which way each group commit's fsyncs went (storage.fsync_via): "io_uring" or "thread".
+FAILED_LOGS = Gauge(
+    "stratalog_logs_failed",
+    "Virtual logs stopped by a failed fsync (they acknowledge nothing until a restart)",
+)
 COMMITS = Counter(
     "stratalog_group_commits",
     "Group commits completed, by the way their fsyncs ran",
@@ -118,8 +122,10 @@ class GroupCommit:
         group_ms: float = 2.0,
         group_bytes: int = 512 * 1024,
         ring: FsyncRing | None = None,
+        name: str = "",
     ) -> None:
         self.policy = policy
+        self.name = name  # the virtual log's, for errors
         self._executor = executor
         # When set, the group's fdatasyncs (and a new segment's directory fsync) go through
         # io_uring and complete on the loop, with no thread hand-off (fsync_ring.py).
@@ -245,7 +251,7 @@ class GroupCommit:
         if exc is not None:
             # After a failed fsync the kernel may have dropped the dirty pages: never retry and
             # pretend (PostgreSQL's fsyncgate). The log stops acknowledging.
-            self.fail(StorageFailure(f"fsync failed: {exc}"))
+            self.fail(StorageFailure(f"virtual log {self.name}: fsync failed: {exc}"))
             if self._idle is not None:
                 self._idle.set()
             return
@@ -267,7 +273,13 @@ class GroupCommit:
         durability."""
         if self.failed is None:
             self.failed = failure
-            log.error("%s; the log is read-only from now on", failure)
+            log.error(
+                "%s; virtual log %s acknowledges nothing more (its partitions answer "
+                "KAFKA_STORAGE_ERROR) until the broker restarts and recovers it",
+                failure,
+                self.name,
+            )
+            FAILED_LOGS.inc()
         self._on_durable(-1)
 
     def _tick(self) -> None:

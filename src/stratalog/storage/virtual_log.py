@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
+from prometheus_client import Counter
 
 from stratalog.storage import reaper
 from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
@@ -77,6 +78,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+WRITE_ERRORS = Counter(
+    "stratalog_log_write_errors",
+    "Segment writes that failed and were cut back (nothing recorded), by errno",
+    ["errno"],
+)
+
 _IOV_MAX = 1000
 
 
@@ -87,14 +94,18 @@ def _write(seg: Segment, parts: list[bytes | memoryview], nbytes: int) -> None:
 
 
 class WriteFailed(StorageFailure):
-    """A segment write failed for want of space (ENOSPC, EDQUOT, EFBIG): what it carried was cut
-    back, nothing of it was recorded, and the log stays writable (a retry is appended once space
-    returns)."""
+    """A segment write failed (ENOSPC, EIO, EROFS, ...): what it carried was cut back, nothing
+    of it was recorded, and the log stays writable (a retry is appended once the error is
+    gone)."""
 
 
-# Errors a write can meet without the disk having failed: the bytes are cut back and the log
-# goes on. Anything else (EIO, ...) fails the log as a failed fsync does.
+# A write that fails leaves no promise broken: nothing of it was recorded or acknowledged, the
+# bytes are cut back, and the next write goes at the same position (writes are positional, so
+# even bytes a failed cut-back left are overwritten). So every write error fails that write
+# only, and the log takes the next one; it is a failed fsync that stops a log (journal.py).
+# These name the log's state in /status while they last.
 _SPACE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+READ_ONLY = "read-only"
 
 # Called once a staged append is written: (segment, the batches' positions, the append's LSN).
 OnWritten = Callable[[Segment, list[int], int], None]
@@ -167,7 +178,11 @@ class VirtualLog:
             group_ms=group_commit_ms,
             group_bytes=group_commit_bytes,
             ring=ring,
+            name=name,
         )
+        # The error of the last write if it failed (None once one succeeds): /status.
+        self.write_error: OSError | None = None
+        self._checkpoint_error = ""  # the last index write's error, logged once
         self.segments: dict[int, Segment] = {}
         self.active: Segment
         self.lsn = 0
@@ -378,6 +393,8 @@ class VirtualLog:
                 if st.on_failed is not None:
                     st.on_failed(failure)
             raise failure from None
+        if self.write_error is not None:
+            self._write_recovered()
         add_index = seg.add_index_fields
         nxt = self._next_offsets
         lsn = self.lsn
@@ -406,18 +423,42 @@ class VirtualLog:
             st.on_written(seg, st.positions, lsn)
 
     def _write_failed(self, seg: Segment, start: int, nbytes: int, e: OSError) -> StorageFailure:
-        """Cut a failed write back; what to raise (the log stays writable after ENOSPC)."""
+        """Cut a failed write back; what to raise (the log stays writable)."""
         self._cut_back(seg, start)
-        if e.errno in _SPACE_ERRORS:
-            log.warning(
-                "%s: write of %d B failed (%s); cut back, the log stays writable",
-                self.name,
-                nbytes,
-                e,
-            )
-            return WriteFailed(f"write failed: {e}")
-        self.journal.fail(StorageFailure(f"write failed: {e}"))
-        return self.journal.failed  # type: ignore[return-value]
+        first = self.write_error is None or self.write_error.errno != e.errno
+        self.write_error = e
+        WRITE_ERRORS.labels(errno.errorcode.get(e.errno or 0, str(e.errno))).inc()
+        # Logged when the error starts or changes, not at every retry of every producer.
+        (log.error if first else log.debug)(
+            "virtual log %s: write of %d B to %s failed (%s); cut back, nothing of it recorded; "
+            "the log takes the next write",
+            self.name,
+            nbytes,
+            seg.data_path,
+            e.strerror or e,
+        )
+        return WriteFailed(f"virtual log {self.name}: write to {seg.data_path} failed: {e}")
+
+    def _roll_failed(self, what: str, e: OSError) -> WriteFailed:
+        first = self.write_error is None or self.write_error.errno != e.errno
+        self.write_error = e
+        WRITE_ERRORS.labels(errno.errorcode.get(e.errno or 0, str(e.errno))).inc()
+        (log.error if first else log.debug)("virtual log %s: %s: %s", self.name, what, e)
+        return WriteFailed(f"virtual log {self.name}: {what}: {e}")
+
+    def _write_recovered(self) -> None:
+        log.warning("virtual log %s: writes succeed again (after %s)", self.name, self.write_error)
+        self.write_error = None
+
+    @property
+    def state(self) -> str:
+        """``online``, ``read-only`` (the last write met EROFS), ``write-error`` (it failed
+        otherwise) or ``failed`` (an fsync failed: no more acknowledgements)."""
+        if self.journal.failed is not None:
+            return "failed"
+        if self.write_error is None:
+            return "online"
+        return READ_ONLY if self.write_error.errno == errno.EROFS else "write-error"
 
     def _ship(self, seq: int, start: int, parts: list[bytes | memoryview], lsn: int) -> None:
         assert self.on_write is not None
@@ -551,7 +592,13 @@ class VirtualLog:
         old = self.active
         seq = old.seq + 1 if seq is None else seq
         old.sealed = True
-        old.flush_index()
+        try:
+            old.flush_index()
+        except OSError as e:
+            # The index cannot be written (EIO, a read-only file system): the segment stays
+            # active and this append fails; the next one tries the roll again.
+            old.sealed = False
+            raise self._roll_failed(f"cannot write the index of {old}", e) from None
         if self.spill_policy is not None and self.spill_directory is not None:
             self.spill = self.spill_policy(self.segment_bytes)
         new: Segment | None = None
@@ -571,8 +618,7 @@ class VirtualLog:
                 # No room for a new file: the old segment stays active; the next append tries
                 # again (an ENOSPC here must not make the log read-only).
                 old.sealed = False
-                log.warning("%s: cannot start a new segment: %s", self.name, e)
-                raise WriteFailed(f"cannot start a new segment: {e}") from None
+                raise self._roll_failed("cannot start a new segment", e) from None
         if self.direct_io:
             new.enable_direct(self.direct_min_bytes)
         # Cut the sealed segment's padding now: recovery treats a segment that ends short of its
@@ -583,8 +629,25 @@ class VirtualLog:
         self._runs.append((self.lsn, new.seq, 0))
         # The sealed segment's index must be durable before a checkpoint can point past it.
         old.acquire()
-        self._executor.submit(_seal, old)
+        sealing = self._executor.submit(_seal, old)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # a roll outside the broker's loop (tools, tests)
+            loop = None
+        sealing.add_done_callback(lambda f: self._sealed(loop, old, f))
         return new
+
+    def _sealed(self, loop: asyncio.AbstractEventLoop | None, seg: Segment, fut) -> None:
+        """A seal's fsync failed: its pages may be gone, so no later fsync may vouch for them
+        (the rule of journal.py); the log stops, on the loop if there is one."""
+        exc = fut.exception()
+        if exc is None:
+            return
+        failure = StorageFailure(f"virtual log {self.name}: fsync of {seg} failed: {exc}")
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.journal.fail, failure)
+        else:
+            self.journal.fail(failure)
 
     # -- replication ---------------------------------------------------------------------------
     @property
@@ -975,7 +1038,16 @@ class VirtualLog:
         self._checkpointing = True
         truncations = self._truncations
         try:
-            seg.flush_index()
+            try:
+                seg.flush_index()
+            except OSError as e:
+                # Kept in memory and written at the next checkpoint; appends go on meanwhile
+                # (recovery scans past the old checkpoint). Said once, not every interval.
+                (log.warning if str(e) != self._checkpoint_error else log.debug)(
+                    "virtual log %s: cannot write the index of %s: %s", self.name, seg, e
+                )
+                self._checkpoint_error = str(e)
+                return
             position = seg.size - self._batched_bytes
             seg.acquire()
             loop = asyncio.get_running_loop()
@@ -983,6 +1055,12 @@ class VirtualLog:
                 await loop.run_in_executor(
                     self._executor, _checkpoint, self.directory, seg, position
                 )
+            except _SyncFailed as e:
+                # As a group commit's: never retried and believed (journal.py).
+                self.journal.fail(
+                    StorageFailure(f"virtual log {self.name}: fsync of {seg} failed: {e}")
+                )
+                return
             finally:
                 seg.release()
             if truncations != self._truncations:
@@ -1025,8 +1103,16 @@ def _seal(seg: Segment) -> None:
         seg.release()
 
 
+class _SyncFailed(OSError):
+    """An fsync of a log's own data or index failed (not the checkpoint file's write)."""
+
+
 def _checkpoint(directory: Path, seg: Segment, position: int) -> None:
-    # Data first, then its index entries, then the checkpoint that vouches for both.
-    seg.sync()
-    os.fdatasync(seg.index_fd)
+    # Data first, then its index entries, then the checkpoint that vouches for both. A failed
+    # write of the checkpoint file only leaves the old one (recovery scans more): retried.
+    try:
+        seg.sync()
+        os.fdatasync(seg.index_fd)
+    except OSError as e:
+        raise _SyncFailed(e.errno, e.strerror) from e
     write_checkpoint(directory, seg.seq, position)

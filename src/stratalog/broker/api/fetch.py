@@ -149,7 +149,17 @@ def _load(parts: list, ahead: int, loader: BacklogLoader) -> None:
     the journal's next fsync.
     """
     for segment, lo, hi in _spans(parts):
-        loader.load(segment, lo, hi + ahead)
+        try:
+            loader.load(segment, lo, hi + ahead)
+        except OSError as e:
+            raise _named(e, segment) from None
+
+
+def _named(e: OSError, segment) -> OSError:
+    """``e`` naming the file it came from (a pread's EIO names none), for the broker's log."""
+    if e.filename is None:
+        e.filename = str(getattr(segment, "data_path", None) or segment)
+    return e
 
 
 def _read_cold(
@@ -176,7 +186,7 @@ def _read_cold(
                     parts[i] = direct.read(p.segment, p.position, p.size)
                 metrics.FETCH_COPIED_BYTES.inc(p.size)
             except OSError as e:
-                failure = str(e)
+                failure = str(_named(e, p.segment))
                 parts[i] = b""  # released below, not again in the clean-up
             finally:
                 p.release()
@@ -285,13 +295,18 @@ async def handle_fetch(core, req: Request, conn):
             rr.release()
         raise
     if cold:
+        # A read error (EIO, a cold-tier file gone) fails that partition's answer only, and
+        # only this once: the next Fetch reads again (a transient error is no state).
         failed = {id(parts): f for parts, f in zip(cold, failures, strict=True) if f}
         if failed:
-            for _name, _tid, results in topics:
+            for name, _tid, results in topics:
                 for r in results:
                     if id(r.records) in failed:
                         log.error(
-                            "fetch of partition %d failed: %s", r.index, failed[id(r.records)]
+                            "fetch of %s-%d failed, answered KAFKA_STORAGE_ERROR: %s",
+                            name,
+                            r.index,
+                            failed[id(r.records)],
                         )
                         r.error_code = code("KAFKA_STORAGE_ERROR")
                         r.records_size = 0
