@@ -314,6 +314,12 @@ class ColdStore:
                 break
             except (ValueError, KeyError, TypeError):
                 continue  # a torn manifest write: the previous generation stands
+        if manifests and not gen:
+            # Every manifest is damaged: never take that for "no segments" and delete the files
+            # (they are the partition's history); the tier reports the damage instead.
+            raise ColdTierError(
+                f"{self._dir(uid)}: no readable manifest among {', '.join(manifests)}"
+            )
         self._gen[uid] = gen
         keep = {f"{s.name}.log" for s in metas} | {f"{s.name}.idx" for s in metas}
         keep.add(f"manifest-{gen:012d}.json")

@@ -67,6 +67,8 @@ def _checkpoint_crc(seq: int, position: int) -> int:
 def parse_checkpoint(raw: bytes) -> tuple[int, int]:
     """(seq, position) of a checkpoint file's bytes; ValueError if they do not hold one. Old
     files have no CRC and are taken as they are."""
+    if not raw.endswith(b"\n"):
+        raise ValueError("cut short")  # every checkpoint ever written ends its line
     fields = raw.decode("ascii").split()
     if len(fields) not in (2, 3):
         raise ValueError(f"{len(fields)} fields")
