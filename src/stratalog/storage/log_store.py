@@ -78,8 +78,10 @@ def parse_state(raw: bytes) -> dict[str, dict]:
     doc = json.loads(raw)
     if not isinstance(doc, dict):
         raise ValueError("not an object")
-    if "partitions" not in doc:
+    if all(k.isdigit() for k in doc):
         return doc  # the old format: uid -> state, no CRC
+    if set(doc) != {"partitions", "crc32c"}:
+        raise ValueError(f"unexpected keys {sorted(doc)}")
     body = json.dumps(doc["partitions"], sort_keys=True)
     if crc32c(body.encode()) != doc.get("crc32c"):
         raise ValueError("CRC mismatch")

@@ -73,7 +73,7 @@ def parse_checkpoint(raw: bytes) -> tuple[int, int]:
     if len(fields) not in (2, 3):
         raise ValueError(f"{len(fields)} fields")
     seq, position = int(fields[0]), int(fields[1])
-    if len(fields) == 3 and int(fields[2], 16) != _checkpoint_crc(seq, position):
+    if len(fields) == 3 and fields[2] != f"{_checkpoint_crc(seq, position):08x}":
         raise ValueError("CRC mismatch")
     if seq < 0 or position < 0:
         raise ValueError("negative position")
@@ -189,15 +189,15 @@ class _Damage:
     def __init__(self, holes: dict[int, dict[int, int]]) -> None:
         self.holes = holes  # recorded ranges: seq -> start -> end
         self.ranges: list[DamagedRange] = []
-        self.gaps: dict[int, tuple[int, int]] | None = None  # None until damage is met
+        # Offsets partitions skipped, not attributed yet. A valid frame whose offsets jump
+        # forward is kept: the frames in between are what is missing, not this one.
+        self.gaps: dict[int, tuple[int, int]] = {}
         # Each range's partitions' next offsets when it was met (to check index hints).
         self.expected_at: list[dict[int, int]] = []
 
     def met(self, r: DamagedRange, expected: dict[int, int]) -> None:
         self.ranges.append(r)
         self.expected_at.append(dict(expected))
-        if self.gaps is None:
-            self.gaps = {}
 
     def settle(self) -> None:
         if self.gaps:
@@ -299,9 +299,13 @@ def scan(
                 e = frame_entry(buf, rel, pos, expected, damage.gaps if damage else None)
         if e is not None:
             entries.append(e)
-            pos += total
             if damage is not None and damage.gaps:
+                if not damage.ranges:
+                    # Offsets jump with no damage met in this scan: frames went missing before
+                    # this one (a segment cut short at a frame boundary, say).
+                    damage.met(DamagedRange(segment.seq, pos, pos), expected)
                 damage.settle()
+            pos += total
             continue
         if damage is None:
             break
@@ -332,6 +336,7 @@ def _chain(
     size: int,
     expected: dict[int, int],
     holes: dict[int, int] | None = None,
+    relaxed: bool = False,
 ) -> tuple[list[IndexEntry], int]:
     """The longest prefix of ``entries`` that describes contiguous frames from position 0, and
     where the bytes it accounts for end.
@@ -339,17 +344,16 @@ def _chain(
     An index file written lazily can end in garbage after a crash (zeros, a torn entry); only
     entries that tile the segment from its start (jumping only over recorded damaged ranges,
     ``holes``: start -> end), fit in the file and continue each partition's offsets are
-    believed (past a hole they may jump forward). ``expected`` is updated for the entries
-    returned.
+    believed (past a hole, or with ``relaxed``: past one in an earlier segment, they may jump
+    forward). ``expected`` is updated for the entries returned.
     """
     holes = holes or {}
     out: list[IndexEntry] = []
     at = 0
     seen = dict(expected)
-    relaxed = False
     for e in entries:
-        if e.position != at + FRAME_SIZE and holes.get(at) == e.position - FRAME_SIZE:
-            at = e.position - FRAME_SIZE
+        if holes.get(at) == e.position - FRAME_SIZE:
+            at = e.position - FRAME_SIZE  # over a recorded range (or to a recorded jump)
             relaxed = True
         if e.position != at + FRAME_SIZE or e.size < 61 or e.last_offset_delta < 0:
             break
@@ -367,6 +371,23 @@ def _chain(
     for e in out:
         expected[e.uid] = e.last_offset + 1
     return out, at
+
+
+def indexed_end(entries: list[IndexEntry], size: int) -> int:
+    """Where a segment's index says its frames go on to past ``size`` (its length on disk):
+    the chain of entries from the one starting at ``size``, or crossing it, each starting
+    where the previous one ends; ``size`` if there is none. A segment whose index goes on was
+    cut short (a sealed segment's index is synced after its data); a damaged entry points
+    elsewhere and starts no such chain."""
+    ends = {e.position - FRAME_SIZE: _frame_end(e) for e in entries if e.size >= 61}
+    at = size
+    if size not in ends:
+        crossing = [s for s, end in ends.items() if s < size < end]
+        if crossing:
+            at = crossing[0]
+    while at in ends:
+        at = ends[at]
+    return max(at, size)
 
 
 def _direct_padding(seg: Segment, end: int) -> bool:
@@ -410,7 +431,8 @@ def recover_log(
             # Trust the index, but only if it accounts for every byte of every segment.
             expected: dict[int, int] = {}
             for seg in opened:
-                chain, end = _chain(indexes[seg.seq], seg.size, expected, holes.get(seg.seq))
+                past = any(h <= seg.seq for h in holes)
+                chain, end = _chain(indexes[seg.seq], seg.size, expected, holes.get(seg.seq), past)
                 ok &= len(chain) == len(indexes[seg.seq]) and end == seg.size
                 entries_by_seq[seg.seq] = chain
         marker.unlink()
@@ -433,12 +455,11 @@ def recover_log(
             seg.delete(background=False)  # its name may be taken again by the next roll
             continue
         segments.append(seg)
-        if s in holes and damage.gaps is None:
-            damage.gaps = {}  # past recorded damage, offsets may jump
         indexed = indexes[s]
         # Entries below the checkpoint are known complete; past it, the scan redoes them.
         limit = seg.size if s < ck_seq else (ck_pos if s == ck_seq else 0)
-        trusted, start = _chain(indexed, min(limit, seg.size), expected, holes.get(s))
+        past = any(h < s for h in holes)  # offsets may jump past a range recorded earlier
+        trusted, start = _chain(indexed, min(limit, seg.size), expected, holes.get(s), past)
         if start == seg.size and len(trusted) == len(indexed):
             entries_by_seq[s] = trusted
             continue
@@ -447,19 +468,24 @@ def recover_log(
         report.scanned_frames += len(scanned)
         if end < seg.size and _direct_padding(seg, end):
             seg.truncate(end)  # the zeros of an O_DIRECT write's last block, not a tear
-        if end < seg.size and any(
+        # A sealed segment's index was synced with it: entries past its end mean it lost them.
+        cut_short = indexed_end(indexed, seg.size) > seg.size
+        if (end < seg.size or cut_short) and any(
             next_valid(later, 0, expected) is not None for later in opened[k + 1 :]
         ):
             # Valid frames follow in a later segment: damage to the end of this one, not a
             # tear (a crash leaves the log's end torn, never its middle).
+            stop = indexed_end(indexed, seg.size)
             log.error(
-                "%s: damaged bytes at %d..%d of segment %d (its end): stepping over them",
+                "%s: damaged bytes at %d..%d of segment %d (its end, %d B on disk): stepping "
+                "over them",
                 directory,
                 end,
-                seg.size,
+                stop,
                 s,
+                seg.size,
             )
-            damage.met(DamagedRange(s, end, seg.size), expected)
+            damage.met(DamagedRange(s, end, stop), expected)
         elif end < seg.size:
             log.warning(
                 "%s: segment %d torn at %d of %d bytes: truncating", directory, s, end, seg.size

@@ -77,6 +77,8 @@ def parse_epochs(raw: bytes) -> tuple[int, list[tuple[int, int, int]]]:
     """(promised, starts) of an epochs file's bytes; ValueError (or KeyError, TypeError) if
     they are damaged. Files from before the CRC are taken as they are."""
     doc = json.loads(raw)
+    if set(doc) not in ({"promised", "starts"}, {"promised", "starts", "crc32c"}):
+        raise ValueError(f"unexpected keys {sorted(doc)}")
     promised = int(doc["promised"])
     starts = [(int(e), int(s), int(p)) for e, s, p in doc["starts"]]
     if "crc32c" in doc:

@@ -38,6 +38,7 @@ from stratalog.storage.recovery import (
     FRAME_HEAD,
     _Damage,
     _direct_padding,
+    indexed_end,
     parse_checkpoint,
     scan,
 )
@@ -173,11 +174,12 @@ def run(p: Plan, progress: Progress | None = None) -> list[Finding]:
     tick = progress or (lambda _path, _n: None)
     out: list[Finding] = []
     frames_by_log: dict[str, dict[int, list[IndexEntry]]] = {}
+    damaged_by_log: dict[str, dict[int, list[tuple[int, int]]]] = {}
     for lg in p.logs:
-        out += _check_log(lg, tick, frames_by_log)
+        out += _check_log(lg, tick, frames_by_log, damaged_by_log)
     for kind, path in p.singles:
         tick(str(path), 0)
-        f = _check_single(kind, path, frames_by_log)
+        f = _check_single(kind, path, frames_by_log, damaged_by_log)
         tick(str(path), f.size)
         out.append(f)
     for d in p.cold_partitions:
@@ -190,7 +192,10 @@ def _unreadable(path: Path, kind: str, e: OSError) -> Finding:
 
 
 def _check_log(
-    lg: _Log, tick: Progress, frames_by_log: dict[str, dict[int, list[IndexEntry]]]
+    lg: _Log,
+    tick: Progress,
+    frames_by_log: dict[str, dict[int, list[IndexEntry]]],
+    damaged_by_log: dict[str, dict[int, list[tuple[int, int]]]],
 ) -> list[Finding]:
     out = []
     try:
@@ -206,7 +211,14 @@ def _check_log(
     expected: dict[int, int] = {}
     dmg = _Damage(holes)
     frames_by_log[lg.name] = frames = {}
+    damaged_by_log[lg.name] = damaged = {}
+    present = {seq for seq, _ in lg.segments}
+    gone = sorted((r for r in recorded if r.seq not in present), key=lambda r: r.seq)
     for k, (seq, path) in enumerate(lg.segments):
+        while gone and gone[0].seq < seq:
+            # A recorded range in a segment deleted since (none of its chunks lived on): the
+            # offsets that jump past it are explained.
+            dmg.met(gone.pop(0), expected)
         tick(str(path), 0)
         f = Finding(str(path), "segment", size=_size(path))
         try:
@@ -224,9 +236,27 @@ def _check_log(
                 last = k == len(lg.segments) - 1
                 tail = " (a torn tail: recovery cuts it)" if last else " (to the segment's end)"
             frames[seq] = entries
+            idx_end = _indexed_end(path.with_suffix(".idx"), seg.size)
+            if idx_end > seg.size:
+                # Its index describes frames past its end, starting where it ends: the file
+                # lost its end (an index entry damaged instead would point elsewhere).
+                if ranges and ranges[-1][1] == seg.size:
+                    ranges[-1] = (ranges[-1][0], idx_end)
+                else:
+                    ranges.append((seg.size, idx_end))
+                tail = f" (cut short: its index goes on to {idx_end})"
+            last = dmg.ranges[-1] if dmg.ranges else None
+            if (
+                ranges
+                and ranges[-1][1] >= seg.size
+                and (last is None or (last.seq, last.end) != (seq, ranges[-1][1]))
+            ):
+                # Later partitions' offsets jump past what this end lost: attribute them here.
+                dmg.met(damage_record.DamagedRange(seq, *ranges[-1]), expected)
+            damaged[seq] = ranges
             if ranges:
-                known = [(s, e) for s, e in holes.get(seq, {}).items()]
-                f.recorded = all(r in known for r in ranges)
+                known = holes.get(seq, {}).items()
+                f.recorded = all(any(a <= s and e <= b for a, b in known) for s, e in ranges)
                 f.damaged(
                     f"{len(ranges)} damaged range(s), {sum(e - s for s, e in ranges)} B"
                     + tail
@@ -247,6 +277,15 @@ def _check_log(
         tick(str(idx), fi.size)
         out.append(fi)
     return out
+
+
+def _indexed_end(path: Path, size: int) -> int:
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return size
+    whole = raw[: len(raw) - len(raw) % ENTRY_SIZE]
+    return indexed_end([IndexEntry(*f) for f in ENTRY.iter_unpack(whole)], size)
 
 
 def _check_index(
@@ -300,7 +339,10 @@ def _check_index(
 
 
 def _check_single(
-    kind: str, path: Path, frames_by_log: dict[str, dict[int, list[IndexEntry]]]
+    kind: str,
+    path: Path,
+    frames_by_log: dict[str, dict[int, list[IndexEntry]]],
+    damaged_by_log: dict[str, dict[int, list[tuple[int, int]]]],
 ) -> Finding:
     f = Finding(str(path), kind, size=_size(path))
     try:
@@ -311,6 +353,10 @@ def _check_single(
         if kind == "checkpoint":
             seq, position = parse_checkpoint(raw)
             frames = frames_by_log.get(path.parent.name, {})
+            damaged = damaged_by_log.get(path.parent.name, {}).get(seq, [])
+            if any(position >= start for start, _end in damaged):
+                f.detail = "points into a damaged segment (reported there)"
+                return f
             if seq in frames:
                 ends = {0} | {e.position + e.size for e in frames[seq]}
                 if position not in ends:

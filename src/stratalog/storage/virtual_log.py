@@ -248,10 +248,12 @@ class VirtualLog:
             holes=damage.holes_by_segment(known),
             verify=verify,
         )
-        # Segments a tear, retention or migration removed take their recorded ranges along.
-        live = {seg.seq for seg in segs}
+        # Segments a tear cut off take their recorded ranges along. A segment deleted because
+        # no chunk lived in it any more (all were lost, or retention took them) leaves them:
+        # what its partitions lost stays lost, and their offsets jump past it.
+        cut = set(self.report.deleted_segments)
         self.damaged, _ = damage.merge(
-            [copy.deepcopy(r) for r in known if r.seq in live], self.report.damaged
+            [copy.deepcopy(r) for r in known if r.seq not in cut], self.report.damaged
         )
         record = self.directory / damage.DAMAGE_FILE
         if self.damaged and (self.damaged != known or verify):
