@@ -328,6 +328,9 @@ def scan(
         )
         damage.met(r, expected)
         pos = nxt
+    if damage is not None and pos >= size and holes.get(pos, -1) > pos:
+        # A range recorded past the file's end (it was cut short): offsets jump past it.
+        damage.met(DamagedRange(segment.seq, pos, holes[pos]), expected)
     return entries, pos
 
 
@@ -373,18 +376,14 @@ def _chain(
     return out, at
 
 
-def indexed_end(entries: list[IndexEntry], size: int) -> int:
-    """Where a segment's index says its frames go on to past ``size`` (its length on disk):
-    the chain of entries from the one starting at ``size``, or crossing it, each starting
-    where the previous one ends; ``size`` if there is none. A segment whose index goes on was
-    cut short (a sealed segment's index is synced after its data); a damaged entry points
-    elsewhere and starts no such chain."""
+def indexed_end(entries: list[IndexEntry], end: int, size: int) -> int:
+    """Where a segment's index says its frames go on to past ``size`` (its length on disk),
+    given that its valid frames end at ``end``: the chain of entries from the one starting at
+    ``end``, each starting where the previous one ends; ``size`` if it does not pass it. A
+    segment whose index goes on was cut short (a sealed segment's index is synced after its
+    data); a damaged entry points elsewhere and starts no such chain."""
     ends = {e.position - FRAME_SIZE: _frame_end(e) for e in entries if e.size >= 61}
-    at = size
-    if size not in ends:
-        crossing = [s for s, end in ends.items() if s < size < end]
-        if crossing:
-            at = crossing[0]
+    at = end
     while at in ends:
         at = ends[at]
     return max(at, size)
@@ -469,13 +468,13 @@ def recover_log(
         if end < seg.size and _direct_padding(seg, end):
             seg.truncate(end)  # the zeros of an O_DIRECT write's last block, not a tear
         # A sealed segment's index was synced with it: entries past its end mean it lost them.
-        cut_short = indexed_end(indexed, seg.size) > seg.size
+        cut_short = indexed_end(indexed, end, seg.size) > seg.size
         if (end < seg.size or cut_short) and any(
             next_valid(later, 0, expected) is not None for later in opened[k + 1 :]
         ):
             # Valid frames follow in a later segment: damage to the end of this one, not a
             # tear (a crash leaves the log's end torn, never its middle).
-            stop = indexed_end(indexed, seg.size)
+            stop = indexed_end(indexed, end, seg.size)
             log.error(
                 "%s: damaged bytes at %d..%d of segment %d (its end, %d B on disk): stepping "
                 "over them",

@@ -236,7 +236,7 @@ def _check_log(
                 last = k == len(lg.segments) - 1
                 tail = " (a torn tail: recovery cuts it)" if last else " (to the segment's end)"
             frames[seq] = entries
-            idx_end = _indexed_end(path.with_suffix(".idx"), seg.size)
+            idx_end = _indexed_end(path.with_suffix(".idx"), end, seg.size)
             if idx_end > seg.size:
                 # Its index describes frames past its end, starting where it ends: the file
                 # lost its end (an index entry damaged instead would point elsewhere).
@@ -279,13 +279,13 @@ def _check_log(
     return out
 
 
-def _indexed_end(path: Path, size: int) -> int:
+def _indexed_end(path: Path, end: int, size: int) -> int:
     try:
         raw = path.read_bytes()
     except OSError:
         return size
     whole = raw[: len(raw) - len(raw) % ENTRY_SIZE]
-    return indexed_end([IndexEntry(*f) for f in ENTRY.iter_unpack(whole)], size)
+    return indexed_end([IndexEntry(*f) for f in ENTRY.iter_unpack(whole)], end, size)
 
 
 def _check_index(
