@@ -176,6 +176,13 @@ class LogStore:
     def open(self, partitions: Iterable[PartitionSpec]) -> None:
         """Open every log and load the given (topic, partition, uid) triples; a fourth item,
         when not None, names the log the partition lives in (cluster mode)."""
+        try:
+            self._open(partitions)
+        except BaseException:
+            self._unlock()  # a caller may fix what was refused and open the directory again
+            raise
+
+    def _open(self, partitions: Iterable[PartitionSpec]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         # Promoted copies are a cache of cold segments: start without them.
         shutil.rmtree(self.root / "promoted", ignore_errors=True)
@@ -247,6 +254,20 @@ class LogStore:
                 self._live[name][seq] += 1
             first = p.cold.first_offset if len(p.cold) else p.chunks.first_offset
             p.log_start_offset = start if first is None else max(start, first)
+            floor = p.cold.next_offset if len(p.cold) else start
+            hot_first = p.chunks.first_offset
+            if (
+                p.vlog.damaged
+                and not self.state_damaged  # else ``start`` is not known, only guessed
+                and hot_first is not None
+                and floor is not None
+                and hot_first > floor
+                and not p.lost_at(floor)
+            ):
+                # Its log holds damage and its first hot chunk starts past where it should: the
+                # chunks before it were lost there (no earlier frame of it showed the jump).
+                p.lost = sorted([*p.lost, (floor, hot_first - 1)])
+                p.log_start_offset = min(p.log_start_offset, floor)
             # The data decides where the log ends; the saved end only matters once retention
             # removed every chunk (then it keeps offsets from being reused).
             if p.chunks.next_offset is not None:
