@@ -447,8 +447,15 @@ def recover_log(
     expected = {}
     damage = _Damage(holes)
     torn = False
+    present = {seg.seq for seg in opened}
+    gone = sorted(h for h in holes if h not in present)
     for k, seg in enumerate(opened):
         s = seg.seq
+        while gone and gone[0] < s and not torn:
+            # Ranges of a segment deleted since (nothing in it lived on): offsets jump past it.
+            g = gone.pop(0)
+            for a, b in sorted(holes[g].items()):
+                damage.met(DamagedRange(g, a, b), expected)
         if torn:
             report.deleted_segments.append(s)
             seg.delete(background=False)  # its name may be taken again by the next roll
@@ -459,6 +466,9 @@ def recover_log(
         limit = seg.size if s < ck_seq else (ck_pos if s == ck_seq else 0)
         past = any(h < s for h in holes)  # offsets may jump past a range recorded earlier
         trusted, start = _chain(indexed, min(limit, seg.size), expected, holes.get(s), past)
+        for a, b in sorted(holes.get(s, {}).items()):
+            if b <= start or (a < start and b >= seg.size):
+                damage.met(DamagedRange(s, a, b), expected)  # in the trusted part: passed
         if start == seg.size and len(trusted) == len(indexed):
             entries_by_seq[s] = trusted
             continue
