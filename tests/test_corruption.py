@@ -28,6 +28,7 @@ import pytest
 
 from stratalog.records import build_batch, iter_records
 from stratalog.storage import scrub
+from stratalog.storage.cold_tier import ColdStore, ColdTierError
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
 from stratalog.storage.partition import FileSlice
@@ -270,3 +271,39 @@ def test_a_damaged_chunk_answers_corrupt_message_and_scrub_names_the_files(tmp_p
         assert code == 1 and [(f["path"], f["recorded"]) for f in bad] == [(str(seg), True)]
     finally:
         bp.kill()
+
+
+def test_scrub_checks_the_cold_tier_and_a_damaged_manifest_deletes_nothing(tmp_path):
+    cold = ColdStore(str(tmp_path / "cold"))
+    cold.create()
+    batches = []
+    for k in range(4):
+        b = bytearray(build_batch([(None, b"c%d" % k, 1_700_000_000_000)]))
+        b[0:8] = k.to_bytes(8, "big")  # the base offset, outside the batch CRC
+        batches.append(bytes(b))
+    meta, _entries = cold.write_segment(7, batches)
+    cold.commit(7, [meta])
+    part = tmp_path / "cold" / "p7"
+    (tmp_path / "data" / "logs").mkdir(parents=True)
+
+    def damaged() -> set[str]:
+        p = scrub.plan(tmp_path / "data", cold=tmp_path / "cold")
+        return {Path(f.path).name for f in scrub.run(p) if f.status != scrub.OK}
+
+    assert damaged() == set()
+    log = part / f"{meta.name}.log"
+    raw = bytearray(log.read_bytes())
+    raw[len(batches[0]) + 65] ^= 1  # a record of the second batch
+    log.write_bytes(bytes(raw))
+    assert damaged() == {log.name}
+    raw[len(batches[0]) + 65] ^= 1
+    raw[2 * len(batches[0]) + 7] ^= 1  # the third batch's base offset: outside its CRC
+    log.write_bytes(bytes(raw))
+    assert damaged() == {log.name}
+
+    manifest = next(part.glob("manifest-*.json"))
+    manifest.write_bytes(manifest.read_bytes()[:-3])
+    assert damaged() == {log.name, manifest.name}
+    with pytest.raises(ColdTierError, match="no readable manifest"):
+        ColdStore(str(tmp_path / "cold")).load(7)
+    assert log.exists() and log.with_suffix(".idx").exists()
