@@ -348,6 +348,7 @@ class PartitionLog:
         self._tail.drop_many(self.uid, chunks.bases_from(keep))
         self.size_bytes -= chunks.bytes_from(keep)
         chunks.drop_back(keep)
+        self.lost = [r for r in self.lost if r[0] < first_cut]  # cut with the log
         self.next_offset = first_cut
         self.high_watermark = min(self.high_watermark, first_cut)
         self.producers.truncate(first_cut)

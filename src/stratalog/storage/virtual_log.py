@@ -814,6 +814,14 @@ class VirtualLog:
         self._commit_waiters = deque(w for w in self._commit_waiters if w[0] <= (seq, position))
         self.primary_commit = min(self.primary_commit, (seq, position))
 
+        # Damaged ranges in the cut go with it: the offsets they lost may be written again.
+        kept_damage = [r for r in self.damaged if (r.seq, r.start) < (seq, position)]
+        if kept_damage != self.damaged:
+            self.damaged = kept_damage
+            if kept_damage:
+                damage.save(self.directory, kept_damage)
+            else:
+                (self.directory / damage.DAMAGE_FILE).unlink(missing_ok=True)
         # The checkpoint must not vouch for index entries the cut removed.
         ckpt = read_checkpoint(self.directory)
         if ckpt is None or ckpt > end:
