@@ -1,11 +1,13 @@
-"""Recovery at start: torn tails are repaired, and nothing after a tear is ever served.
+"""Recovery at start: torn tails are repaired, damage costs only the chunks it hit.
 
 A `stratalog serve` process is written to through confluent-kafka, stopped (SIGKILL, or SIGTERM
 for a clean shutdown), and a segment file is damaged the way a crash or a bad disk leaves it: cut
-mid-batch, a byte flipped in a batch, a byte flipped in a frame header. After a restart a real
-consumer must read exactly the records before the damage, in order, and nothing after it, and new
-records must continue at dense offsets. In-process tests drive LogStore directly to cover
-partitions interleaved in one virtual log.
+mid-batch, a byte flipped in a batch, a byte flipped in a frame header. Damage at the end of the
+log is a torn tail: after a restart a real consumer must read exactly the records before it, and
+new records continue at dense offsets. Damage followed by valid frames is stepped over: the
+records after it stay served at their offsets and a fetch of the lost ones answers
+CORRUPT_MESSAGE. In-process tests drive LogStore directly to cover partitions interleaved in one
+virtual log.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from stratalog.records import build_batch, iter_records
 from stratalog.storage.journal import FsyncPolicy
@@ -34,6 +36,8 @@ TOPIC = "rec"
 # The index checkpoint would otherwise vouch for the tail after 5 s and recovery would trust it;
 # a crash can only tear what no checkpoint covered, so keep the checkpoint out of the way.
 NO_CHECKPOINT = {"fsync": "always", "index.checkpoint.interval.ms": "3600000"}
+# Kafka's CORRUPT_MESSAGE (error code 2), which librdkafka names INVALID_MSG.
+CORRUPT_MESSAGE = KafkaError.INVALID_MSG
 
 
 # -- segment files ------------------------------------------------------------------------------
@@ -184,6 +188,28 @@ def expect_served(bootstrap: str, values: list[list[bytes]]) -> None:
     assert rows == list(enumerate(flat)), rows[-5:]
 
 
+def read_until_error(
+    bootstrap: str, partition: int, start: int, want: int
+) -> tuple[list[tuple[int, bytes]], int | None]:
+    """(offset, value) from ``start`` until ``want`` records or the first error, and that
+    error's code (None: no error within 10 s)."""
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "verify", "enable.auto.commit": False}
+    )
+    try:
+        c.assign([TopicPartition(TOPIC, partition, start)])
+        rows: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 10
+        while len(rows) < want and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.2):
+                if m.error() is not None:
+                    return rows, m.error().code()
+                rows.append((m.offset(), m.value()))
+        return rows, None
+    finally:
+        c.close()
+
+
 def broker_log(bp: BrokerProcess) -> str:
     return bp.log_path.read_text() if bp.log_path.exists() else ""
 
@@ -228,8 +254,8 @@ def test_torn_last_batch_is_cut_and_the_rest_served(tmp_path, layout, kind):
         bp.kill()
 
 
-@pytest.mark.parametrize("kind", ["flip-payload", "flip-frame-crc", "cut-mid-batch"])
-def test_tear_in_an_earlier_batch_drops_every_later_one(tmp_path, kind):
+def test_tear_mid_log_is_cut_with_everything_after_it(tmp_path):
+    """A file that ends mid-batch: nothing valid follows, so it is a torn tail."""
     data = tmp_path / "data"
     bp = BrokerProcess(data, settings=NO_CHECKPOINT)
     try:
@@ -242,7 +268,7 @@ def test_tear_in_an_earlier_batch_drops_every_later_one(tmp_path, kind):
         seg = segments_of(the_log(data, "virtual"))[-1]
         frames = frames_of(seg)
         assert len(frames) == 8
-        damage(seg, frames[3], kind)  # batches 4..7 were fine, but come after the tear
+        damage(seg, frames[3], "cut-mid-batch")
 
         bp.start()
         expect_served(bp.bootstrap, written[:3])
@@ -254,7 +280,40 @@ def test_tear_in_an_earlier_batch_drops_every_later_one(tmp_path, kind):
         bp.kill()
 
 
-def test_tear_in_an_older_segment_deletes_the_later_segments(tmp_path):
+@pytest.mark.parametrize("kind", ["flip-payload", "flip-frame-crc"])
+def test_damage_in_an_earlier_batch_costs_that_batch_only(tmp_path, kind):
+    data = tmp_path / "data"
+    bp = BrokerProcess(data, settings=NO_CHECKPOINT)
+    try:
+        bp.start()
+        create_topic(bp.bootstrap, TOPIC)
+        written = batches(0, 8)
+        produce_batches(bp.bootstrap, written)
+        bp.kill()
+
+        seg = segments_of(the_log(data, "virtual"))[-1]
+        frames = frames_of(seg)
+        assert len(frames) == 8
+        damage(seg, frames[3], kind)  # batches 4..7 are fine and stay
+
+        bp.start()
+        assert "damaged range" in broker_log(bp)
+        flat = [v for b in written for v in b]
+        rows, err = read_until_error(bp.bootstrap, 0, 0, 24)
+        assert rows == list(enumerate(flat))[:9]
+        assert err == CORRUPT_MESSAGE
+        rows, err = read_until_error(bp.bootstrap, 0, 10, 1)
+        assert err == CORRUPT_MESSAGE  # inside the lost batch too
+        rows, err = read_until_error(bp.bootstrap, 0, 12, 12)
+        assert (rows, err) == (list(enumerate(flat))[12:], None)
+        assert seg.stat().st_size == frames[-1].end  # nothing was cut
+        more = batches(100, 1)
+        assert produce_batches(bp.bootstrap, more) == [24, 25, 26]
+    finally:
+        bp.kill()
+
+
+def test_damage_at_the_end_of_an_older_segment_keeps_the_later_segments(tmp_path):
     data = tmp_path / "data"
     bp = BrokerProcess(data, settings={**NO_CHECKPOINT, "segment.bytes": "300"})
     try:
@@ -272,26 +331,23 @@ def test_tear_in_an_older_segment_deletes_the_later_segments(tmp_path):
         target = segs[1]
         fr = frames_of(target)[-1]
         damage(target, fr, "flip-payload")
-        kept_batches = per_seg[0] + len(frames_of(target)) - 1
+        lost = per_seg[0] + len(frames_of(target)) - 1  # the damaged batch's index
 
         bp.start()
-        expect_served(bp.bootstrap, written[:kept_batches])
-        remaining = segments_of(log)
-        # Later segments are gone (a new, empty active segment may follow the repaired one).
-        assert remaining[:2] == segs[:2]
-        assert all(s not in remaining or s.stat().st_size == 0 for s in segs[2:])
-        assert target.stat().st_size == fr.position
-
-        more = batches(100, 2)
-        n = kept_batches * 3
-        assert produce_batches(bp.bootstrap, more) == list(range(n, n + 6))
-        expect_served(bp.bootstrap, written[:kept_batches] + more)
+        flat = [v for b in written for v in b]
+        rows, err = read_until_error(bp.bootstrap, 0, 0, 27)
+        assert (rows, err) == (list(enumerate(flat))[: lost * 3], CORRUPT_MESSAGE)
+        rows, err = read_until_error(bp.bootstrap, 0, lost * 3 + 3, 27 - lost * 3 - 3)
+        assert (rows, err) == (list(enumerate(flat))[lost * 3 + 3 :], None)
+        assert segments_of(log)[: len(segs)] == segs
+        assert target.stat().st_size == fr.end
     finally:
         bp.kill()
 
 
-def test_torn_tail_in_a_virtual_log_shared_by_two_partitions(tmp_path):
-    """The tear cuts the log: a later batch of another partition is dropped with it."""
+def test_damage_in_a_virtual_log_shared_by_two_partitions_costs_one_chunk(tmp_path):
+    """The damaged chunk is one partition's: the other partition loses nothing, and the
+    damaged one keeps its later chunks."""
     data = tmp_path / "data"
     bp = BrokerProcess(data, settings={**NO_CHECKPOINT, "storage.virtual_logs": "1"})
     try:
@@ -314,12 +370,15 @@ def test_torn_tail_in_a_virtual_log_shared_by_two_partitions(tmp_path):
         damage(seg, second, "flip-payload")
 
         bp.start()
-        for p in (0, 1):
-            lo, hi, rows = served(bp.bootstrap, 2, p)
-            assert (lo, hi) == (0, 2)
-            assert [v for _, v in rows] == [b"p%d-0-0" % p, b"p%d-0-1" % p]
-        assert produce_batches(bp.bootstrap, [[b"new0"]], 0) == [2]
-        assert produce_batches(bp.bootstrap, [[b"new1"]], 1) == [2]
+        lo, hi, rows = served(bp.bootstrap, 6, 1)
+        assert (lo, hi) == (0, 6)
+        assert [v for _, v in rows] == [b"p1-%d-%d" % (i, j) for i in range(3) for j in range(2)]
+        rows, err = read_until_error(bp.bootstrap, 0, 0, 6)
+        assert ([v for _, v in rows], err) == ([b"p0-0-0", b"p0-0-1"], CORRUPT_MESSAGE)
+        rows, err = read_until_error(bp.bootstrap, 0, 4, 2)
+        assert (rows, err) == ([(4, b"p0-2-0"), (5, b"p0-2-1")], None)
+        assert produce_batches(bp.bootstrap, [[b"new0"]], 0) == [6]
+        assert produce_batches(bp.bootstrap, [[b"new1"]], 1) == [6]
     finally:
         bp.kill()
 
@@ -451,13 +510,13 @@ def test_checkpointed_part_is_trusted_and_the_tail_after_it_is_scanned(tmp_path)
         frames = frames_of(seg)
         assert len(frames) == 8
         assert frames[4].position == ck[1]
-        damage(seg, frames[6], "flip-frame-crc")
+        damage(seg, frames[7], "flip-frame-crc")
 
         bp.start()
-        expect_served(bp.bootstrap, first + second[:2])
-        assert seg.stat().st_size == frames[6].position
+        expect_served(bp.bootstrap, first + second[:3])
+        assert seg.stat().st_size == frames[7].position
         more = batches(100, 1)
-        assert produce_batches(bp.bootstrap, more) == [18, 19, 20]
+        assert produce_batches(bp.bootstrap, more) == [21, 22, 23]
     finally:
         bp.kill()
 
@@ -492,8 +551,8 @@ def _store(path: Path, partitions, **kw) -> LogStore:
     return store
 
 
-def _read_values(p) -> list[tuple[int, bytes]]:
-    rr = p.read(0, 1 << 30)
+def _read_values(p, start: int = 0) -> list[tuple[int, bytes]]:
+    rr = p.read(start, 1 << 30)
     try:
         data = b"".join(x.read() if isinstance(x, FileSlice) else bytes(x) for x in rr.parts)
     finally:
@@ -511,7 +570,7 @@ def _b(tag: bytes, n: int = 2) -> bytes:
     return build_batch([(None, tag + b"-%d" % j, 1_700_000_000_000 + j) for j in range(n)])
 
 
-def test_in_process_tear_between_interleaved_partitions(tmp_path):
+def test_in_process_damage_between_interleaved_partitions(tmp_path):
     parts = [("t", 0, 1), ("t", 1, 2), ("t", 2, 3)]
     store = _store(tmp_path, parts, virtual_logs=1)
     order = [1, 2, 3, 1, 2, 3, 1, 2, 3]
@@ -524,25 +583,31 @@ def test_in_process_tear_between_interleaved_partitions(tmp_path):
     assert len(frames) == 9
     damage(seg, frames[4], "flip-payload")  # uid 2's second batch
 
+    for _restart in range(2):  # the damage stays fenced across a second (clean) start
+        store = _store(tmp_path, parts, virtual_logs=1)
+        try:
+            rep = store.recovery["v0"]
+            assert rep.truncated_bytes == 0
+            (r,) = store.logs["v0"].damaged
+            assert (r.seq, r.start, r.end, r.lost) == (
+                0,
+                frames[4].position,
+                frames[5].position,
+                {2: (2, 3)},
+            )
+            assert [len(_read_values(store.partitions[u])) for u in (1, 2, 3)] == [6, 2, 6]
+            p2 = store.partitions[2]
+            assert p2.lost == [(2, 3)] and p2.lost_at(3) == (2, 3) and p2.lost_at(4) is None
+            assert [v for _, v in _read_values(p2, 4)] == [b"u2-k7-0", b"u2-k7-1"]
+        finally:
+            asyncio.run(store.close())
+
     store = _store(tmp_path, parts, virtual_logs=1)
     try:
-        rep = store.recovery["v0"]
-        assert not rep.clean
-        assert rep.truncated_bytes == frames[-1].end - frames[4].position
-        assert [len(_read_values(store.partitions[u])) for u in (1, 2, 3)] == [4, 2, 2]
-        assert [v for _, v in _read_values(store.partitions[1])] == [
-            b"u1-k0-0",
-            b"u1-k0-1",
-            b"u1-k3-0",
-            b"u1-k3-1",
-        ]
         for uid in (1, 2, 3):
             p = store.partitions[uid]
             before = p.next_offset
-            r = p.append(_b(b"new"))
-            assert r.base_offset == before
-            rows = _read_values(p)
-            assert [o for o, _ in rows] == list(range(len(rows)))
+            assert p.append(_b(b"new")).base_offset == before == 6
     finally:
         asyncio.run(store.close())
 

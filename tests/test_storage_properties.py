@@ -291,16 +291,24 @@ def _chunks(store: LogStore) -> dict[int, list[tuple]]:
     }
 
 
-def _check_contents(store: LogStore, written: list[tuple[int, int, bytes]]) -> None:
+def _check_contents(
+    store: LogStore,
+    written: list[tuple[int, int, bytes]],
+    lost: dict[int, list[tuple[int, int]]] | None = None,
+) -> None:
+    """Every written chunk is stored and read back; offsets are dense but for the ``lost``
+    ranges (uid -> (first, last)), which the partition must fence."""
     expected: dict[int, list[tuple[int, bytes]]] = {1: [], 2: [], 3: []}
     for uid, base, data in written:
         expected[uid].append((base, data))
     for uid, p in store.partitions.items():
         want = expected[uid]
         assert len(p.chunks) == len(want)
+        assert p.lost == (lost or {}).get(uid, [])
         nxt = 0
         for i, (base, data) in enumerate(want):
-            assert base == nxt, "offsets of a partition are dense"
+            if base != nxt:
+                assert (nxt, base - 1) in p.lost, "offsets are dense but for lost ranges"
             loc = p.chunks[i]
             assert (loc.base_offset, loc.size) == (base, len(data))
             seg = p.vlog.segment(loc.segment)
@@ -424,7 +432,7 @@ def _frame_bounds(path: Path) -> list[tuple[int, int]]:
 
 @FILES
 @given(st.lists(append_st, min_size=1, max_size=12), st.data())
-def test_a_flipped_byte_anywhere_ends_the_log_at_its_frame(appends, data):
+def test_a_flipped_byte_costs_its_frame_only_unless_it_ends_the_log(appends, data):
     with temp_dir() as d:
         store = open_store(d, 1 << 30)
         written = _append_all(store, appends)
@@ -439,14 +447,25 @@ def test_a_flipped_byte_anywhere_ends_the_log_at_its_frame(appends, data):
         seg.write_bytes(bytes(raw))
         hit = next(i for i, (a, b) in enumerate(bounds) if a <= pos < b)
 
+        uid, base, batch = written[hit]
+        later = [w for w in written[hit + 1 :] if w[0] == uid]
+
         store = open_store(d, 1 << 30)
         try:
-            assert seg.stat().st_size == bounds[hit][0]
-            _check_contents(store, written[:hit])
-            # New appends continue densely after what survived.
-            for uid, p in store.partitions.items():
-                n = sum(parse_header(w).record_count for u, _, w in written[:hit] if u == uid)
-                assert p.next_offset == n
+            if hit == len(written) - 1:
+                # The log's last frame: a torn tail as far as recovery can tell, cut.
+                assert seg.stat().st_size == bounds[hit][0]
+                _check_contents(store, written[:hit])
+            elif later:
+                # Stepped over: the partition's next chunk shows what it lost; nothing is cut.
+                assert seg.stat().st_size == bounds[-1][1]
+                last = base + parse_header(batch).record_count - 1
+                _check_contents(store, written[:hit] + written[hit + 1 :], {uid: [(base, last)]})
+            else:
+                # Stepped over, but nothing tells this partition lost a chunk (its index entry
+                # was never written): it goes on from the lost chunk's offsets, as after a tear.
+                assert seg.stat().st_size == bounds[-1][1]
+                _check_contents(store, written[:hit] + written[hit + 1 :])
         finally:
             asyncio.run(store.close())
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import random
 import struct
 from pathlib import Path
@@ -40,7 +39,13 @@ from stratalog.protocol.replication import (
 from stratalog.records import build_batch
 from stratalog.storage.batch import set_base_offset
 from stratalog.storage.journal import FsyncPolicy, StorageFailure
-from stratalog.storage.log_store import STATE_FILE, LogStore, RetentionPolicy, StorageConfig
+from stratalog.storage.log_store import (
+    STATE_FILE,
+    LogStore,
+    RetentionPolicy,
+    StorageConfig,
+    parse_state,
+)
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.replica import (
     CorruptReplica,
@@ -681,7 +686,7 @@ def test_named_logs_are_remembered_and_checked(tmp_path):
         store.add_partition("c", 0, 4, log_name="g9")
         store.add_partition("c", 1, 5)
         assert store.partitions[4].vlog is store.partitions[3].vlog
-        state = json.loads((tmp_path / "logs" / STATE_FILE).read_text())
+        state = parse_state((tmp_path / "logs" / STATE_FILE).read_bytes())
         assert state["3"]["log"] == "g9" and state["4"]["log"] == "g9"
         assert state["5"]["log"] == "v1"
         for bad in ("p7", "promoted", "../x", "", ".hidden", "a/b"):

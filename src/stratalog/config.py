@@ -155,6 +155,14 @@ SETTINGS: dict[str, Setting] = {
             "ones take it (a direct write waits for the device on the event loop).",
         ),
         _S(
+            "storage.verify_on_open",
+            bool,
+            False,
+            "Check every frame's CRCs when a log opens, not only those past its checkpoint "
+            "(after a crash); damaged chunks found are fenced (CORRUPT_MESSAGE) and index "
+            "entries that disagree with their frames rebuilt. Reads the whole hot tier at start.",
+        ),
+        _S(
             "storage.read_threads",
             int,
             2,

@@ -111,6 +111,7 @@ class BrokerCore:
                 fsync_via=config["storage.fsync_via"],
                 direct_io=config["storage.direct_io"],
                 direct_min_bytes=config["storage.direct_min_bytes"],
+                verify_on_open=config["storage.verify_on_open"],
                 hot_path=Path(config["tiers.hot.path"]) if config["tiers.hot.path"] else None,
                 cold_location=config["tiers.cold.url"] or config["tiers.cold.path"] or None,
                 cold_options=config.cold_options,

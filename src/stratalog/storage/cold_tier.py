@@ -320,6 +320,12 @@ class ColdStore:
                 break
             except (ValueError, KeyError, TypeError):
                 continue  # a torn manifest write: the previous generation stands
+        if manifests and not gen:
+            # Every manifest is damaged: never take that for "no segments" and delete the files
+            # (they are the partition's history); the tier reports the damage instead.
+            raise ColdTierError(
+                f"{self._dir(uid)}: no readable manifest among {', '.join(manifests)}"
+            )
         self._gen[uid] = gen
         if not self.shared:
             self._tidy(uid, names, metas, gen)

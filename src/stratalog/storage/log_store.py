@@ -15,6 +15,7 @@ partitions back together.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -25,6 +26,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from crc32c import crc32c
 
 from stratalog.storage import commit_checkpoint, reaper
 from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
@@ -56,6 +59,55 @@ _LAYOUT_NAME = re.compile(r"[vp][0-9]+")  # the logs storage.layout names itself
 PartitionSpec = tuple[str, int, int] | tuple[str, int, int, str | None]
 
 
+LOCK_FILE = ".lock"
+
+
+class DataDirInUse(OSError):
+    """Another process (a running broker) holds the data directory."""
+
+
+def data_dir_lock(root: Path, *, shared: bool = False) -> int:
+    """Take the hot tier's lock (flock on ``<root>/.lock``), held as long as the returned
+    descriptor is open: a broker takes it exclusively for its life, ``stratalog scrub`` shared
+    for its run, so neither reads a directory the other is changing. DataDirInUse if taken."""
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirInUse(f"{root} is in use by another process (a running broker?)") from None
+    return fd
+
+
+def parse_state(raw: bytes) -> dict[str, dict]:
+    """The partition state of ``partition-state.json``'s bytes; ValueError if damaged. Files
+    written before the state carried a CRC are taken as they are."""
+    doc = json.loads(raw)
+    if not isinstance(doc, dict):
+        raise ValueError("not an object")
+    if all(k.isdigit() for k in doc):
+        return doc  # the old format: uid -> state, no CRC
+    if set(doc) != {"partitions", "crc32c"}:
+        raise ValueError(f"unexpected keys {sorted(doc)}")
+    body = json.dumps(doc["partitions"], sort_keys=True)
+    if crc32c(body.encode()) != doc.get("crc32c"):
+        raise ValueError("CRC mismatch")
+    return doc["partitions"]
+
+
+def load_state(path: Path) -> tuple[dict[str, dict], bool]:
+    """(the partition state, whether it was damaged). A damaged state is rebuilt from the data
+    (each partition's log, offsets from its chunks): only the start offsets retention moved past
+    every chunk, and the offsets of partitions it emptied, are lost with it."""
+    try:
+        return parse_state(path.read_bytes()), False
+    except FileNotFoundError:
+        return {}, False
+    except (ValueError, UnicodeDecodeError) as e:
+        log.error("%s is damaged (%s): rebuilding the partitions' state from their data", path, e)
+        return {}, True
+
+
 def check_log_name(name: str) -> str:
     if not _LOG_NAME.fullmatch(name) or _RESERVED.fullmatch(name):
         raise ValueError(f"{name!r} cannot name a virtual log")
@@ -77,6 +129,7 @@ class StorageConfig:
     fsync_via: str = "auto"  # the group commit's fsyncs: "io_uring", "thread" or "auto"
     direct_io: bool = False  # append through O_DIRECT (Segment.enable_direct) ...
     direct_min_bytes: int = DIRECT_MIN_BYTES  # ... writes of at least this many bytes
+    verify_on_open: bool = False  # check every frame's CRCs at open (storage.verify_on_open)
     hot_path: Path | None = None  # default: <data_dir>/logs
     cold_location: str | None = None  # a directory or an fsspec URL; None: no cold tier
     cold_options: dict | None = None  # fsspec storage options for a URL
@@ -128,19 +181,27 @@ class LogStore:
         # Replicated frames of partitions not added yet (their metadata may trail the data):
         # uid -> (log name, segment seq, entry), applied by add_partition.
         self._orphans: dict[int, list[tuple[str, int, IndexEntry]]] = {}
+        self._lock_fd: int | None = None
+        self.state_damaged = False  # partition-state.json was unreadable at open
 
     # -- start and stop ------------------------------------------------------------------------
     def open(self, partitions: Iterable[PartitionSpec]) -> None:
         """Open every log and load the given (topic, partition, uid) triples; a fourth item,
         when not None, names the log the partition lives in (cluster mode)."""
+        try:
+            self._open(partitions)
+        except BaseException:
+            self._unlock()  # a caller may fix what was refused and open the directory again
+            raise
+
+    def _open(self, partitions: Iterable[PartitionSpec]) -> None:
         mkdir_durable(self.root)
         # Promoted copies are a cache of cold segments: start without them.
         shutil.rmtree(self.root / "promoted", ignore_errors=True)
         if self.cold is not None and not (self.root / STATE_FILE).exists():
             self.cold.create()  # a new broker; later a missing cold directory is an error
-        state_path = self.root / STATE_FILE
-        if state_path.exists():
-            self._state = json.loads(state_path.read_text())
+        self._lock_fd = data_dir_lock(self.root)
+        self._state, self.state_damaged = load_state(self.root / STATE_FILE)
         wanted: dict[int, tuple[str, int]] = {}
         for topic, idx, uid, *named in partitions:
             wanted[uid] = (topic, idx)
@@ -151,6 +212,7 @@ class LogStore:
             names.add(self._log_name(uid))
         entries_by_uid: dict[int, list[tuple[str, int, IndexEntry]]] = {}
         commits = commit_checkpoint.load(self.root) if self.config.replicated else None
+        lost_by_uid: dict[int, list[tuple[str, tuple[int, int]]]] = {}
         for name in sorted(names):
             if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in wanted:
                 shutil.rmtree(self.root / name, ignore_errors=True)  # a deleted topic's log
@@ -164,6 +226,9 @@ class LogStore:
             named = not _LAYOUT_NAME.fullmatch(name)
             if commits is not None and named:
                 vlog.restore_commit(commits.get(name))
+            for r in vlog.damaged:
+                for uid, span in r.lost.items():
+                    lost_by_uid.setdefault(uid, []).append((name, span))
             for seq, entries in by_seq.items():
                 live.setdefault(seq, 0)
                 for e in entries:
@@ -173,7 +238,13 @@ class LogStore:
                         self._orphans.setdefault(e.uid, []).append((name, seq, e))
                         live[seq] += 1
         for uid, (topic, idx) in wanted.items():
+            if self.state_damaged and str(uid) not in self._state:
+                # Which log a partition lives in was in the damaged state file: the data says.
+                held = {name for name, _seq, _e in entries_by_uid.get(uid, [])}
+                if len(held) == 1:
+                    self._state[str(uid)] = {"log": held.pop()}
             p = self._make_partition(topic, idx, uid)
+            p.lost = sorted(span for name, span in lost_by_uid.get(uid, []) if name == p.vlog.name)
             st = self._state.get(str(uid), {})
             start = int(st.get("start", 0))
             end = int(st.get("end", 0))
@@ -198,6 +269,20 @@ class LogStore:
                 self._live[name][seq] += 1
             first = p.cold.first_offset if len(p.cold) else p.chunks.first_offset
             p.log_start_offset = start if first is None else max(start, first)
+            floor = p.cold.next_offset if len(p.cold) else start
+            hot_first = p.chunks.first_offset
+            if (
+                p.vlog.damaged
+                and not self.state_damaged  # else ``start`` is not known, only guessed
+                and hot_first is not None
+                and floor is not None
+                and hot_first > floor
+                and not p.lost_at(floor)
+            ):
+                # Its log holds damage and its first hot chunk starts past where it should: the
+                # chunks before it were lost there (no earlier frame of it showed the jump).
+                p.lost = sorted([*p.lost, (floor, hot_first - 1)])
+                p.log_start_offset = min(p.log_start_offset, floor)
             # The data decides where the log ends; the saved end only matters once retention
             # removed every chunk (then it keeps offsets from being reused).
             if p.chunks.next_offset is not None:
@@ -206,6 +291,8 @@ class LogStore:
                 p.next_offset = max(p.cold.next_offset, end)
             else:
                 p.next_offset = max(end, p.log_start_offset)
+            if p.lost:  # a lost offset is never given out again
+                p.next_offset = max(p.next_offset, max(last for _first, last in p.lost) + 1)
             p.high_watermark = p.next_offset
             p.size_bytes = p.chunks.total_bytes()
             if commits is not None:
@@ -245,6 +332,7 @@ class LogStore:
             self.fsync_ring.close()
         self.executor.shutdown(wait=True)
         await asyncio.get_running_loop().run_in_executor(None, reaper.drain)
+        self._unlock()
 
     def abandon(self) -> None:
         for vlog in self.logs.values():
@@ -252,6 +340,12 @@ class LogStore:
         if self.fsync_ring is not None:
             self.fsync_ring.close()
         self.executor.shutdown(wait=False)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
 
     # -- partitions ----------------------------------------------------------------------------
     def _log_name(self, uid: int) -> str:
@@ -289,6 +383,7 @@ class LogStore:
             direct_io=c.direct_io,
             direct_min_bytes=c.direct_min_bytes,
             ring=self.fsync_ring,
+            verify_on_open=c.verify_on_open,
         )
         # (Not into a shared cold tier: every replica of the log would spill to one path.)
         if self.cold is not None and self.cold.local and not self.cold.shared:
@@ -531,8 +626,9 @@ class LogStore:
             st["start"] = p.log_start_offset
             st["end"] = p.next_offset
         tmp = self.root / (STATE_FILE + ".tmp")
+        body = json.dumps(self._state, sort_keys=True)
         with open(tmp, "w") as f:
-            json.dump(self._state, f)
+            f.write(json.dumps({"partitions": json.loads(body), "crc32c": crc32c(body.encode())}))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.root / STATE_FILE)

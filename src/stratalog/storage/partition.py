@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -152,6 +153,9 @@ class PartitionLog:
         # batches carry them, since this log's own epoch history does not cover them.
         self.inherited_epochs: list[tuple[int, int]] = []
         self.inherited_end = 0
+        # (first, last) offset ranges whose chunks were in damaged bytes (storage/damage.py),
+        # sorted: a read of them answers CORRUPT_MESSAGE, a read before them stops short.
+        self.lost: list[tuple[int, int]] = []
 
     # -- write path ----------------------------------------------------------------------------
     @property
@@ -437,6 +441,7 @@ class PartitionLog:
         self._tail.drop_many(self.uid, chunks.bases_from(keep))
         self.size_bytes -= chunks.bytes_from(keep)
         chunks.drop_back(keep)
+        self.lost = [r for r in self.lost if r[0] < first_cut]  # cut with the log
         self.next_offset = first_cut
         self.high_watermark = min(self.high_watermark, first_cut)
         self.producers.truncate(first_cut)
@@ -537,6 +542,18 @@ class PartitionLog:
         return fut
 
     # -- read path -----------------------------------------------------------------------------
+    def lost_at(self, offset: int) -> tuple[int, int] | None:
+        """The lost range (first, last) holding ``offset``, if any."""
+        i = bisect_right(self.lost, (offset, 1 << 62)) - 1
+        if i >= 0 and self.lost[i][1] >= offset:
+            return self.lost[i]
+        return None
+
+    def _lost_after(self, offset: int) -> int | None:
+        """The first offset of the first lost range after ``offset``: a read stops there."""
+        i = bisect_right(self.lost, (offset, 1 << 62))
+        return self.lost[i][0] if i < len(self.lost) else None
+
     def read(self, offset: int, max_bytes: int, *, min_one: bool = True) -> ReadResult:
         """Whole batches from the one holding ``offset`` up to ``max_bytes`` below the HWM.
 
@@ -559,11 +576,15 @@ class PartitionLog:
         tail_get = self._tail.get
         uid = self.uid
         at_end = False
+        # Never read across a lost range: the offsets after it would look like the next ones.
+        stop = self._lost_after(offset) if self.lost else None
         while True:
             if i >= n or chunks.last_of(i) >= hwm:
                 at_end = True
                 break
             base = chunks.base_of(i)
+            if stop is not None and base >= stop:
+                break
             s = chunks.size_of(i)
             if size + s > max_bytes and (size > 0 or not min_one):
                 break

@@ -4,8 +4,16 @@ The segment index files are written lazily, so after a crash they may lag the da
 checkpoint names a (segment, position) below which index entries are known complete and durable.
 From there the scan walks frames, checking the frame CRC (partition uid and the batch fields the
 batch CRC does not cover), the batch CRC, that the batch fits in the file, and that each
-partition's offsets continue densely. The first frame that fails ends the log: the segment is
-truncated there and any later segment is deleted, since nothing past a tear was acknowledged.
+partition's offsets continue densely.
+
+A frame that fails is either a torn tail (a write a crash interrupted: nothing valid follows it
+in the log) or damage (a flipped bit, a lost sector: a valid frame follows). A torn tail is cut
+as always: the segment is truncated there and later segments are deleted, since nothing past it
+was acknowledged. Damage is stepped over: the scan looks for the next position where a frame's
+header and both CRCs hold, records the bytes in between as a damaged range (damage.py) with the
+offsets each partition lost there when they can be told, and goes on; every later chunk of every
+partition is kept. Past damage a partition's offsets may jump (the jump is what it lost), but
+never go back.
 """
 
 from __future__ import annotations
@@ -17,7 +25,10 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crc32c import crc32c
+
 from stratalog.storage.batch import CorruptBatchError, validate_batch
+from stratalog.storage.damage import DamagedRange
 from stratalog.storage.segment import (
     BLOCK,
     FRAME,
@@ -43,20 +54,48 @@ class RecoveryReport:
     truncated_bytes: int = 0
     deleted_segments: list[int] = field(default_factory=list)
     clean: bool = False
+    # Ranges met at this start that hold no valid frame but are followed by valid ones: new
+    # ones, and recorded ones met again by a rescan (with what they lost).
+    damaged: list[DamagedRange] = field(default_factory=list)
+    verified: bool = False  # every frame's CRCs were checked (storage.verify_on_open)
+
+
+def _checkpoint_crc(seq: int, position: int) -> int:
+    return crc32c(f"{seq} {position}".encode())
+
+
+def parse_checkpoint(raw: bytes) -> tuple[int, int]:
+    """(seq, position) of a checkpoint file's bytes; ValueError if they do not hold one. Old
+    files have no CRC and are taken as they are."""
+    if not raw.endswith(b"\n"):
+        raise ValueError("cut short")  # every checkpoint ever written ends its line
+    fields = raw.decode("ascii").split()
+    if len(fields) not in (2, 3):
+        raise ValueError(f"{len(fields)} fields")
+    seq, position = int(fields[0]), int(fields[1])
+    if len(fields) == 3 and fields[2] != f"{_checkpoint_crc(seq, position):08x}":
+        raise ValueError("CRC mismatch")
+    if seq < 0 or position < 0:
+        raise ValueError("negative position")
+    return seq, position
 
 
 def read_checkpoint(directory: Path) -> tuple[int, int] | None:
+    """The checkpoint, or None if there is none or it is damaged (the scan then starts at the
+    first segment: slower, nothing lost)."""
     try:
-        text = (directory / CHECKPOINT).read_text().split()
-        return int(text[0]), int(text[1])
-    except (FileNotFoundError, IndexError, ValueError):
+        return parse_checkpoint((directory / CHECKPOINT).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError) as e:
+        log.warning("%s: checkpoint unreadable (%s): scanning every segment", directory, e)
         return None
 
 
 def write_checkpoint(directory: Path, seq: int, position: int) -> None:
     tmp = directory / (CHECKPOINT + ".tmp")
     with open(tmp, "w") as f:
-        f.write(f"{seq} {position}\n")
+        f.write(f"{seq} {position} {_checkpoint_crc(seq, position):08x}\n")
         f.flush()
         os.fdatasync(f.fileno())
     os.replace(tmp, directory / CHECKPOINT)
@@ -84,11 +123,17 @@ def frame_size(buf: bytes | memoryview, at: int) -> int:
 
 
 def frame_entry(
-    buf: bytes | memoryview, at: int, position: int, expected: MutableMapping[int, int]
+    buf: bytes | memoryview,
+    at: int,
+    position: int,
+    expected: MutableMapping[int, int],
+    gaps: dict[int, tuple[int, int]] | None = None,
 ) -> IndexEntry | None:
     """The index entry of the whole frame at ``buf[at:]``, which lies at ``position`` of its
     segment, if its batch is valid and continues its partition's offsets in ``expected``
-    (partition uid -> next offset, updated); else None. Call after ``frame_size`` accepted it."""
+    (partition uid -> next offset, updated); else None. Call after ``frame_size`` accepted it.
+    With ``gaps`` (past damage) a partition's offsets may jump forward: the offsets skipped
+    are added to it (uid -> (first, last))."""
     (uid,) = _UID.unpack_from(buf, at)
     batch_at = at + FRAME_SIZE
     batch_len = int.from_bytes(buf[batch_at + 8 : batch_at + 12], "big", signed=True)
@@ -98,7 +143,9 @@ def frame_entry(
         return None
     want = expected.get(uid)
     if want is not None and h.base_offset != want:
-        return None
+        if gaps is None or h.base_offset < want:
+            return None
+        gaps[uid] = (want, h.base_offset - 1)
     expected[uid] = h.last_offset + 1
     return IndexEntry(
         uid,
@@ -134,64 +181,212 @@ def parse_frames(
     return entries, at
 
 
-def scan(segment: Segment, start: int, expected: dict[int, int]) -> tuple[list[IndexEntry], int]:
+class _Damage:
+    """What a log's scan has met of damage so far: the ranges, and the offsets partitions
+    skipped past them (attributed to the range met last before the frame that showed the
+    skip)."""
+
+    def __init__(self, holes: dict[int, dict[int, int]]) -> None:
+        self.holes = holes  # recorded ranges: seq -> start -> end
+        self.ranges: list[DamagedRange] = []
+        # Offsets partitions skipped, not attributed yet. A valid frame whose offsets jump
+        # forward is kept: the frames in between are what is missing, not this one.
+        self.gaps: dict[int, tuple[int, int]] = {}
+        # Each range's partitions' next offsets when it was met (to check index hints).
+        self.expected_at: list[dict[int, int]] = []
+
+    def met(self, r: DamagedRange, expected: dict[int, int]) -> None:
+        self.ranges.append(r)
+        self.expected_at.append(dict(expected))
+
+    def settle(self) -> None:
+        if self.gaps:
+            if self.ranges:  # else the gap lies across a range recorded before: known
+                self.ranges[-1].lost.update(self.gaps)
+            self.gaps.clear()
+
+    def hint(self, indexed: dict[int, list[IndexEntry]]) -> None:
+        """Partitions whose lost frames were their last (no later frame shows a jump): an
+        index entry that points into the range names them, if it continues the partition's
+        offsets as they stood when the range was met."""
+        for r, exp in zip(self.ranges, self.expected_at, strict=True):
+            for e in indexed.get(r.seq, []):
+                at = e.position - FRAME_SIZE
+                if not r.start <= at < r.end or e.last_offset_delta < 0:
+                    continue
+                got = r.lost.get(e.uid)
+                if got is None and exp.get(e.uid, e.base_offset) == e.base_offset:
+                    r.lost[e.uid] = (e.base_offset, e.last_offset)
+                elif got is not None and got[1] + 1 == e.base_offset:
+                    r.lost[e.uid] = (got[0], e.last_offset)
+
+
+def _valid_frame_at(
+    segment: Segment, pos: int, size: int, expected: dict[int, int]
+) -> tuple[IndexEntry, int] | None:
+    """The entry and size of a valid frame at ``pos`` (offsets may jump, never go back)."""
+    if pos + FRAME_HEAD > size:
+        return None
+    head = segment.read(pos, FRAME_HEAD)
+    if len(head) < FRAME_HEAD:
+        return None
+    total = frame_size(head, 0)
+    if total < 0 or pos + total > size:
+        return None
+    buf = segment.read(pos, total)
+    if len(buf) < total:
+        return None
+    trial = dict(expected)
+    return (e, total) if (e := frame_entry(buf, 0, pos, trial, {})) is not None else None
+
+
+def next_valid(segment: Segment, pos: int, expected: dict[int, int]) -> int | None:
+    """The first position at or after ``pos`` where a valid frame starts (its frame header and
+    both CRCs hold, its offsets do not go back), or None. Candidates are the positions whose
+    batch magic byte is 2, so the search reads the segment once and checks few of them."""
+    size = segment.size
+    magic_at = FRAME_SIZE + 16  # a frame's batch magic, from the frame's start
+    window = _SCAN_CHUNK
+    at = pos
+    while at + FRAME_HEAD <= size:
+        buf = segment.read(at, min(window, size - at))
+        if len(buf) < FRAME_HEAD:
+            return None
+        q = buf.find(b"\x02", magic_at)
+        last = len(buf) - FRAME_HEAD + magic_at  # candidates whose head is in this buffer
+        while 0 <= q <= last:
+            cand = at + q - magic_at
+            if _valid_frame_at(segment, cand, size, expected) is not None:
+                return cand
+            q = buf.find(b"\x02", q + 1)
+        at += len(buf) - FRAME_HEAD + 1
+    return None
+
+
+def scan(
+    segment: Segment,
+    start: int,
+    expected: dict[int, int],
+    damage: _Damage | None = None,
+) -> tuple[list[IndexEntry], int]:
     """Walk frames from ``start``; return the valid entries and where validity ends.
 
     ``expected`` maps partition uid -> next offset and is updated as frames are accepted.
+    With ``damage``, a frame that fails but is followed by a valid frame in this segment is
+    stepped over (recorded there); without it, the first frame that fails ends the scan.
     """
     entries: list[IndexEntry] = []
     pos = start
     size = segment.size
     buf = b""
     buf_at = pos
+    holes = damage.holes.get(segment.seq, {}) if damage is not None else {}
     while pos < size:
+        e = None
+        total = -1
         # Make sure the buffer holds the frame header and batch header, then the whole batch.
-        if pos + FRAME_HEAD > size:
+        if pos + FRAME_HEAD <= size:
+            if pos + FRAME_HEAD > buf_at + len(buf):
+                buf = segment.read(pos, max(_SCAN_CHUNK, FRAME_HEAD))
+                buf_at = pos
+            rel = pos - buf_at
+            total = frame_size(buf, rel)
+            if total >= 0 and pos + total <= size:
+                if rel + total > len(buf):
+                    buf = segment.read(pos, max(_SCAN_CHUNK, total))
+                    buf_at = pos
+                    rel = 0
+                e = frame_entry(buf, rel, pos, expected, damage.gaps if damage else None)
+        if e is not None:
+            entries.append(e)
+            if damage is not None and damage.gaps:
+                if not damage.ranges:
+                    # Offsets jump with no damage met in this scan: frames went missing before
+                    # this one (a segment cut short at a frame boundary, say).
+                    damage.met(DamagedRange(segment.seq, pos, pos), expected)
+                damage.settle()
+            pos += total
+            continue
+        if damage is None:
             break
-        if pos + FRAME_HEAD > buf_at + len(buf):
-            buf = segment.read(pos, max(_SCAN_CHUNK, FRAME_HEAD))
-            buf_at = pos
-        rel = pos - buf_at
-        total = frame_size(buf, rel)
-        if total < 0 or pos + total > size:
-            break
-        if rel + total > len(buf):
-            buf = segment.read(pos, max(_SCAN_CHUNK, total))
-            buf_at = pos
-            rel = 0
-        e = frame_entry(buf, rel, pos, expected)
-        if e is None:
-            break
-        entries.append(e)
-        pos += total
+        end = holes.get(pos)
+        if end is not None and end > pos:
+            # Damage recorded at an earlier start, met again: step over it as recorded.
+            damage.met(DamagedRange(segment.seq, pos, min(end, size)), expected)
+            pos = min(end, size)
+            continue
+        nxt = next_valid(segment, pos + 1, expected)
+        if nxt is None:
+            break  # nothing valid follows in this segment: the caller decides (tear or not)
+        r = DamagedRange(segment.seq, pos, nxt)
+        log.error(
+            "%s: damaged bytes at %d..%d of segment %d: stepping over them to the next valid frame",
+            segment.directory,
+            pos,
+            nxt,
+            segment.seq,
+        )
+        damage.met(r, expected)
+        pos = nxt
+    if damage is not None and pos >= size and holes.get(pos, -1) > pos:
+        # A range recorded past the file's end (it was cut short): offsets jump past it.
+        damage.met(DamagedRange(segment.seq, pos, holes[pos]), expected)
     return entries, pos
 
 
-def _chain(entries: list[IndexEntry], size: int, expected: dict[int, int]) -> list[IndexEntry]:
-    """The longest prefix of ``entries`` that describes contiguous frames from position 0.
+def _chain(
+    entries: list[IndexEntry],
+    size: int,
+    expected: dict[int, int],
+    holes: dict[int, int] | None = None,
+    relaxed: bool = False,
+) -> tuple[list[IndexEntry], int]:
+    """The longest prefix of ``entries`` that describes contiguous frames from position 0, and
+    where the bytes it accounts for end.
 
     An index file written lazily can end in garbage after a crash (zeros, a torn entry); only
-    entries that tile the segment from its start, fit in the file and continue each partition's
-    offsets are believed. ``expected`` is updated for the entries returned.
+    entries that tile the segment from its start (jumping only over recorded damaged ranges,
+    ``holes``: start -> end), fit in the file and continue each partition's offsets are
+    believed (past a hole, or with ``relaxed``: past one in an earlier segment, they may jump
+    forward). ``expected`` is updated for the entries returned.
     """
+    holes = holes or {}
     out: list[IndexEntry] = []
     at = 0
     seen = dict(expected)
     for e in entries:
+        if holes.get(at) == e.position - FRAME_SIZE:
+            at = e.position - FRAME_SIZE  # over a recorded range (or to a recorded jump)
+            relaxed = True
         if e.position != at + FRAME_SIZE or e.size < 61 or e.last_offset_delta < 0:
             break
         end = e.position + e.size
         if end > size:
             break
         want = seen.get(e.uid)
-        if want is not None and e.base_offset != want:
+        if want is not None and e.base_offset != want and not (relaxed and e.base_offset > want):
             break
         seen[e.uid] = e.last_offset + 1
         out.append(e)
         at = end
+    if holes.get(at, -1) >= size:
+        at = size  # a recorded range runs to the end of the segment
     for e in out:
         expected[e.uid] = e.last_offset + 1
-    return out
+    return out, at
+
+
+def indexed_end(entries: list[IndexEntry], end: int, size: int) -> int:
+    """Where a segment's index says its frames go on to past ``size`` (its length on disk),
+    given that its valid frames end at ``end``: the chain of entries from the one starting at
+    ``end``, each starting where the previous one ends; ``size`` if it does not pass it. A
+    segment whose index goes on was cut short (a sealed segment's index is synced after its
+    data); a damaged entry points elsewhere and starts no such chain."""
+    ends = {e.position - FRAME_SIZE: _frame_end(e) for e in entries if e.size >= 61}
+    at = end
+    while at in ends:
+        at = ends[at]
+    return max(at, size)
 
 
 def _direct_padding(seg: Segment, end: int) -> bool:
@@ -203,44 +398,64 @@ def _direct_padding(seg: Segment, end: int) -> bool:
 
 
 def recover_log(
-    directory: Path, seqs: list[int], elsewhere: dict[int, Path] | None = None
+    directory: Path,
+    seqs: list[int],
+    elsewhere: dict[int, Path] | None = None,
+    *,
+    holes: dict[int, dict[int, int]] | None = None,
+    verify: bool = False,
 ) -> tuple[list[Segment], dict[int, list[IndexEntry]], RecoveryReport]:
-    """Open the segments of one log, repairing a torn tail; return segments and their entries.
+    """Open the segments of one log, repairing a torn tail and stepping over damage; return
+    segments and their entries (the report lists the damaged ranges met).
 
     ``elsewhere`` maps segments that live outside ``directory`` (spilled to the cold tier's
-    directory while the hot tier was full) to their directory.
+    directory while the hot tier was full) to their directory. ``holes`` are the damaged
+    ranges recorded at earlier starts (seq -> start -> end). ``verify`` checks every frame's
+    CRCs, trusting neither the checkpoint nor a clean-shutdown marker (and rebuilds index
+    entries that disagree with their frames).
     """
     elsewhere = elsewhere or {}
-    report = RecoveryReport()
+    holes = holes or {}
+    report = RecoveryReport(verified=verify)
     marker = directory / CLEAN_SHUTDOWN
-    ckpt = read_checkpoint(directory)
+    ckpt = None if verify else read_checkpoint(directory)
     ck_seq, ck_pos = ckpt if ckpt else (-1, 0)
     opened = [Segment(elsewhere.get(s, directory), s) for s in seqs]
     indexes = {seg.seq: seg.read_index() for seg in opened}
 
     if marker.exists():
-        # Trust the index, but only if it accounts for every byte of every segment.
-        expected: dict[int, int] = {}
+        ok = not verify
         entries_by_seq = {}
-        ok = True
-        for seg in opened:
-            chain = _chain(indexes[seg.seq], seg.size, expected)
-            end = _frame_end(chain[-1]) if chain else 0
-            ok &= len(chain) == len(indexes[seg.seq]) and end == seg.size
-            entries_by_seq[seg.seq] = chain
+        if ok:
+            # Trust the index, but only if it accounts for every byte of every segment.
+            expected: dict[int, int] = {}
+            for seg in opened:
+                past = any(h <= seg.seq for h in holes)
+                chain, end = _chain(indexes[seg.seq], seg.size, expected, holes.get(seg.seq), past)
+                ok &= len(chain) == len(indexes[seg.seq]) and end == seg.size
+                entries_by_seq[seg.seq] = chain
         marker.unlink()
         fsync_dir(directory)
         if ok:
             report.clean = True
             return opened, entries_by_seq, report
-        log.warning("%s: clean-shutdown marker but the index disagrees; scanning", directory)
+        if not verify:
+            log.warning("%s: clean-shutdown marker but the index disagrees; scanning", directory)
 
     segments: list[Segment] = []
     entries_by_seq = {}
     expected = {}
+    damage = _Damage(holes)
     torn = False
-    for seg in opened:
+    present = {seg.seq for seg in opened}
+    gone = sorted(h for h in holes if h not in present)
+    for k, seg in enumerate(opened):
         s = seg.seq
+        while gone and gone[0] < s and not torn:
+            # Ranges of a segment deleted since (nothing in it lived on): offsets jump past it.
+            g = gone.pop(0)
+            for a, b in sorted(holes[g].items()):
+                damage.met(DamagedRange(g, a, b), expected)
         if torn:
             report.deleted_segments.append(s)
             seg.delete(background=False)  # its name may be taken again by the next roll
@@ -249,17 +464,38 @@ def recover_log(
         indexed = indexes[s]
         # Entries below the checkpoint are known complete; past it, the scan redoes them.
         limit = seg.size if s < ck_seq else (ck_pos if s == ck_seq else 0)
-        trusted = _chain(indexed, min(limit, seg.size), expected)
-        start = _frame_end(trusted[-1]) if trusted else 0
+        past = any(h < s for h in holes)  # offsets may jump past a range recorded earlier
+        trusted, start = _chain(indexed, min(limit, seg.size), expected, holes.get(s), past)
+        for a, b in sorted(holes.get(s, {}).items()):
+            if b <= start or (a < start and b >= seg.size):
+                damage.met(DamagedRange(s, a, b), expected)  # in the trusted part: passed
         if start == seg.size and len(trusted) == len(indexed):
             entries_by_seq[s] = trusted
             continue
-        scanned, end = scan(seg, start, expected)
+        scanned, end = scan(seg, start, expected, damage)
         report.scanned_bytes += end - start
         report.scanned_frames += len(scanned)
         if end < seg.size and _direct_padding(seg, end):
             seg.truncate(end)  # the zeros of an O_DIRECT write's last block, not a tear
-        if end < seg.size:
+        # A sealed segment's index was synced with it: entries past its end mean it lost them.
+        cut_short = indexed_end(indexed, end, seg.size) > seg.size
+        if (end < seg.size or cut_short) and any(
+            next_valid(later, 0, expected) is not None for later in opened[k + 1 :]
+        ):
+            # Valid frames follow in a later segment: damage to the end of this one, not a
+            # tear (a crash leaves the log's end torn, never its middle).
+            stop = indexed_end(indexed, end, seg.size)
+            log.error(
+                "%s: damaged bytes at %d..%d of segment %d (its end, %d B on disk): stepping "
+                "over them",
+                directory,
+                end,
+                stop,
+                s,
+                seg.size,
+            )
+            damage.met(DamagedRange(s, end, stop), expected)
+        elif end < seg.size:
             log.warning(
                 "%s: segment %d torn at %d of %d bytes: truncating", directory, s, end, seg.size
             )
@@ -270,4 +506,9 @@ def recover_log(
         if all_entries != indexed:
             seg.rewrite_index(all_entries)
         entries_by_seq[s] = all_entries
+    damage.settle()
+    damage.hint(indexes)
+    report.damaged = damage.ranges
+    for r in damage.ranges:
+        log.error("%s: damaged range: %s", directory, r.describe())
     return segments, entries_by_seq, report

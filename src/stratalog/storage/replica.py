@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crc32c import crc32c
+
 from stratalog.storage.journal import StorageFailure
 from stratalog.storage.segment import fsync_dir
 
@@ -71,6 +73,21 @@ class PositionUnavailable(ReplicaError):
         self.first_position = first_position
 
 
+def parse_epochs(raw: bytes) -> tuple[int, list[tuple[int, int, int]]]:
+    """(promised, starts) of an epochs file's bytes; ValueError (or KeyError, TypeError) if
+    they are damaged. Files from before the CRC are taken as they are."""
+    doc = json.loads(raw)
+    if set(doc) not in ({"promised", "starts"}, {"promised", "starts", "crc32c"}):
+        raise ValueError(f"unexpected keys {sorted(doc)}")
+    promised = int(doc["promised"])
+    starts = [(int(e), int(s), int(p)) for e, s, p in doc["starts"]]
+    if "crc32c" in doc:
+        body = json.dumps({"promised": doc["promised"], "starts": doc["starts"]})
+        if crc32c(body.encode()) != doc["crc32c"]:
+            raise ValueError("CRC mismatch")
+    return promised, starts
+
+
 @dataclass
 class EpochHistory:
     """The promised epoch and (epoch, start seq, start position) of each epoch that wrote, in
@@ -84,18 +101,21 @@ class EpochHistory:
     @classmethod
     def load(cls, directory: Path) -> EpochHistory:
         h = cls(directory)
+        path = directory / EPOCHS_FILE
         try:
-            doc = json.loads((directory / EPOCHS_FILE).read_text())
+            h.promised, h.starts = parse_epochs(path.read_bytes())
         except FileNotFoundError:
             return h
-        h.promised = int(doc["promised"])
-        h.starts = [(int(e), int(s), int(p)) for e, s, p in doc["starts"]]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            # A promise that cannot be read cannot be kept (BP-46): refuse to open the log.
+            raise ValueError(f"{path} is damaged: {e}") from None
         return h
 
     def save(self) -> None:
         tmp = self.directory / (EPOCHS_FILE + ".tmp")
         with open(tmp, "w") as f:
-            json.dump({"promised": self.promised, "starts": self.starts}, f)
+            body = json.dumps({"promised": self.promised, "starts": self.starts})
+            f.write(json.dumps({**json.loads(body), "crc32c": crc32c(body.encode())}))
             f.flush()
             os.fdatasync(f.fileno())
         os.replace(tmp, self.directory / EPOCHS_FILE)

@@ -17,6 +17,7 @@ has the errors and the epoch history).
 from __future__ import annotations
 
 import asyncio
+import copy
 import errno
 import itertools
 import logging
@@ -31,7 +32,7 @@ from pathlib import Path
 from crc32c import crc32c
 from prometheus_client import Counter
 
-from stratalog.storage import reaper
+from stratalog.storage import damage, reaper
 from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
 from stratalog.storage.fsync_ring import FsyncRing
 from stratalog.storage.journal import FsyncPolicy, GroupCommit, StorageFailure
@@ -163,8 +164,13 @@ class VirtualLog:
         direct_io: bool = False,
         direct_min_bytes: int = DIRECT_MIN_BYTES,
         ring: FsyncRing | None = None,
+        verify_on_open: bool = False,
     ) -> None:
         self.directory = directory
+        # Check every frame's CRCs at open, not only those past the checkpoint.
+        self.verify_on_open = verify_on_open
+        # Damaged ranges recovery stepped over, at this start or earlier ones (damage.py).
+        self.damaged: list[damage.DamagedRange] = []
         self.direct_io = direct_io
         self.direct_min_bytes = direct_min_bytes
         self.name = name
@@ -243,9 +249,33 @@ class VirtualLog:
         if self.spill_directory is not None and self.spill_directory.is_dir():
             reaper.sweep(self.spill_directory)
             spilled = {s: self.spill_directory for s in list_segments(self.spill_directory)}
+        verify = self.verify_on_open
+        try:
+            known = damage.load(self.directory)
+        except damage.DamageRecordError as e:
+            # The record of earlier damage is itself damaged: find the damage again by checking
+            # every frame (what each partition lost is told again where the data shows it).
+            log.error("%s: %s; checking every frame", self.name, e)
+            known, verify = [], True
         segs, entries, self.report = recover_log(
-            self.directory, sorted(set(seqs) | set(spilled)), spilled
+            self.directory,
+            sorted(set(seqs) | set(spilled)),
+            spilled,
+            holes=damage.holes_by_segment(known),
+            verify=verify,
         )
+        # Segments a tear cut off take their recorded ranges along. A segment deleted because
+        # no chunk lived in it any more (all were lost, or retention took them) leaves them:
+        # what its partitions lost stays lost, and their offsets jump past it.
+        cut = set(self.report.deleted_segments)
+        self.damaged, _ = damage.merge(
+            [copy.deepcopy(r) for r in known if r.seq not in cut], self.report.damaged
+        )
+        record = self.directory / damage.DAMAGE_FILE
+        if self.damaged and (self.damaged != known or verify):
+            damage.save(self.directory, self.damaged)  # before the log takes a write
+        elif not self.damaged and record.exists():
+            record.unlink()
         for seg in segs:
             self.segments[seg.seq] = seg
         if segs:
@@ -263,6 +293,9 @@ class VirtualLog:
         for seq in sorted(entries):
             for e in entries[seq]:
                 nxt[e.uid] = e.last_offset + 1
+        for r in self.damaged:  # a lost offset is never given out again
+            for uid, (_first, last) in r.lost.items():
+                nxt[uid] = max(nxt.get(uid, 0), last + 1)
         self._runs = [(0, self.active.seq, self.active.size)]
         # What a restart finds counts as committed unless a replicated log's commit point
         # was kept on disk (restore_commit).
@@ -883,6 +916,14 @@ class VirtualLog:
         self._commit_waiters = deque(w for w in self._commit_waiters if w[0] <= (seq, position))
         self.primary_commit = min(self.primary_commit, (seq, position))
 
+        # Damaged ranges in the cut go with it: the offsets they lost may be written again.
+        kept_damage = [r for r in self.damaged if (r.seq, r.start) < (seq, position)]
+        if kept_damage != self.damaged:
+            self.damaged = kept_damage
+            if kept_damage:
+                damage.save(self.directory, kept_damage)
+            else:
+                (self.directory / damage.DAMAGE_FILE).unlink(missing_ok=True)
         # The checkpoint must not vouch for index entries the cut removed.
         ckpt = read_checkpoint(self.directory)
         if ckpt is None or ckpt > end:

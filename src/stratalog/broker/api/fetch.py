@@ -81,6 +81,20 @@ def _gather(core, req: Request, plan, max_bytes: int):
                 r.high_watermark = r.last_stable_offset = r.log_start_offset = -1
                 errors = True
                 continue
+            lost = p.lost_at(offset) if p.lost else None
+            if lost is not None:
+                # Its chunk was in damaged bytes (storage/damage.py): Kafka clients raise this
+                # to the application, which may seek past ``lost[1]``.
+                r.error_code = code("CORRUPT_MESSAGE")
+                errors = True
+                log.info(
+                    "fetch of %s-%d at %d: offsets %d..%d were lost to damaged storage",
+                    name,
+                    fp.partition,
+                    offset,
+                    *lost,
+                )
+                continue
             remaining = max_bytes - total
             if remaining <= 0 and total > 0:
                 continue
