@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog.client.wire import WireClient
 from stratalog.faults.failing_fs import FailingMount
+from stratalog.storage.log_store import parse_state
 
 from .conftest import BrokerProcess, create_topic
 
@@ -83,7 +84,7 @@ def _map_partitions(backing: Path, topic: str) -> dict[int, str]:
     """partition -> virtual log, from the broker's own files (meta/cluster.json: uids;
     logs/partition-state.json: each uid's log)."""
     uids = json.loads((backing / "meta" / "cluster.json").read_text())["topics"][topic]
-    state = json.loads((backing / "logs" / "partition-state.json").read_text())
+    state = parse_state((backing / "logs" / "partition-state.json").read_bytes())
     return {p: state[str(uid)]["log"] for p, uid in enumerate(uids["partitions"])}
 
 
