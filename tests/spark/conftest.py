@@ -6,6 +6,7 @@ cores, three attempts per task, so a failed task is retried). Tests use their ow
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -15,6 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from stratalog import Broker
+from stratalog.peers.kafka import KafkaBroker
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +24,21 @@ def spark_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """One embedded broker for all Spark tests."""
     with Broker(tmp_path_factory.mktemp("spark-broker")) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaBroker]:
+    """One Apache Kafka broker for every module that compares with it (a JVM start each costs
+    seconds), stopped by its PID (process group) at the end; tests use their own topics."""
+    broker = KafkaBroker().start()
+    pid = broker.pid
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 @pytest.fixture(scope="session")

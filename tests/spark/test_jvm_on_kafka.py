@@ -16,18 +16,16 @@ format("kafka").
 from __future__ import annotations
 
 import json
-import os
 import struct
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 from confluent_kafka import Producer
 
-from stratalog.peers.kafka import KafkaBroker
+from stratalog.peers.kafka import KafkaBroker  # the session's `kafka` fixture (conftest.py)
 
 from ..conftest import create_topic
 from .conftest import Rec, Sent, consume_all, end_offsets, produce, topic_name
@@ -45,20 +43,6 @@ MAIN_RECORDS = 2000  # record i: partition i % 4, CreateTime T0 + i ms
 
 
 # -- the broker ------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[KafkaBroker]:
-    """One Apache Kafka broker for the module, stopped by its PID (process group) at the end."""
-    broker = KafkaBroker().start()
-    pid = broker.pid
-    try:
-        yield broker
-    finally:
-        broker.stop()
-        assert pid is not None
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-
-
 @pytest.fixture(scope="module")
 def kbs(kafka: KafkaBroker) -> str:
     """Kafka's bootstrap address (127.0.0.1:<port>)."""

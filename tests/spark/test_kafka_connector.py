@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-
-from stratalog.peers.kafka import KafkaBroker
 
 from .conftest import Rec, consume_all, produce, topic_name
 
 pytestmark = pytest.mark.spark
 T0 = int(time.time() * 1000) - 3_600_000
-
-
-@pytest.fixture(scope="module")
-def kafka() -> Iterator[KafkaBroker]:
-    with KafkaBroker() as k:
-        yield k
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> None:
