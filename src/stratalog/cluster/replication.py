@@ -262,6 +262,7 @@ class PrimaryLog:
         self.vlog = vlog
         self.lag_s = lag_ms / 1000
         self.closed = False
+        self.paused = False  # unregistered (its lease lost): takes no write until it is back
         self._isr_busy = False
         self._isr_task: asyncio.Future | None = None
         others = [r for r in state.replicas if r != node.node_id]
@@ -387,6 +388,25 @@ class PrimaryLog:
                     self._change_isr(lambda isr, b=b: [x for x in isr if x != b])
                     break
 
+    def pause(self) -> None:
+        """This broker lost its registration (its lease ended, say in an etcd outage): take no
+        new write, as the controller may be moving the log on, but keep what is in flight. If
+        etcd still names it primary at this epoch once it is registered again, it resumes
+        where it was; closing here instead failed the writes in flight (NOT_LEADER_OR_FOLLOWER,
+        which librdkafka takes for not persisted, and re-sent under a bumped producer epoch:
+        duplicates) and made it lead again at a new epoch, whose validation made librdkafka
+        drop records it had fetched but not yet handed over (the soak's poll-skip)."""
+        if not self.closed and not self.paused:
+            log.info("%s: paused at epoch %d while unregistered", self.vlog.name, self.epoch)
+            self.paused = True
+            self.vlog.leading = False
+
+    def resume(self) -> None:
+        if not self.closed and self.paused:
+            log.info("%s: resumed at epoch %d", self.vlog.name, self.epoch)
+            self.paused = False
+            self.vlog.leading = True
+
     def deposed(self, why: str = "a backup holds a newer epoch") -> None:
         """Proof that etcd moved the log on (epochs come only from its guarded writes): stop
         leading now, not once this broker's copy of etcd says so, which for a broker cut from
@@ -445,6 +465,7 @@ class Replicator:
             if st.primary == me and me in self.node.brokers:
                 if current is not None and current.epoch == st.epoch:
                     if not current.closed:  # (closed: deposed at this epoch, see deposed())
+                        current.resume()
                         # The controller may have dropped a dead backup from the in-sync set.
                         current.vlog.require_replicas([b for b in st.isr if b != me])
                     continue
@@ -457,6 +478,8 @@ class Replicator:
                     self._bump(st)
                     continue
                 self._lead(st)
+            elif current is not None and st.primary == me and st.epoch == current.epoch:
+                current.pause()  # named still, but not registered: see pause()
             elif current is not None:
                 log.info("%s: no longer primary (epoch %d)", current.vlog.name, st.epoch)
                 current.close(fail_waiters=True)
@@ -467,7 +490,7 @@ class Replicator:
         not enough (between losing its registration and leading again it must take no write,
         or it would commit alone what the next primary never saw)."""
         p = self.primaries.get(vid)
-        return p is not None and p.epoch == epoch and not p.closed
+        return p is not None and p.epoch == epoch and not p.closed and not p.paused
 
     def _bump(self, st: VirtualLogState) -> None:
         if st.vid in self._bumping:
