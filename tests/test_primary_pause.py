@@ -23,24 +23,15 @@ import pytest
 from stratalog.cluster.node import BrokerInfo, ClusterNode
 from stratalog.cluster.placement import VirtualLogState
 from stratalog.cluster.replication import Replicator
-from stratalog.storage.journal import FsyncPolicy
-from stratalog.storage.log_store import LogStore, StorageConfig
+from stratalog.storage.log_store import LogStore
 from stratalog.storage.replica import NotPrimary
 
+from .test_commit_checkpoint import _replicated
 from .test_vlog_replication import LOG, UIDS, Producer, _until
 
 ME, OTHER = 2, 9
 VID = int(LOG[1:])
 EPOCH = 3
-
-
-def _replicated(path) -> LogStore:
-    config = StorageConfig(
-        path, fsync=FsyncPolicy.parse("always"), group_commit_ms=1.0, io_threads=2, replicated=True
-    )
-    store = LogStore(config)
-    store.open([("t", i, uid, LOG) for i, uid in enumerate(UIDS)])
-    return store
 
 
 def _leading(store: LogStore) -> tuple[ClusterNode, Replicator]:
