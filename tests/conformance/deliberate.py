@@ -83,6 +83,14 @@ DELIBERATE: dict[str, str] = {
         "only the partitions named. Partitions of one log always share their preferred replica, "
         "so no partition is moved away from it."
     ),
+    "cluster.reassigned-partition-led-by-first-replica": (
+        "A reassigned partition moves into the virtual log of its new replica list, whose "
+        "primary is that list's first replica (when alive): the partition's leader becomes the "
+        "first target replica when the move completes. Kafka keeps the current leader if it "
+        "stays a replica and moves it only on a preferred election. During the move Metadata "
+        "shows the old replicas (Kafka shows target plus removing); ListPartitionReassignments "
+        "shows Kafka's view (replicas = target then removing, adding, removing)."
+    ),
 }
 
 
