@@ -12,7 +12,7 @@ run: setup
 
 test: setup kafka-deps
 	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/pytest -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -n 3 --dist loadgroup
 
 setup: system-deps $(STAMP)
 

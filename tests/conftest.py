@@ -19,10 +19,12 @@ from prometheus_client.samples import Sample
 from stratalog import Broker
 
 REPO = Path(__file__).resolve().parent.parent
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup). A group of tests
-# runs on one worker: each test module (its module-scoped brokers, the quick benchmark run),
-# and each directory whose tests share a session fixture (one SparkSession; the reference Kafka
-# beside an embedded broker). The slowest groups start first so the two workers end together.
+# `make test` runs the suite on three pytest-xdist workers (--dist loadgroup): many tests wait
+# on leases, kills and JVM starts rather than compute, so a third worker keeps two cores busy.
+# A group of tests runs on one worker: each test module (its module-scoped brokers, the quick
+# benchmark run), and each directory whose tests share a session fixture (one SparkSession; the
+# reference Kafka beside an embedded broker). The slowest groups start first so the workers end
+# together.
 _SHARED_DIRS = ("spark", "conformance")
 _FIRST = ("spark", "tests/test_bench.py", "conformance", "tests/test_crash.py")
 
