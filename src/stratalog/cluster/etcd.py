@@ -120,6 +120,7 @@ class Lease:
         interval = self.ttl / 3
         while True:
             await asyncio.sleep(interval)
+            failures = 0
             while True:  # retry a failed keep-alive while the lease may still be alive
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
@@ -130,8 +131,14 @@ class Lease:
                     async with asyncio.timeout(min(remaining, interval)):
                         ttl = await self._renew()
                 except (*_FAILURES, ClusterError) as exc:
-                    log.info("etcd lease %x: keep-alive failed (%s); retrying", self.id, exc)
-                    await asyncio.sleep(min(0.2, max(remaining - 0.05, 0)))
+                    failures += 1
+                    # Once per outage at INFO: an outage fails every retry, and the last 50 ms
+                    # before the deadline used to log a line a millisecond.
+                    log.log(
+                        logging.INFO if failures == 1 else logging.DEBUG,
+                        "etcd lease %x: keep-alive failed (%s); retrying", self.id, exc,
+                    )  # fmt: skip
+                    await asyncio.sleep(min(0.2, max(remaining - 0.05, 0.02)))
                     continue
                 if ttl <= 0:
                     self._lose("etcd says it has expired")
