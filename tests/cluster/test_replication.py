@@ -358,3 +358,55 @@ def test_a_write_committed_by_a_shrunken_in_sync_set_is_not_acknowledged(cluster
     assert part["error_code"] == 20, part  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
     # Written all the same (Kafka's rule too): the backups catch up with it and rejoin.
     _wait_in_sync(leader.bootstrap, "shrink", 3, timeout=60)
+
+
+def test_a_retry_of_a_written_batch_is_its_duplicate_while_the_in_sync_set_is_short(cluster):
+    """An idempotent batch written and then left with too few in-sync replicas is answered
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND; the producer's retry of it, while the set is still short,
+    is that batch (answered with its offset once committed), not NOT_ENOUGH_REPLICAS: librdkafka
+    takes the latter for "never written" and, after a producer-epoch bump, sends it again as new
+    records (the fault soak's duplicates)."""
+    first = cluster.brokers[0].bootstrap
+    _create(first, "retry-short")
+    t = _wait_in_sync(first, "retry-short", 3)
+    leader_id = t["partitions"][0]["leader_id"]
+    leader = next(b for b in cluster.brokers if b.node_id == leader_id)
+    backups = [b for b in cluster.brokers if b is not leader]
+    pid = wire.call(leader.bootstrap, 22, 4, transactional_id=None, transaction_timeout=-1,
+                    producer_id=-1, producer_epoch=-1)["producer_id"]  # fmt: skip
+    batch = build_batch(
+        [(b"k", b"once", int(time.time() * 1000))],
+        producer_id=pid, producer_epoch=0, base_sequence=0,
+    )  # fmt: skip
+    data = [{"name": "retry-short", "partition_data": [{"index": 0, "records": batch}]}]
+
+    def produce() -> dict:
+        r = wire.call(
+            leader.bootstrap, 0, 9, transactional_id=None, acks=-1, timeout=25000, topic_data=data
+        )
+        return r["responses"][0]["partition_responses"][0]
+
+    for b in backups:
+        cluster.send_signal(b, signal.SIGSTOP)
+    try:
+        written = produce()
+        retried = produce()
+    finally:
+        for b in backups:
+            cluster.send_signal(b, signal.SIGCONT)
+    assert written["error_code"] == 20, written  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    assert retried["error_code"] == 0, retried  # not 19, NOT_ENOUGH_REPLICAS
+    _wait_in_sync(leader.bootstrap, "retry-short", 3, timeout=60)
+    c = Consumer({"bootstrap.servers": leader.bootstrap, "group.id": "retry-short",
+                  "auto.offset.reset": "earliest", "enable.partition.eof": True})  # fmt: skip
+    c.assign([TopicPartition("retry-short", 0, 0)])
+    values = []
+    while True:
+        m = c.poll(10)
+        assert m is not None, values
+        if m.error():
+            break  # end of the partition
+        values.append(m.value())
+    c.close()
+    assert values == [b"once"]
+    assert retried["base_offset"] == 0

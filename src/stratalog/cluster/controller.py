@@ -8,6 +8,16 @@ the dead broker from the in-sync set, in one transaction guarded by the log's re
 live in-sync member the log stays without a primary (no unclean election): its partitions answer
 LEADER_NOT_AVAILABLE until an in-sync replica returns.
 
+A broker absent when a controller's term starts is not taken for dead until a lease's time has
+passed: after an etcd outage every broker lost its lease and registers again within moments, and
+the first to be back, elected controller, used to move the others' logs and drop them from every
+in-sync set (a failover, and NOT_ENOUGH_REPLICAS answers, with nothing dead). Librdkafka met those
+answers with a sequence gap on its next request and bumped its producer epoch, re-sending as new
+records writes it had been told were not persisted, some of which were: the fault harness's
+duplicates. A broker that registered during this term and whose registration then goes is
+dead at once: its lease already took its time to expire. So is one a peer proved gone (its port
+refuses connections).
+
 Being controller is not a lock either: two controllers at once (a paused one waking up) can only
 race on revision-guarded writes, and the loser re-reads a state that needs nothing.
 """
@@ -16,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from stratalog.cluster.node import ClusterNode
 from stratalog.cluster.placement import VirtualLogState
@@ -28,6 +39,9 @@ class Controller:
         self.node = node
         self.key = node.keys.root + "controller"
         self.active = False
+        self._term_start = 0.0
+        self._seen: set[int] = set()  # brokers seen registering during this term
+        self._initial: dict[int, int] = {}  # lease of each registration known at its start
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -47,6 +61,9 @@ class Controller:
                     )
                     if self.active:
                         log.info("node %d is the controller", node.node_id)
+                        self._term_start = time.monotonic()
+                        self._seen = set()
+                        self._initial = {b: i.lease for b, i in node.brokers.items()}
                 if self.active:
                     await self._fail_over()
             except asyncio.CancelledError:
@@ -60,9 +77,24 @@ class Controller:
             except TimeoutError:
                 pass
 
+    def alive(self) -> set[int]:
+        """Brokers not taken for dead: the registered ones, and those absent since this term
+        began that may still be registering again (within a lease's time of its start)."""
+        node = self.node
+        registered = set(node.brokers)
+        # A registration known when the term began may be a stale copy (etcd was away): only one
+        # made since proves the broker came back, and its going later means it is gone.
+        self._seen |= {b for b, i in node.brokers.items() if self._initial.get(b) != i.lease}
+        grace = node.lease.ttl if node.lease is not None else 0
+        if time.monotonic() - self._term_start >= grace:
+            return registered
+        maybe = {r for st in node.vlogs.values() for r in st.isr} - self._seen
+        gone = {b for b, at in node.proven_gone.items() if at >= self._term_start - grace}
+        return registered | (maybe - gone)
+
     async def _fail_over(self) -> None:
         node = self.node
-        live = set(node.brokers)
+        live = self.alive()
         for vid, st in list(node.vlogs.items()):
             if st.primary in live:
                 if any(r not in live for r in st.isr):
@@ -70,13 +102,15 @@ class Controller:
                 continue
 
             def elect(now: VirtualLogState) -> VirtualLogState | None:
-                alive = set(node.brokers)
+                alive = self.alive()
                 if now.primary in alive:
                     return None
+                # Only a registered broker leads; one still within its grace stays in sync.
                 isr = [r for r in now.isr if r in alive]
-                if not isr:
+                leader = next((r for r in isr if r in node.brokers), None)
+                if leader is None:
                     return None  # no unclean election: wait for an in-sync replica
-                return VirtualLogState(now.vid, now.replicas, isr[0], now.epoch + 1, isr)
+                return VirtualLogState(now.vid, now.replicas, leader, now.epoch + 1, isr)
 
             new = await node.update_vlog(vid, elect)
             if new is not None:
@@ -95,7 +129,7 @@ class Controller:
         node = self.node
 
         def drop(now: VirtualLogState) -> VirtualLogState | None:
-            alive = set(node.brokers)
+            alive = self.alive()
             isr = [r for r in now.isr if r in alive]
             if isr == now.isr or now.primary not in alive:
                 return None

@@ -148,6 +148,8 @@ class ClusterNode:
         self._renewal: asyncio.Task | None = None
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, limit) of this node's block
         self._probing: set[int] = set()
+        # Brokers whose replication port refused connections (monotonic time of the proof).
+        self.proven_gone: dict[int, float] = {}
         self.leaving = False  # stopping: a lost lease is not taken again
 
     # -- joining and leaving -------------------------------------------------------------------
@@ -283,6 +285,7 @@ class ClusterNode:
             return
         if self.brokers.get(info.node_id) != info or self.store is None:
             return  # it registered again meanwhile
+        self.proven_gone[info.node_id] = time.monotonic()  # the controller's grace ends here
         try:
             if await self.store.revoke_lease(info.lease):
                 log.warning(

@@ -463,6 +463,20 @@ class PartitionLog:
         """Whether appends now land in the cold tier's directory (the hot tier is full)."""
         return self.vlog.active.directory != self.vlog.directory
 
+    def written_duplicate(self, records: bytes | memoryview) -> BatchMeta | None:
+        """The written batch that ``records`` (one idempotent batch) repeats, if it is a retry
+        of one; None otherwise, or when that cannot be told. Checks nothing else."""
+        try:
+            found = split_batches(memoryview(records))
+        except CorruptBatchError:
+            return None
+        if len(found) != 1 or found[0][1].producer_id >= DETERMINISTIC_PRODUCER_IDS:
+            return None
+        try:
+            return self.producers.check(found[0][1])
+        except SequenceError:
+            return None
+
     def _check_sequences(self, found: list[tuple[int, BatchHeader]]) -> BatchMeta | None:
         try:
             if len(found) == 1:

@@ -168,6 +168,19 @@ def _append_all(
             lead = core.leader_error(name, pd.index) if topic else None
             if lead is None and topic is not None and body.acks == -1:
                 lead = core.in_sync_error(name, pd.index, view.get_int("min.insync.replicas"))
+                p = core.partition(name, pd.index) if lead is not None else None
+                written = p.written_duplicate(pd.records) if p and pd.records else None
+                if written is not None:
+                    # A retry of a batch this leader wrote before the in-sync set shrank: it
+                    # is answered as that batch, once committed. NOT_ENOUGH_REPLICAS would tell
+                    # librdkafka it was never written, and after a producer-epoch bump it would
+                    # send it again as new records (the fault harness's duplicates).
+                    res = AppendResult(written.base_offset, written.last_offset, -1, 0, written)
+                    res.written = True
+                    r.base_offset = written.base_offset
+                    r.log_start_offset = p.log_start_offset
+                    appended.append((p, res, r, len(pd.records), False))
+                    continue
             if lead is not None:
                 r.error_code = code(lead)
                 if hints and lead == leader_hints.NOT_LEADER:
@@ -357,6 +370,14 @@ async def _visible(p: PartitionLog, last_offset: int, r: PartitionProduceResult)
         if p.failure is not None:
             r.error_code = code("KAFKA_STORAGE_ERROR")
             r.error_message = str(p.failure)
+            r.base_offset = -1
+            return
+        if not p.leading:
+            # Paused or deposed: a deposed leader's tail may be cut and other records take
+            # those offsets, so its high watermark says nothing about this batch any more.
+            # Possibly written: the client retries it with the same sequence wherever it leads.
+            r.error_code = code("REQUEST_TIMED_OUT")
+            r.error_message = "the leader stopped leading before the batch was committed"
             r.base_offset = -1
             return
         await p.waiter()
