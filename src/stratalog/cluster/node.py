@@ -67,6 +67,9 @@ class BrokerInfo:
     incarnation: str
     replication_port: int = 0
     lease: int = 0  # its etcd lease, which a peer that saw it die revokes
+    # Listener name -> advertised (host, port): Metadata answers a client with the address of
+    # the listener it connected to (host/port above are the inter-broker listener's).
+    listeners: dict[str, tuple[str, int]] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -132,6 +135,7 @@ class ClusterNode:
         self.port = port
         self.incarnation = uuid.uuid4().hex
         self.replication_port = 0  # where primaries push to this broker (set before register)
+        self.listeners: dict[str, tuple[str, int]] = {}  # advertised, by name (set before register)
         self.store: EtcdStore | None = None
         self.lease: Lease | None = None
         self.cluster_id = ""
@@ -199,6 +203,7 @@ class ClusterNode:
             "port": self.port,
             "incarnation": self.incarnation,
             "replication_port": self.replication_port,
+            "listeners": {n: [h, p] for n, (h, p) in self.listeners.items()},
             "lease": self.lease.id,  # so a peer that sees this process die can end it at once
         }
         key = self.keys.broker(self.node_id)
@@ -332,6 +337,7 @@ class ClusterNode:
                     raw["incarnation"],
                     raw.get("replication_port", 0),
                     raw.get("lease", 0),
+                    {n: (h, p) for n, (h, p) in raw.get("listeners", {}).items()},
                 )
         elif key.startswith(k.topics):
             name = key[len(k.topics) :]
