@@ -107,6 +107,12 @@ class Conn:
         that failed)."""
         hs = self.handshake(mechanism)
         assert hs["error_code"] == 0, hs
+        return self.exchange(mechanism, user, password, version)
+
+    def exchange(
+        self, mechanism: str, user: str, password: str, version: int = 2
+    ) -> dict[str, Any]:
+        """The SaslAuthenticate steps after a handshake."""
         if mechanism == "PLAIN":
             return self.authenticate(f"\0{user}\0{password}".encode(), version)
         client = ScramClient(MECHANISMS[mechanism], user, password)
