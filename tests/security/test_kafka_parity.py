@@ -146,6 +146,8 @@ def before_login(bs, certs, what: str) -> dict:
         elif what == "api-versions-twice":
             frames = [c.frame(API_VERSIONS, 3, client_software_name="t",
                               client_software_version="1")] * 2  # fmt: skip
+        elif what == "metadata-after-handshake":
+            frames = [c.frame(17, 1, mechanism="PLAIN"), _metadata_frame(c)]
         elif what == "oversized":
             frames = [struct.pack(">i", 524289)]
         elif what == "garbage":
@@ -258,12 +260,28 @@ def test_unknown_mechanism(pair):
 
 
 @pytest.mark.parametrize(
-    "what", ["metadata", "authenticate-first", "api-versions-twice", "oversized", "garbage"]
+    "what",
+    [
+        "metadata",
+        "authenticate-first",
+        "api-versions-twice",
+        "oversized",
+        "garbage",
+    ],
 )
 def test_requests_before_login(pair, what):
     strat, kafka = pair.both(before_login, what)
     assert strat == kafka
     assert strat["closed"]
+
+
+def test_request_after_the_handshake(pair):
+    """Deliberate difference (docs/security.md): both close the connection when a request
+    other than SaslAuthenticate follows the handshake; Kafka first answers it with that API's
+    error response (ILLEGAL_SASL_STATE), Stratalog answers only the handshake."""
+    strat, kafka = pair.both(before_login, "metadata-after-handshake")
+    assert strat == {"answers": 1, "closed": True}
+    assert kafka == {"answers": 2, "closed": True}
 
 
 def test_handshake_v0_bare_tokens(pair):
