@@ -400,6 +400,7 @@ class BrokerCore:
             node.replication_port = self.config["cluster.advertised.replication.port"] or bound
             node.on_topic = lambda name, t: self._cluster_topic(node, name, t)
             node.on_change = replicator.reconcile
+            self.credentials.follow_cluster(node)  # SCRAM users are the cluster's, in etcd
             await node.register()
         except BaseException:
             await replicator.close()

@@ -5,7 +5,9 @@ ServerKey; never the password) and changed only through AlterUserScramCredential
 ``kafka-configs --alter --add-config 'SCRAM-SHA-256=[password=...]' --entity-type users``). A
 single node keeps them in ``<data-dir>/meta/scram-credentials.json``, written to a temporary
 file, fsynced and renamed over the old one (with its directory fsynced), with a CRC-32C of the
-body; a cluster keeps them in etcd (``cluster/credentials.py``) so every broker sees the same.
+body; a cluster keeps them in etcd (``/stratalog/<cluster>/scram/<user>``, changed in one
+guarded transaction by cluster/node.py's ``alter_scram`` and followed by its watch) so every
+broker sees the same.
 
 PLAIN checks a user first against ``sasl.plain.users.file`` (Kafka's JAAS syntax:
 ``user_alice="alice-secret"`` entries of a PlainLoginModule, as in Kafka's
@@ -58,6 +60,22 @@ class CredentialStore:
         self.path = path
         self.plain_users = dict(plain_users or {})
         self.users: Credentials = {}
+        self._cluster = None  # cluster/node.py's ClusterNode, once the broker joined one
+
+    def follow_cluster(self, node) -> None:
+        """Cluster mode: the credentials are etcd's (``node.scram``), changed through etcd; the
+        data directory's file is neither read nor written any more."""
+        self._cluster = node
+        self.path = None
+
+        def taken_over() -> None:
+            self.users = {
+                user: {m: ScramCredential.from_json(c) for m, c in mechs.items()}
+                for user, mechs in node.scram.items()
+            }
+
+        node.on_credentials = taken_over
+        taken_over()
 
     def load(self) -> None:
         if self.path is None or not self.path.exists():
@@ -90,6 +108,9 @@ class CredentialStore:
         deletes: list[tuple[str, str]],
     ) -> None:
         """Apply the changes at once and durably (all or none)."""
+        if self._cluster is not None:
+            await self._cluster.alter_scram([(u, m, c.to_json()) for u, m, c in upserts], deletes)
+            return
         users = {u: dict(m) for u, m in self.users.items()}
         for user, mech in deletes:
             users.get(user, {}).pop(mech, None)

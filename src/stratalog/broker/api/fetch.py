@@ -189,7 +189,11 @@ def _read_cold(
     storage fails. With ``copy`` (a TLS connection, which cannot sendfile) every slice is
     replaced by its bytes."""
     failure = None
-    if direct is None and not copy:
+    # (A TLS answer's slices already in the page cache are copied as they are; the others are
+    # loaded the backlog's way first, so a TLS catch-up keeps the same I/O isolation.)
+    if direct is None and not (
+        copy and all(p.resident() for p in parts if isinstance(p, FileSlice))
+    ):
         try:
             _load(parts, ahead, loader)
         except OSError as e:
