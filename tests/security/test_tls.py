@@ -144,6 +144,52 @@ def test_history_reaches_a_tls_consumer_intact(broker, certs):
     assert metrics.FETCH_COPIED_BYTES._value.get() - copied >= sum(map(len, values))
 
 
+def test_a_large_answer_to_a_slow_tls_reader(broker, certs):
+    """A Fetch answer of about 12 MB over TLS to a client that reads slowly: it goes out in
+    turns, waits for the transport to drain, and arrives whole."""
+    from confluent_kafka import Producer
+
+    from stratalog.records import iter_records
+    from stratalog.storage.batch import parse_header
+
+    from .wire import Conn
+
+    topic = _topic(broker)
+    p = Producer({"bootstrap.servers": broker.bootstraps["PLAINTEXT"], "linger.ms": 20,
+                  "batch.size": 1 << 20, "message.max.bytes": 2 << 20})  # fmt: skip
+    values = [i.to_bytes(4, "big") * 25_000 for i in range(120)]  # 100 KB each
+    for v in values:
+        p.produce(topic, v, partition=0)
+    assert p.flush(30) == 0
+    with Conn(broker.bootstraps["SSL"], certs["ca.pem"], certs["client.pem"], timeout=30) as c:
+        part = {
+            "partition": 0,
+            "current_leader_epoch": -1,
+            "fetch_offset": 0,
+            "last_fetched_epoch": -1,
+            "log_start_offset": -1,
+            "partition_max_bytes": 64 << 20,
+        }
+        c.send_raw(c.frame(
+            1, 12, cluster_id=None, replica_id=-1, max_wait=100, min_bytes=1,
+            max_bytes=64 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[{"topic": topic, "partitions": [part]}], forgotten_topics_data=[],
+            rack_id="",
+        ))  # fmt: skip
+        time.sleep(0.5)  # the broker's writes back up meanwhile
+        frame = c.read_frame(pause=0.002)  # and the client reads slowly
+    from ..conformance import wire
+
+    _cid, body = wire.decode(1, 12, frame)
+    records = bytes(body.responses[0].partitions[0].records)
+    got, pos = [], 0
+    while pos < len(records):
+        h = parse_header(records, pos)
+        got += [r.value for r in iter_records(records[pos : pos + h.size], h)]
+        pos += h.size
+    assert got == values
+
+
 def _consume_all(bootstrap: str, topic: str, sec: Security, n: int) -> list[bytes]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 

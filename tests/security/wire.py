@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,21 +53,27 @@ class Conn:
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def read_frame(self) -> bytes:
+    def read_frame(self, pause: float = 0.0) -> bytes:
         size = struct.unpack(">i", self._read(4))[0]
-        return self._read(size)
+        return self._read(size, pause)
 
-    def _read(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
+    def _read(self, n: int, pause: float = 0.0) -> bytes:
+        """Exactly ``n`` bytes; with ``pause``, sleeping that long after each 64 KiB read (a
+        slow reader)."""
+        out = bytearray(n)
+        view = memoryview(out)
+        got = 0
+        while got < n:
             try:
-                chunk = self.sock.recv(n - len(out))
+                k = self.sock.recv_into(view[got:], min(n - got, 65536))
             except (ConnectionResetError, BrokenPipeError, ssl.SSLError) as e:
                 raise Closed(str(e)) from e
-            if not chunk:
+            if not k:
                 raise Closed("EOF")
-            out += chunk
-        return out
+            got += k
+            if pause:
+                time.sleep(pause)
+        return bytes(out)
 
     def is_closed(self, timeout: float = 5.0) -> bool:
         """True if the broker closes the connection (EOF or reset) within ``timeout``."""

@@ -82,6 +82,7 @@ class ClientConnection(asyncio.Protocol):
         # (the Fetch handler reads them on the read pool first).
         self.zero_copy = listener is None or not listener.tls
         self._closing = False  # a reply that ends the connection is queued
+        self._drain_wait = False  # TLS: an answer's rest waits for resume_writing
         self._queue: deque[Any] = deque()
         # Beside each queued response: when its request arrived and where its latency goes.
         self._started: deque[tuple[float, Callable[[float], None] | None]] = deque()
@@ -150,6 +151,10 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._drain_wait:
+            # TLS: the rest of an answer waited for the transport to drain (see _resume).
+            self._drain_wait = False
+            asyncio.get_running_loop().call_soon(self._resume)
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -427,7 +432,15 @@ class ClientConnection(asyncio.Protocol):
         if rest is None or self._closed:
             return
         self._unsent = None
-        if self.transport is not None and self.transport.get_write_buffer_size() > 0:
+        if self._fd < 0:
+            # No sendfile here (TLS): the transport keeps the order of what is written, so the
+            # rest goes on now, unless the transport is above its high-water mark; then when it
+            # drains (resume_writing).
+            if self._writing_paused:
+                self._unsent = rest
+                self._drain_wait = True
+                return
+        elif self.transport is not None and self.transport.get_write_buffer_size() > 0:
             # The transport still holds bytes before these: let the socket drain first.
             self._wait_writable(rest)
             return
