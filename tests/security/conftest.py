@@ -4,7 +4,6 @@ the users every module logs in with."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,8 +67,3 @@ def add_scram_users(bootstrap: str, users: dict[str, tuple[str, str]] = SCRAM_US
         ups.append(UserScramCredentialUpsertion(user, info, password.encode()))
     for f in admin.alter_user_scram_credentials(ups).values():
         f.result(15)
-
-
-@pytest.fixture(scope="session")
-def kcat() -> Iterator[str]:
-    yield "/usr/bin/kcat"
