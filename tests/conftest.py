@@ -26,7 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 # reference Kafka beside an embedded broker). The slowest groups start first so the workers end
 # together.
 _SHARED_DIRS = ("spark", "conformance")
-_FIRST = ("spark", "tests/test_bench.py", "conformance", "tests/test_crash.py")
+_FIRST = (
+    "spark",
+    "tests/test_bench.py",
+    "conformance",
+    "tests/test_crash.py",
+    "tests/security/test_kafka_parity.py",
+)
 
 
 def _group(nodeid: str) -> str:

@@ -104,7 +104,11 @@ def serve(
     host, port = cfg["host"], cfg["port"]
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    service = BrokerService(data_dir, cfg)
+    try:
+        service = BrokerService(data_dir, cfg)
+    except ConfigError as e:
+        fail(str(e))
+    where = cfg["listeners"] or f"{host}:{port}"
     stop = asyncio.Event()
 
     async def main() -> None:
@@ -124,7 +128,7 @@ def serve(
             await service.listen()
         except OSError as e:
             await service.core.close()
-            fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+            fail(f"cannot listen on {where}: {e.strerror or e}")
         except ClusterError as e:
             await service.core.close()
             fail(f"cannot join the cluster: {e}")
@@ -199,6 +203,29 @@ def _metadata(admin, bootstrap: str, topic: str | None = None):
         return admin.list_topics(topic=topic, timeout=TIMEOUT)
     except KafkaException as e:
         fail(f"cannot reach a broker at {bootstrap}: {e.args[0].str() if e.args else e}")
+
+
+@app.command()
+def certs(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write them into.")],
+    host: Annotated[
+        list[str],
+        typer.Option("--host", help="Another name or address for the broker's certificate."),
+    ] = [],  # noqa: B006
+    days: Annotated[int, typer.Option(help="Validity in days.")] = 365,
+) -> None:
+    """Make a test CA and certificates for TLS (broker, client, and a second CA's for negative
+    tests): for trying security out, not for production (docs/security.md)."""
+    from stratalog.security.certs import make_test_certificates
+
+    if days < 1:
+        fail(f"--days must be at least 1, not {days}")
+    try:
+        files = make_test_certificates(out, host, days)
+    except OSError as e:
+        fail(f"cannot write certificates into {out}: {e.strerror or e}")
+    for name in ("ca.pem", "broker.pem", "client.pem", "other-ca.pem", "other-client.pem"):
+        print(files[name])
 
 
 @cluster_app.command("up")

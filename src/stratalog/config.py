@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratalog.security.listeners import DEFAULT_PROTOCOL_MAP, ListenerError, resolve
 from stratalog.storage.journal import FsyncPolicy
 
 
@@ -34,6 +35,92 @@ SETTINGS: dict[str, Setting] = {
         _S("advertised.host", str, "", "Host clients are told to connect to (default: host)."),
         _S("advertised.port", int, 0, "Port clients are told to connect to (default: port)."),
         _S("node.id", int, 0, "This broker's id in Metadata responses (unique in a cluster)."),
+        _S(
+            "listeners",
+            str,
+            "",
+            "Kafka listeners, NAME://host:port comma-separated (e.g. "
+            "PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093); port 0 picks a free port. "
+            "Empty: one PLAINTEXT listener on host and port.",
+        ),
+        _S(
+            "advertised.listeners",
+            str,
+            "",
+            "Addresses clients are told, per listener name (NAME://host:port); a listener "
+            "not listed advertises its bound address (or advertised.host).",
+        ),
+        _S(
+            "listener.security.protocol.map",
+            str,
+            DEFAULT_PROTOCOL_MAP,
+            "Security protocol of each listener name, NAME:PROTOCOL comma-separated; protocols: "
+            "PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL.",
+        ),
+        _S(
+            "inter.broker.listener.name",
+            str,
+            "",
+            "The listener brokers register for one another (default: the first in listeners); "
+            "the replication link itself is plaintext (docs/security.md).",
+        ),
+        _S("ssl.keystore.type", str, "PEM", "Format of ssl.keystore.location: PEM only."),
+        _S(
+            "ssl.keystore.location",
+            str,
+            "",
+            "PEM file with the broker's private key (PKCS#8) and certificate chain, for SSL and "
+            "SASL_SSL listeners.",
+        ),
+        _S("ssl.key.password", str, "", "Password of an encrypted private key in the keystore."),
+        _S("ssl.truststore.type", str, "PEM", "Format of ssl.truststore.location: PEM only."),
+        _S(
+            "ssl.truststore.location",
+            str,
+            "",
+            "PEM bundle of the CAs client certificates are checked against (mutual TLS).",
+        ),
+        _S(
+            "ssl.client.auth",
+            str,
+            "none",
+            "Client certificates on SSL listeners: none, requested or required (mutual TLS; the "
+            "certificate's subject is the principal).",
+        ),
+        _S(
+            "ssl.enabled.protocols",
+            str,
+            "TLSv1.2,TLSv1.3",
+            "TLS versions the listeners accept (TLSv1.2, TLSv1.3).",
+        ),
+        _S(
+            "sasl.enabled.mechanisms",
+            str,
+            "SCRAM-SHA-256,SCRAM-SHA-512",
+            "SASL mechanisms of SASL_PLAINTEXT and SASL_SSL listeners: PLAIN, SCRAM-SHA-256, "
+            "SCRAM-SHA-512.",
+        ),
+        _S(
+            "sasl.plain.users.file",
+            str,
+            "",
+            'File of PLAIN users in Kafka\'s JAAS syntax (user_NAME="password" entries of a '
+            "PlainLoginModule); users not in it are checked against the SCRAM credentials.",
+        ),
+        _S(
+            "connections.max.reauth.ms",
+            int,
+            0,
+            "Longest a SASL session lasts before the client must re-authenticate (KIP-368); a "
+            "connection past it that sends anything else is closed. 0: sessions never expire.",
+        ),
+        _S(
+            "sasl.server.max.receive.size",
+            int,
+            524288,
+            "Largest frame accepted on a SASL listener before authentication (Kafka's "
+            "setting); a larger size prefix closes the connection before anything is read.",
+        ),
         _S(
             "cluster.etcd",
             str,
@@ -452,7 +539,10 @@ _CHOICES = {
     "storage.read_priority": ("low", "normal"),
     "storage.layout": ("virtual", "per-partition"),
     "storage.fsync_via": ("auto", "io_uring", "thread"),
+    "ssl.client.auth": ("none", "requested", "required"),
 }
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class BrokerConfig:
@@ -517,6 +607,26 @@ class BrokerConfig:
                 )
         self._validate_sender_cpus()
         self._validate_ranges()
+        self._validate_security()
+
+    def _validate_security(self) -> None:
+        try:
+            listeners = resolve(self)
+        except ListenerError as e:
+            raise ConfigError(str(e)) from None
+        mechanisms = self.sasl_mechanisms
+        unknown = [m for m in mechanisms if m not in SASL_MECHANISMS]
+        if unknown:
+            raise ConfigError(
+                f"sasl.enabled.mechanisms: {', '.join(unknown)} is not supported (Stratalog "
+                f"supports {', '.join(SASL_MECHANISMS)})"
+            )
+        if not mechanisms and any(x.sasl for x in listeners):
+            raise ConfigError("sasl.enabled.mechanisms is empty but a listener uses SASL")
+
+    @property
+    def sasl_mechanisms(self) -> list[str]:
+        return [m.strip().upper() for m in self["sasl.enabled.mechanisms"].split(",") if m.strip()]
 
     def _validate_sender_cpus(self) -> None:
         from stratalog.broker.cpu_isolation import CpuListError, broker_cpus, parse_cpus
@@ -582,6 +692,8 @@ class BrokerConfig:
         "group.max.session.timeout.ms": 1,
         "group.initial.rebalance.delay.ms": 0,
         "offsets.topic.num.partitions": 1,
+        "connections.max.reauth.ms": 0,
+        "sasl.server.max.receive.size": 1,
     }
 
     def _validate_ranges(self) -> None:

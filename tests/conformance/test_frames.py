@@ -322,6 +322,29 @@ def req_describe_cluster(bs: str, v: int) -> dict[str, Any]:
     return dict(include_cluster_authorized_operations=False, endpoint_type=1)
 
 
+def req_sasl_handshake(bs: str, v: int) -> dict[str, Any]:
+    # On a PLAINTEXT listener: ILLEGAL_SASL_STATE (tests/security/ has the SASL listeners).
+    return dict(mechanism="PLAIN")
+
+
+def req_sasl_authenticate(bs: str, v: int) -> dict[str, Any]:
+    return dict(auth_bytes=b"\0user\0password")
+
+
+def req_describe_user_scram_credentials(bs: str, v: int) -> dict[str, Any]:
+    return dict(users=[{"name": f"{PREFIX}-nobody"}])
+
+
+def req_alter_user_scram_credentials(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        deletions=[{"name": f"{PREFIX}-nobody", "mechanism": 2}],
+        upsertions=[
+            {"name": f"{PREFIX}-user-v{v}", "mechanism": 1, "iterations": 4096,
+             "salt": b"0123456789abcdef", "salted_password": bytes(32)},
+        ],
+    )  # fmt: skip
+
+
 def req_describe_topic_partitions(bs: str, v: int) -> dict[str, Any]:
     return dict(
         topics=[{"name": TOPIC}, {"name": MISSING}], response_partition_limit=100, cursor=None
@@ -356,6 +379,10 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     46: req_list_partition_reassignments,
     60: req_describe_cluster,
     75: req_describe_topic_partitions,
+    17: req_sasl_handshake,
+    36: req_sasl_authenticate,
+    50: req_describe_user_scram_credentials,
+    51: req_alter_user_scram_credentials,
 }
 
 CASES = [(k, v) for k, (lo, hi) in sorted(SUPPORTED.items()) for v in range(lo, hi + 1)]

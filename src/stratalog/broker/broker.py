@@ -22,6 +22,8 @@ from stratalog.broker.dispatch import make_dispatch, request_timers
 from stratalog.broker.server import KafkaServer
 from stratalog.broker.stopping import BoundedStop
 from stratalog.config import BrokerConfig
+from stratalog.security.listeners import PLAINTEXT, SSL, Listener
+from stratalog.security.listeners import resolve as resolve_listeners
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +39,56 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+def _tls_context(config: BrokerConfig, listener: Listener):
+    """The TLS context of an SSL or SASL_SSL listener (None for the others). Client
+    certificates are asked for on SSL listeners only, as Kafka does by default."""
+    if not listener.tls:
+        return None
+    from stratalog.security.tls import server_context
+
+    return server_context(config, None if listener.protocol == SSL else "none")
+
+
 class BrokerService:
     """Core plus listener, started and stopped inside one event loop."""
 
     def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
+        """Raises ConfigError for listeners that cannot work (a certificate that is missing or
+        does not match its key, a PLAIN users file that cannot be read)."""
+        listeners = resolve_listeners(config)
+        contexts = [_tls_context(config, listener) for listener in listeners]  # before any thread
         self.core = BrokerCore(data_dir, config)
-        self.server = KafkaServer(
-            make_dispatch(self.core),
-            config["host"],
-            config["port"],
-            config["max_request_bytes"],
-            request_timers(),
-        )
+        dispatch = make_dispatch(self.core)
+        timers = request_timers()
+        self.servers = [
+            KafkaServer(
+                dispatch,
+                listener.host,
+                listener.port,
+                config["max_request_bytes"],
+                timers,
+                listener=listener,
+                ssl_context=context,
+                authenticator=self._authenticators() if listener.sasl else None,
+                sasl_max_bytes=config["sasl.server.max.receive.size"],
+            )
+            for listener, context in zip(listeners, contexts, strict=True)
+        ]
+        self.server = self.servers[0]  # the inter-broker listener: the broker's own address
         self.admin: AdminServer | None = None
+
+    def _authenticators(self):
+        from stratalog.broker.api.versions import handle_api_versions
+        from stratalog.security.sasl import SaslAuthenticator
+
+        config, core = self.core.config, self.core
+        mechanisms = config.sasl_mechanisms
+        reauth_ms = config["connections.max.reauth.ms"]
+
+        def api_versions(req):
+            return handle_api_versions(core, req, None)
+
+        return lambda: SaslAuthenticator(mechanisms, core.credentials, api_versions, reauth_ms)
 
     async def start(self) -> None:
         self.open_storage()
@@ -66,8 +105,18 @@ class BrokerService:
         # A cluster member answers nothing before it has joined: until then it would act as a
         # single node and take writes for logs it does not lead.
         clustered = bool(self.core.config["cluster.etcd"])
-        await self.server.start(serve=not clustered)
+        try:
+            for server in self.servers:
+                await server.start(serve=not clustered)
+        except BaseException:
+            for server in self.servers:
+                await server.stop()
+            raise
         self.core.port = self.server.port
+        self.core.listener = self.server.listener
+        self.core.listeners = {s.listener.name: s.listener for s in self.servers if s.listener}
+        if len(self.servers) > 1 or self.server.listener.protocol != PLAINTEXT:
+            log.info("listening: %s", ", ".join(str(s.listener) for s in self.servers))
         if self.core.config["admin.port"] >= 0:
             self.admin = AdminServer(self.core, self.core.host, self.core.config["admin.port"])
             await self.admin.start()
@@ -76,17 +125,20 @@ class BrokerService:
             try:
                 await self.core.join_cluster()
             except BaseException:
-                await self.server.stop()
+                for server in self.servers:
+                    await server.stop()
                 if self.admin is not None:
                     await self.admin.stop()
                 raise
-            await self.server.serve()
+            for server in self.servers:
+                await server.serve()
         self.core.start_background()
 
     async def stop(self) -> bool:
         """A clean stop, bounded step by step; False if a step was given up (logged)."""
         stop = BoundedStop(STOP_STEP_S)
-        await stop.step("the Kafka listener", self.server.stop())
+        for server in self.servers:
+            await stop.step(f"the Kafka listener {server.listener.name}", server.stop())
         if self.admin is not None:
             await stop.step("the admin endpoint", self.admin.stop())
         return await self.core.close(STOP_STEP_S) and stop.complete
@@ -96,6 +148,17 @@ class BrokerService:
         from stratalog.client.wire import join_host_port
 
         return join_host_port(self.core.advertised_host, self.core.advertised_port)
+
+    @property
+    def bootstraps(self) -> dict[str, str]:
+        """Listener name -> the address clients are told for it."""
+        from stratalog.client.wire import join_host_port
+
+        return {
+            s.listener.name: join_host_port(*s.listener.endpoint)
+            for s in self.servers
+            if s.listener is not None
+        }
 
 
 class Broker:
@@ -125,8 +188,8 @@ class Broker:
         def run() -> None:
             assert self._loop is not None
             asyncio.set_event_loop(self._loop)
-            self.service = BrokerService(self.data_dir, self.config)
             try:
+                self.service = BrokerService(self.data_dir, self.config)
                 self._loop.run_until_complete(self.service.start())
             except BaseException as e:
                 started.set_exception(e)
@@ -167,6 +230,12 @@ class Broker:
     def bootstrap(self) -> str:
         assert self.service is not None, "broker not started"
         return self.service.bootstrap
+
+    @property
+    def bootstraps(self) -> dict[str, str]:
+        """Listener name -> its address (``bootstraps["SASL_SSL"]``)."""
+        assert self.service is not None, "broker not started"
+        return self.service.bootstraps
 
     @property
     def core(self) -> BrokerCore:

@@ -26,6 +26,8 @@ from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
+from stratalog.security.credentials import CredentialStore, read_plain_users
+from stratalog.security.listeners import Listener
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.journal import SLOWEST_SYNC, StorageFailure
@@ -76,6 +78,12 @@ class BrokerCore:
     def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
         self.data_dir = Path(data_dir)
         self.config = config
+        # Who may log in on SASL listeners (a PLAIN users file that cannot be read is a
+        # ConfigError, raised before anything is started).
+        self.credentials = CredentialStore(
+            self.data_dir / "meta" / "scram-credentials.json",
+            read_plain_users(config["sasl.plain.users.file"]),
+        )
         # Before any thread or process is started: they inherit the broker's CPUs.
         sender_cpus = parse_cpus(config["fetch.backlog.sender_cpus"])
         self._broker_cpus = broker_cpus(sender_cpus) if sender_cpus else frozenset()
@@ -182,6 +190,10 @@ class BrokerCore:
         self.disk = DiskGuard(self.store.root, config["storage.min_free_bytes"])
         self.host = config["host"]
         self.port = config["port"]
+        # The inter-broker listener once bound (its advertised address is the broker's), and
+        # every listener by name (broker/broker.py fills them in).
+        self.listener: Listener | None = None
+        self.listeners: dict[str, Listener] = {}
         self._tasks: list[asyncio.Task] = []
         self.admin_address = ""  # host:port of the HTTP admin endpoint, once listening
         self.started_at = time.time()
@@ -189,17 +201,40 @@ class BrokerCore:
     # -- addresses -----------------------------------------------------------------------------
     @property
     def advertised_host(self) -> str:
+        if self.listener is not None:
+            return self.listener.endpoint[0]
         return self.config["advertised.host"] or self.host
 
     @property
     def advertised_port(self) -> int:
+        if self.listener is not None:
+            return self.listener.endpoint[1]
         return self.config["advertised.port"] or self.port
+
+    def endpoint(self, conn) -> tuple[str, int]:
+        """(host, port) this broker is known by to a client on ``conn``: the address of the
+        listener it connected to, as Kafka answers."""
+        listener = getattr(conn, "listener", None)
+        if listener is not None:
+            return listener.endpoint
+        return self.advertised_host, self.advertised_port
+
+    @staticmethod
+    def broker_endpoint(info, conn) -> tuple[str, int]:
+        """(host, port) of cluster member ``info`` (a BrokerInfo) for a client on ``conn``:
+        its listener of the same name, else its registered address."""
+        listener = getattr(conn, "listener", None)
+        if listener is not None and listener.name in info.listeners:
+            host, port = info.listeners[listener.name]
+            return host, port
+        return info.host, info.port
 
     # -- life cycle ----------------------------------------------------------------------------
     def open(self) -> None:
         _raise_fd_limit()
         mkdir_durable(self.data_dir)
         self.metadata.load()
+        self.credentials.load()
         triples = [
             (t.name, i, uid)
             for t in self.metadata.topics.values()
@@ -355,6 +390,7 @@ class BrokerCore:
             self.advertised_host,
             self.advertised_port,
         )
+        node.listeners = {n: x.endpoint for n, x in self.listeners.items()}
         replicator = Replicator(node, self.store, self.config["replica.lag.time.max.ms"])
         try:
             cid = await node.connect(None if self.metadata.fresh else self.metadata.cluster_id)
@@ -364,6 +400,7 @@ class BrokerCore:
             node.replication_port = self.config["cluster.advertised.replication.port"] or bound
             node.on_topic = lambda name, t: self._cluster_topic(node, name, t)
             node.on_change = replicator.reconcile
+            self.credentials.follow_cluster(node)  # SCRAM users are the cluster's, in etcd
             await node.register()
         except BaseException:
             await replicator.close()
@@ -496,16 +533,17 @@ class BrokerCore:
         t = self.metadata.topics.get(topic)
         return t is not None and 0 <= index < len(t.partitions)
 
-    def cluster_coordinator(self, group: str) -> tuple[int, str, int] | None:
+    def cluster_coordinator(self, group: str, conn=None) -> tuple[int, str, int] | None:
         """In a cluster: (node, host, port) of the broker leading the group's offsets
-        partition, which coordinates it (None until the topic and a leader exist)."""
+        partition, which coordinates it (None until the topic and a leader exist); the address
+        of the listener ``conn`` came in on."""
         assert self.cluster is not None
         t = self.metadata.topics.get(OFFSETS_TOPIC)
         if t is None:
             return None
         v = self.cluster.vlog_of(OFFSETS_TOPIC, partition_for(group, len(t.partitions)))
         b = self.cluster.brokers.get(v.primary) if v is not None else None
-        return (b.node_id, b.host, b.port) if b is not None else None
+        return (b.node_id, *self.broker_endpoint(b, conn)) if b is not None else None
 
     def _create_offsets_topic_in_cluster(self) -> None:
         cluster = self.cluster

@@ -18,6 +18,8 @@ from .api import (
     offsets,
     produce,
     reassignments,
+    sasl,
+    scram_users,
 )
 from .api import versions as api_versions
 
@@ -49,6 +51,10 @@ HANDLERS = {
     v.OFFSET_FETCH: groups.handle_offset_fetch,
     v.LIST_GROUPS: groups.handle_list_groups,
     v.DESCRIBE_GROUPS: groups.handle_describe_groups,
+    v.SASL_HANDSHAKE: sasl.handle_sasl_handshake,
+    v.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
+    v.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_users.handle_describe_user_scram_credentials,
+    v.ALTER_USER_SCRAM_CREDENTIALS: scram_users.handle_alter_user_scram_credentials,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)

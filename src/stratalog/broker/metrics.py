@@ -17,6 +17,12 @@ REQUEST_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 PRODUCED_BYTES = Counter("stratalog_produced_bytes", "Record-batch bytes appended")
+SASL_AUTHENTICATIONS = Counter(
+    "stratalog_sasl_authentications",
+    "SASL exchanges on SASL listeners by result: ok, reauthenticated (KIP-368), failed (the "
+    "connection was closed: bad credentials, unknown mechanism, or a request not allowed yet)",
+    ["result"],
+)
 FETCH_SENDFILE_BYTES = Counter(
     "stratalog_fetch_sendfile_bytes", "Fetch bytes sent with sendfile from the page cache"
 )

@@ -21,7 +21,15 @@ from typing import Any
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogAnswer
-from stratalog.protocol.connection import NEED_DATA, KafkaConnection, ProtocolError, Request
+from stratalog.protocol.connection import (
+    NEED_DATA,
+    KafkaConnection,
+    ProtocolError,
+    Request,
+    parse_request,
+)
+from stratalog.security.listeners import Listener
+from stratalog.security.tls import ANONYMOUS, principal_of
 from stratalog.storage.partition import FileSlice
 from stratalog.storage.throttle import PACE_SLACK_S, PACED_TURN_BYTES, ByteRate, PacedResponse
 
@@ -42,6 +50,10 @@ _TURN_BYTES = 256 * 1024
 # Per API key, where a request's latency goes (a histogram's observe); none: not measured.
 Timers = dict[int, Callable[[float], None]]
 
+# Queued after a reply that ends the connection (a failed SASL authentication): once the replies
+# before it are written, the connection closes.
+_CLOSE = object()
+
 
 class ClientConnection(asyncio.Protocol):
     def __init__(
@@ -50,9 +62,27 @@ class ClientConnection(asyncio.Protocol):
         max_request_bytes: int,
         on_close: Callable,
         timers: Timers | None = None,
+        listener: Listener | None = None,
+        authenticator: Any = None,
+        sasl_max_bytes: int = 0,
     ) -> None:
         self._dispatch = dispatch
         self._conn = KafkaConnection(max_request_bytes)
+        self._max_request_bytes = max_request_bytes
+        # The listener this connection came in on (Metadata answers with its address).
+        self.listener = listener
+        # security/sasl.py's SaslAuthenticator on a SASL listener: it takes the frames until
+        # the client has authenticated, with the smaller pre-authentication size limit.
+        self._auth = authenticator
+        if authenticator is not None and sasl_max_bytes > 0:
+            self._conn.max_request_bytes = min(max_request_bytes, sasl_max_bytes)
+        # Who the client is: User:ANONYMOUS, a client certificate's subject, or a SASL user.
+        self.principal = ANONYMOUS
+        # Stored bytes go out by sendfile; not through TLS, where the connection writes copies
+        # (the Fetch handler reads them on the read pool first).
+        self.zero_copy = listener is None or not listener.tls
+        self._closing = False  # a reply that ends the connection is queued
+        self._drain_wait = False  # TLS: an answer's rest waits for resume_writing
         self._queue: deque[Any] = deque()
         # Beside each queued response: when its request arrived and where its latency goes.
         self._started: deque[tuple[float, Callable[[float], None] | None]] = deque()
@@ -81,12 +111,18 @@ class ClientConnection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+        if not self.zero_copy:
+            # TLS: the socket carries records, not our bytes. No sendfile, no corking; with a
+            # verified client certificate (mutual TLS) its subject is the principal.
+            if self._auth is None:
+                self.principal = principal_of(transport.get_extra_info("ssl_object"))
+            return
         sock = transport.get_extra_info("socket")
         self._fd = sock.fileno() if sock is not None else -1
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             self._sock = sock
-        peer = transport.get_extra_info("peername")
-        self.peer = peer[0] if peer else ""
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -115,24 +151,62 @@ class ClientConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._drain_wait:
+            # TLS: the rest of an answer waited for the transport to drain (see _resume).
+            self._drain_wait = False
+            asyncio.get_running_loop().call_soon(self._resume)
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
         try:
             self._conn.receive_data(data)
         except ProtocolError:
             return
-        while not self._closed:
+        while not self._closed and not self._closing:
             try:
-                event = self._conn.next_event()
+                event = self._conn.next_event() if self._auth is None else self._next_sasl()
             except ProtocolError as e:
                 log.info("closing connection from %s: %s", self.peer, e)
                 self.abort()
                 return
             if event is NEED_DATA:
                 break
-            self._start(event)
+            if event is not None:
+                self._start(event)
         self._update_reading()
+
+    def _next_sasl(self) -> Request | Any:
+        """On a SASL listener: the next request for the broker's handlers, ``NEED_DATA``, or
+        None when the authenticator took the frame (and queued its reply)."""
+        frame = self._conn.next_frame()
+        if frame is NEED_DATA:
+            return NEED_DATA
+        auth = self._auth
+        if not auth.active and not auth.takes(frame):
+            if auth.expired():
+                raise ProtocolError(f"the SASL session of {self.principal} expired")
+            return parse_request(frame)
+        reply = auth.receive(frame)
+        if reply.data is not None:
+            self._enqueue(reply.data)
+        if reply.close:
+            metrics.SASL_AUTHENTICATIONS.labels("failed").inc()
+            self._conn.fail()
+            self._closing = True
+            self._enqueue(_CLOSE)
+        elif not auth.active:
+            result = "ok" if auth.sessions == 1 else "reauthenticated"
+            metrics.SASL_AUTHENTICATIONS.labels(result).inc()
+            self.principal = auth.principal
+            self._conn.max_request_bytes = self._max_request_bytes
+        return None
+
+    def _enqueue(self, item: Any) -> None:
+        self._queue.append(item)
+        self._started.append((time.monotonic(), None))
+        self._flush()
 
     # -- request handling ----------------------------------------------------------------------
     def _start(self, request: Request) -> None:
@@ -182,6 +256,9 @@ class ClientConnection(asyncio.Protocol):
             if head is None:
                 continue
             assert transport is not None
+            if head is _CLOSE:
+                transport.close()  # after what is buffered: the failure reply goes out first
+                return
             if isinstance(head, bytes):
                 transport.write(head)
             else:
@@ -355,7 +432,15 @@ class ClientConnection(asyncio.Protocol):
         if rest is None or self._closed:
             return
         self._unsent = None
-        if self.transport is not None and self.transport.get_write_buffer_size() > 0:
+        if self._fd < 0:
+            # No sendfile here (TLS): the transport keeps the order of what is written, so the
+            # rest goes on now, unless the transport is above its high-water mark; then when it
+            # drains (resume_writing).
+            if self._writing_paused:
+                self._unsent = rest
+                self._drain_wait = True
+                return
+        elif self.transport is not None and self.transport.get_write_buffer_size() > 0:
             # The transport still holds bytes before these: let the socket drain first.
             self._wait_writable(rest)
             return
@@ -392,7 +477,7 @@ class ClientConnection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self._closed:
             return
-        should_pause = self._writing_paused or len(self._queue) >= _MAX_QUEUED
+        should_pause = self._writing_paused or len(self._queue) >= _MAX_QUEUED or self._closing
         if should_pause and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True
@@ -451,6 +536,10 @@ class KafkaServer:
         port: int,
         max_request_bytes: int,
         timers: Timers | None = None,
+        listener: Listener | None = None,
+        ssl_context: Any = None,
+        authenticator: Callable[[], Any] | None = None,
+        sasl_max_bytes: int = 0,
     ) -> None:
         self._dispatch = dispatch
         self._timers = timers
@@ -459,24 +548,41 @@ class KafkaServer:
         self._max_request_bytes = max_request_bytes
         self._server: asyncio.Server | None = None
         self.connections: set[ClientConnection] = set()
+        self.listener = listener  # with its bound port once listening
+        self._ssl = ssl_context
+        self._authenticator = authenticator  # a new SaslAuthenticator per connection
+        self._sasl_max_bytes = sasl_max_bytes
 
     async def start(self, serve: bool = True) -> None:
         """Bind the listener (the port is known from here on); with ``serve`` False, accept
         connections only once ``serve()`` is called (a cluster member, after it joined)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: self._track(
-                ClientConnection(
-                    self._dispatch, self._max_request_bytes, self._untrack, self._timers
-                )
-            ),
+            self._connection,
             self.host,
             self.port,
             reuse_address=True,
             backlog=1024,
             start_serving=serve,
+            ssl=self._ssl,
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.listener is not None:
+            self.listener = self.listener.bound(self.port)
+
+    def _connection(self) -> ClientConnection:
+        auth = self._authenticator
+        return self._track(
+            ClientConnection(
+                self._dispatch,
+                self._max_request_bytes,
+                self._untrack,
+                self._timers,
+                listener=self.listener,
+                authenticator=auth() if auth is not None else None,
+                sasl_max_bytes=self._sasl_max_bytes,
+            )
+        )
 
     async def serve(self) -> None:
         assert self._server is not None

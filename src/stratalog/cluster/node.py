@@ -42,6 +42,7 @@ class Keys:
         self.topics = self.root + "topics/"
         self.vlogs = self.root + "vlogs/"
         self.reassignments = self.root + "reassignments/"
+        self.scram = self.root + "scram/"  # one key per user: {mechanism: credential}
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -51,6 +52,9 @@ class Keys:
 
     def topic(self, name: str) -> str:
         return self.topics + name
+
+    def scram_user(self, user: str) -> str:
+        return self.scram + user
 
     def vlog(self, vid: int) -> str:
         return f"{self.vlogs}{vid}"
@@ -67,6 +71,9 @@ class BrokerInfo:
     incarnation: str
     replication_port: int = 0
     lease: int = 0  # its etcd lease, which a peer that saw it die revokes
+    # Listener name -> advertised (host, port): Metadata answers a client with the address of
+    # the listener it connected to (host/port above are the inter-broker listener's).
+    listeners: dict[str, tuple[str, int]] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -132,6 +139,7 @@ class ClusterNode:
         self.port = port
         self.incarnation = uuid.uuid4().hex
         self.replication_port = 0  # where primaries push to this broker (set before register)
+        self.listeners: dict[str, tuple[str, int]] = {}  # advertised, by name (set before register)
         self.store: EtcdStore | None = None
         self.lease: Lease | None = None
         self.cluster_id = ""
@@ -144,6 +152,10 @@ class ClusterNode:
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
         # Called after any change of brokers or virtual logs (replication reconciles itself).
         self.on_change: Callable[[], None] | None = None
+        # Users' SCRAM credentials as etcd holds them (user -> mechanism -> credential JSON),
+        # and who is told when they change (security/credentials.py's store).
+        self.scram: dict[str, dict[str, dict]] = {}
+        self.on_credentials: Callable[[], None] | None = None
         self._watch: asyncio.Task | None = None
         self._renewal: asyncio.Task | None = None
         self._producer_ids: tuple[int, int] = (0, 0)  # [next, limit) of this node's block
@@ -201,6 +213,7 @@ class ClusterNode:
             "port": self.port,
             "incarnation": self.incarnation,
             "replication_port": self.replication_port,
+            "listeners": {n: [h, p] for n, (h, p) in self.listeners.items()},
             "lease": self.lease.id,  # so a peer that sees this process die can end it at once
         }
         key = self.keys.broker(self.node_id)
@@ -303,10 +316,12 @@ class ClusterNode:
         revision = 0
         brokers, topics, vlogs = {}, {}, {}
         self.reassignments = {}
+        self.scram = {}
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
         self.brokers, self.vlogs = brokers, vlogs
+        self._credentials_changed()
         for name in set(self.topics) - set(topics):
             self._topic_changed(name, None)
         for name, t in topics.items():
@@ -315,7 +330,13 @@ class ClusterNode:
 
     def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs, rev: int = 0) -> None:
         k = self.keys
-        if key.startswith(k.reassignments):
+        if key.startswith(k.scram):
+            user = key[len(k.scram) :]
+            if value is None:
+                self.scram.pop(user, None)
+            else:
+                self.scram[user] = json.loads(value)
+        elif key.startswith(k.reassignments):
             topic, _, index = key[len(k.reassignments) :].rpartition("/")
             if value is None:
                 self.reassignments.pop((topic, int(index)), None)
@@ -335,6 +356,7 @@ class ClusterNode:
                     raw["incarnation"],
                     raw.get("replication_port", 0),
                     raw.get("lease", 0),
+                    {n: (h, p) for n, (h, p) in raw.get("listeners", {}).items()},
                 )
         elif key.startswith(k.topics):
             name = key[len(k.topics) :]
@@ -370,6 +392,8 @@ class ClusterNode:
                     if ev.key.startswith(self.keys.topics):
                         name = ev.key[len(self.keys.topics) :]
                         self._topic_changed(name, topics.get(name))
+                    elif ev.key.startswith(self.keys.scram):
+                        self._credentials_changed()
                     else:
                         self._changed()
             except asyncio.CancelledError:
@@ -377,6 +401,52 @@ class ClusterNode:
             except Exception as e:
                 log.warning("cluster watch lost (%s); reading the state again", e)
                 await asyncio.sleep(0.5)
+
+    def _credentials_changed(self) -> None:
+        if self.on_credentials is not None:
+            try:
+                self.on_credentials()
+            except Exception:
+                log.exception("taking over changed SCRAM credentials failed")
+
+    async def alter_scram(
+        self, upserts: list[tuple[str, str, dict]], deletes: list[tuple[str, str]]
+    ) -> None:
+        """Apply AlterUserScramCredentials' changes (credentials as JSON) in one guarded etcd
+        transaction over the users they touch, retried while another broker changes them."""
+        assert self.store is not None
+        users = sorted({u for u, _m, _c in upserts} | {u for u, _m in deletes})
+        for _attempt in range(20):
+            expect: dict[str, int] = {}
+            puts: dict[str, bytes] = {}
+            dels: list[str] = []
+            new: dict[str, dict] = {}
+            for user in users:
+                key = self.keys.scram_user(user)
+                got = await self.store.get(key)
+                expect[key] = got[1] if got is not None else 0
+                mechs = dict(json.loads(got[0])) if got is not None else {}
+                for u, m in deletes:
+                    if u == user:
+                        mechs.pop(m, None)
+                for u, m, cred in upserts:
+                    if u == user:
+                        mechs[m] = cred
+                new[user] = mechs
+                if mechs:
+                    puts[key] = _dump(mechs)
+                elif got is not None:
+                    dels.append(key)
+            if await self.store.txn(expect, puts, dels):
+                for user, mechs in new.items():  # at once here; the watch brings the same
+                    if mechs:
+                        self.scram[user] = mechs
+                    else:
+                        self.scram.pop(user, None)
+                self._credentials_changed()
+                return
+            await asyncio.sleep(0.05)
+        raise ClusterError("SCRAM credentials kept changing under this request; try again")
 
     def _changed(self) -> None:
         if self.on_change is not None:

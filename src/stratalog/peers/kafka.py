@@ -420,8 +420,13 @@ class KafkaBroker:
         startup_timeout: float = 90,
         stop_timeout: float = 30,
         cache_dir: Path | None = None,
+        listeners: Mapping[str, str] | None = None,
     ) -> None:
         self.properties = {k: str(v) for k, v in (properties or {}).items()}
+        # More client listeners beside PLAINTEXT: name -> security protocol (SSL, SASL_SSL,
+        # ...), each on a free port; their settings (keystores, JAAS) go in ``properties``.
+        self.extra_listeners = dict(listeners or {})
+        self.listener_ports: dict[str, int] = {}
         self.heap = heap
         self.keep = keep
         self.startup_timeout = startup_timeout
@@ -454,19 +459,30 @@ class KafkaBroker:
         assert self.log_dir is not None, "broker not started"
         return self.log_dir / "console.log"
 
+    @property
+    def bootstraps(self) -> dict[str, str]:
+        """Listener name -> 127.0.0.1:port, PLAINTEXT and the extra listeners."""
+        return {"PLAINTEXT": self.bootstrap} | {
+            name: f"127.0.0.1:{port}" for name, port in self.listener_ports.items()
+        }
+
     def _server_properties(self) -> dict[str, str]:
         assert self.log_dir is not None
+        extra = "".join(f",{n}://127.0.0.1:{p}" for n, p in self.listener_ports.items())
+        protocols = "".join(f",{n}:{self.extra_listeners[n]}" for n in self.listener_ports)
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": (
                 f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+                + extra
             ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}" + extra,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+            + protocols,
             "log.dirs": str(self.log_dir / "data"),
             **self.DEFAULTS,
         }
@@ -483,6 +499,14 @@ class KafkaBroker:
         self.port, self.controller_port = _free_port(), _free_port()
         while self.controller_port == self.port:
             self.controller_port = _free_port()
+        taken = {self.port, self.controller_port}
+        self.listener_ports = {}
+        for name in self.extra_listeners:
+            port = _free_port()
+            while port in taken:
+                port = _free_port()
+            taken.add(port)
+            self.listener_ports[name] = port
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.cluster_id = _random_cluster_id()
 

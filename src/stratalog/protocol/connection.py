@@ -132,7 +132,10 @@ class KafkaConnection:
         self._more.clear()
         self._more_len = 0
 
-    def next_event(self) -> Request | Any:
+    def next_frame(self) -> memoryview | Any:
+        """The next whole frame (without its size prefix), or ``NEED_DATA``; raises
+        ``ProtocolError`` for a size prefix outside ``0..max_request_bytes``, before any of the
+        frame is kept. The view is valid until the next call."""
         avail = self.buffered
         if avail < 4:
             return NEED_DATA
@@ -149,10 +152,19 @@ class KafkaConnection:
         if len(self._buf) - self._pos < 4 + size:
             self._coalesce()
         start = self._pos + 4
-        frame = memoryview(self._buf)[start : start + size]
         self._pos = start + size
+        return memoryview(self._buf)[start : start + size]
+
+    def next_event(self) -> Request | Any:
+        frame = self.next_frame()
+        if frame is NEED_DATA:
+            return NEED_DATA
         try:
             return parse_request(frame)
         except ProtocolError:
             self._closed = True
             raise
+
+    def fail(self) -> None:
+        """The connection is ending: no more data is accepted."""
+        self._closed = True

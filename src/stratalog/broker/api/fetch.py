@@ -43,10 +43,10 @@ def _resolve_topic(core, req: Request, ft) -> tuple[str, uuid.UUID | None, objec
     return ft.topic, t.topic_id if t else None, t, "UNKNOWN_TOPIC_OR_PARTITION"
 
 
-def _leader_endpoints(core, topics: list) -> list[tuple[int, str, int]]:
+def _leader_endpoints(core, topics: list, conn) -> list[tuple[int, str, int]]:
     """KIP-951: the endpoints of the leaders that refused partitions name (error path only)."""
     named = leader_hints.named_leaders(r for _name, _tid, results in topics for r in results)
-    return leader_hints.endpoints(core, named)
+    return leader_hints.endpoints(core, named, conn)
 
 
 def _gather(core, req: Request, plan, max_bytes: int):
@@ -177,20 +177,29 @@ def _named(e: OSError, segment) -> OSError:
 
 
 def _read_cold(
-    parts: list, ahead: int, direct: DirectReader | None, loader: BacklogLoader
+    parts: list,
+    ahead: int,
+    direct: DirectReader | None,
+    loader: BacklogLoader,
+    copy: bool = False,
 ) -> str | None:
     """Make one partition's answer sendable without the disk (on the read pool): its slices
     are loaded into the page cache and stay slices (sent with sendfile), or, with direct reads
     or where a page is gone again, replaced by their bytes; returns an error text instead if the
-    storage fails."""
+    storage fails. With ``copy`` (a TLS connection, which cannot sendfile) every slice is
+    replaced by its bytes."""
     failure = None
-    if direct is None:
+    # (A TLS answer's slices already in the page cache are copied as they are; the others are
+    # loaded the backlog's way first, so a TLS catch-up keeps the same I/O isolation.)
+    if direct is None and not (
+        copy and all(p.resident() for p in parts if isinstance(p, FileSlice))
+    ):
         try:
             _load(parts, ahead, loader)
         except OSError as e:
             failure = str(e)
     for i, p in enumerate(parts):
-        if not isinstance(p, FileSlice) or (failure is None and p.resident()):
+        if not isinstance(p, FileSlice) or (failure is None and not copy and p.resident()):
             continue  # memory, or a slice in the page cache: sent with sendfile
         if failure is None:
             try:
@@ -251,8 +260,11 @@ async def handle_fetch(core, req: Request, conn):
     history = any(not _at_tail(rr) and _file_bytes(rr.parts) for rr in reads)
     budget = core.backlog_rate
     sender = core.backlog_sender
+    # Over TLS nothing goes out by sendfile: every slice is read on the read pool instead.
+    copy = not getattr(conn, "zero_copy", True)
     if (
         history
+        and not copy
         and sender is not None
         and (budget.rate <= 0 or core.backlog_pacer is None)
         and sender.takes([p for rr in reads for p in rr.parts])
@@ -267,12 +279,12 @@ async def handle_fetch(core, req: Request, conn):
             topics,
             session_id=0,
             read_committed=read_committed,
-            node_endpoints=_leader_endpoints(core, topics) if errors and v >= 16 else None,
+            node_endpoints=_leader_endpoints(core, topics, conn) if errors and v >= 16 else None,
         )
         return BacklogAnswer(parts, sender)
     # Slices already in the page cache stay slices (the connection sends them with sendfile);
     # cold ones are read on the bounded read pool, never on the event loop.
-    cold = [rr.parts for rr in reads if not _resident(rr.parts)]
+    cold = [rr.parts for rr in reads if (copy and _file_bytes(rr.parts)) or not _resident(rr.parts)]
     paced = budget.rate > 0 and history
     ahead = core.config["fetch.read_ahead.bytes"]
     started: list[concurrent.futures.Future] = []
@@ -280,7 +292,7 @@ async def handle_fetch(core, req: Request, conn):
     def read(parts: list) -> asyncio.Future:
         started.append(
             core.read_executor.submit(
-                _read_cold, parts, ahead, core.direct_reader, core.backlog_loader
+                _read_cold, parts, ahead, core.direct_reader, core.backlog_loader, copy
             )
         )
         return asyncio.wrap_future(started[-1])
@@ -294,7 +306,8 @@ async def handle_fetch(core, req: Request, conn):
             ahead = min(ahead, max(_MIN_PACED_AHEAD, int(budget.rate * 0.02)))
             failures = []
             for parts in cold:
-                await budget.admit(_file_bytes(parts))
+                if not (copy and _resident(parts)):  # (TLS copies of the page cache: unpaced)
+                    await budget.admit(_file_bytes(parts))
                 failures.append(await read(parts))
         else:
             # One task per partition: a Fetch over many partitions of history reads them at once.
@@ -330,7 +343,7 @@ async def handle_fetch(core, req: Request, conn):
         topics,
         session_id=0,
         read_committed=read_committed,
-        node_endpoints=_leader_endpoints(core, topics) if errors and v >= 16 else None,
+        node_endpoints=_leader_endpoints(core, topics, conn) if errors and v >= 16 else None,
     )
     if paced:
         # History goes to the socket at the budget's rate, a piece per turn of the loop

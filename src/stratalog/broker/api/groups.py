@@ -22,8 +22,7 @@ def handle_find_coordinator(core, req: Request, conn) -> bytes:
     error = NONE if key_type == GROUP_KEY else err("INVALID_REQUEST")
     message = None if key_type == GROUP_KEY else "transactions are not supported"
     node = core.node_id if key_type == GROUP_KEY else -1
-    host = core.advertised_host if key_type == GROUP_KEY else ""
-    port = core.advertised_port if key_type == GROUP_KEY else -1
+    host, port = core.endpoint(conn) if key_type == GROUP_KEY else ("", -1)
     if key_type == GROUP_KEY:
         # As Kafka: a group's coordinator is the leader of its offsets topic partition, so the
         # first lookup creates __consumer_offsets (Kafka answers COORDINATOR_NOT_AVAILABLE
@@ -35,7 +34,7 @@ def handle_find_coordinator(core, req: Request, conn) -> bytes:
             pass  # COORDINATOR_NOT_AVAILABLE below, until the topic exists
     if core.cluster is not None and key_type == GROUP_KEY:
         keys = body.coordinator_keys if req.api_version >= 4 else [body.key]
-        found = {k: core.cluster_coordinator(k) for k in keys}
+        found = {k: core.cluster_coordinator(k, conn) for k in keys}
         if req.api_version >= 4:
             return reply(req, coordinators=tuple(_coordinator(req, k, found[k]) for k in keys))
         node, host, port = found[body.key] or (-1, "", -1)

@@ -27,8 +27,9 @@ def current_leader(core, topic: str, index: int) -> tuple[int, int] | None:
     return (v.primary if v.primary in cluster.brokers else -1), v.epoch
 
 
-def endpoints(core, leaders: Iterable[int]) -> list[tuple[int, str, int]]:
-    """(node id, host, port) of each live broker among ``leaders``, by node id."""
+def endpoints(core, leaders: Iterable[int], conn=None) -> list[tuple[int, str, int]]:
+    """(node id, host, port) of each live broker among ``leaders``, by node id (the address of
+    the listener ``conn`` came in on)."""
     cluster = core.cluster
     out = []
     for node in sorted(set(leaders)):
@@ -36,11 +37,11 @@ def endpoints(core, leaders: Iterable[int]) -> list[tuple[int, str, int]]:
             continue
         if cluster is None:
             if node == core.node_id:
-                out.append((node, core.advertised_host, core.advertised_port))
+                out.append((node, *core.endpoint(conn)))
             continue
         b = cluster.brokers.get(node)
         if b is not None:
-            out.append((node, b.host, b.port))
+            out.append((node, *core.broker_endpoint(b, conn)))
     return out
 
 

@@ -142,7 +142,7 @@ def handle_metadata(core, req: Request, conn) -> bytes:
                 topics.append(_topic(core, req, t, ops))
     brokers = tuple(
         sub(req, "MetadataResponseBroker", node_id=n, host=h, port=p, rack=None)
-        for n, h, p in _brokers(core)
+        for n, h, p in _brokers(core, conn)
     )
     return reply(
         req,
@@ -156,11 +156,15 @@ def handle_metadata(core, req: Request, conn) -> bytes:
     )
 
 
-def _brokers(core) -> list[tuple[int, str, int]]:
-    """(node id, host, port) of every live broker: this one alone, or the cluster's."""
+def _brokers(core, conn) -> list[tuple[int, str, int]]:
+    """(node id, host, port) of every live broker: this one alone, or the cluster's; the
+    address of the listener the client connected to, as Kafka answers."""
     if core.cluster is None:
-        return [(core.node_id, core.advertised_host, core.advertised_port)]
-    return [(b.node_id, b.host, b.port) for _n, b in sorted(core.cluster.brokers.items())]
+        return [(core.node_id, *core.endpoint(conn))]
+    return [
+        (b.node_id, *core.broker_endpoint(b, conn))
+        for _n, b in sorted(core.cluster.brokers.items())
+    ]
 
 
 def _controller(core) -> int:
@@ -173,7 +177,7 @@ def _controller(core) -> int:
 def handle_describe_cluster(core, req: Request, conn) -> bytes:
     brokers = tuple(
         sub(req, "DescribeClusterBroker", broker_id=n, host=h, port=p, rack=None)
-        for n, h, p in _brokers(core)
+        for n, h, p in _brokers(core, conn)
     )
     return reply(
         req,

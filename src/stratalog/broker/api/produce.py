@@ -75,7 +75,7 @@ def handle_produce(core, req: Request, conn):
             core, req, results, acks, conn, "KAFKA_STORAGE_ERROR", core.disk.reason()
         )
     hints = req.api_version >= 10  # KIP-951: a refused partition names its leader
-    pending = _Pending(req, results, core, hints) if acks == -1 else None
+    pending = _Pending(req, results, core, hints, conn) if acks == -1 else None
     writes = WriteBatch()
     appended: list[tuple[PartitionLog, AppendResult, PartitionProduceResult, int, bool]] = []
     try:
@@ -119,7 +119,7 @@ def handle_produce(core, req: Request, conn):
             req.api_version,
             req.correlation_id,
             results,
-            node_endpoints=_leader_endpoints(core, results) if any_error and hints else None,
+            node_endpoints=_leader_endpoints(core, results, conn) if any_error and hints else None,
         )
     else:
         answer = pending.future
@@ -131,9 +131,9 @@ def handle_produce(core, req: Request, conn):
     return answer
 
 
-def _leader_endpoints(core, results: list) -> list[tuple[int, str, int]]:
+def _leader_endpoints(core, results: list, conn=None) -> list[tuple[int, str, int]]:
     return leader_hints.endpoints(
-        core, leader_hints.named_leaders(r for _name, parts in results for r in parts)
+        core, leader_hints.named_leaders(r for _name, parts in results for r in parts), conn
     )
 
 
@@ -262,10 +262,13 @@ class _Pending:
     completed (with the response) by the last partition to become durable or visible, or by the
     request's own timeout, whichever comes first: no answer waits for what may never happen."""
 
-    __slots__ = ("core", "future", "hinted", "hints", "left", "req", "results", "timer", "waiting")
+    __slots__ = (
+        "conn", "core", "future", "hinted", "hints", "left", "req", "results", "timer", "waiting"
+    )  # fmt: skip
 
-    def __init__(self, req: Request, results: list, core, hints: bool) -> None:
+    def __init__(self, req: Request, results: list, core, hints: bool, conn=None) -> None:
         self.req = req
+        self.conn = conn  # the client's connection: hints name its listener's addresses
         self.results = results
         self.core = core
         self.hints = hints  # v10+: a partition refused as not led names its leader (KIP-951)
@@ -353,7 +356,7 @@ class _Pending:
             endpoints = None
             if self.hinted and self.hints:
                 # Only on the error path: partitions refused at append time or deposed since.
-                endpoints = _leader_endpoints(self.core, self.results)
+                endpoints = _leader_endpoints(self.core, self.results, self.conn)
             self.future.set_result(
                 encode_produce_response(
                     self.req.api_version,
