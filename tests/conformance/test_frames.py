@@ -221,6 +221,22 @@ def req_delete_topics(bs: str, v: int) -> dict[str, Any]:
     )
 
 
+def req_delete_records(bs: str, v: int) -> dict[str, Any]:
+    name = _v("delete-records", v)
+    assert wire.create_topic(bs, name, 2) == 0
+    batch = build_batch([(b"k", b"v", BASE_TS), (b"k2", b"v2", BASE_TS + 1), (b"k3", b"", BASE_TS)])
+    assert wire.produce(bs, name, 0, batch)["error_code"] == 0
+    return dict(
+        topics=[
+            {"name": name, "partitions": [{"partition_index": 0, "offset": 1},
+                                          {"partition_index": 1, "offset": 1},
+                                          {"partition_index": 4, "offset": 0}]},
+            {"name": MISSING, "partitions": [{"partition_index": 0, "offset": -1}]},
+        ],
+        timeout=10000,
+    )  # fmt: skip
+
+
 def req_init_producer_id(bs: str, v: int) -> dict[str, Any]:
     return dict(transactional_id=None, transaction_timeout=60000, producer_id=-1, producer_epoch=-1)
 
@@ -345,6 +361,7 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     18: req_api_versions,
     19: req_create_topics,
     20: req_delete_topics,
+    21: req_delete_records,
     22: req_init_producer_id,
     23: req_offset_for_leader_epoch,
     32: req_describe_configs,

@@ -11,6 +11,7 @@ import logging
 import resource
 import time
 import uuid
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -301,6 +302,7 @@ class BrokerCore:
             try:
                 self.run_retention()
                 self.expire_producers()
+                self.apply_cluster_log_starts()  # (a replica that caught up moves further)
             except Exception:
                 log.exception("retention failed")
 
@@ -378,13 +380,21 @@ class BrokerCore:
             mover.reconcile()
 
         node.on_change = changed
-        # A broker that starts leading offsets partitions takes the commits replicated to it.
-        replicator.on_lead = self.offsets.load
+
+        # A broker that starts leading offsets partitions takes the commits replicated to it;
+        # one that starts leading any partition takes the log starts its leader moved.
+        def led() -> None:
+            self.apply_cluster_log_starts()
+            self.offsets.load()
+
+        replicator.on_lead = led
+        node.on_log_start = self.apply_cluster_log_starts
         ClusterTiers(replicator, self.store, self.migrator)  # only primaries pick segments
         self.cluster = node
         self.replicator = replicator
         self.controller = controller
         self.mover = mover
+        self.apply_cluster_log_starts()  # (what etcd held when this broker joined)
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
@@ -415,6 +425,7 @@ class BrokerCore:
                 p.inherited_end, p.inherited_epochs = inherited[0], list(inherited[1])
         if moved and name == OFFSETS_TOPIC:
             self.offsets.load()  # its partitions are other logs now
+        self.apply_cluster_log_starts()  # (partitions added here take their log starts)
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""
@@ -554,3 +565,47 @@ class BrokerCore:
 
     def delete_records(self, p: PartitionLog, before: int) -> None:
         self.store.delete_records(p.uid, before)
+
+    # -- DeleteRecords -------------------------------------------------------------------------
+    def move_log_starts(self, moves: dict[tuple[str, int], int]) -> Awaitable[None] | None:
+        """Move the log starts of partitions this broker leads (DeleteRecords), durably, here
+        and now. In a cluster, also returns the recording of the new starts in etcd, from where
+        every replica of each partition applies them (``apply_cluster_log_starts``)."""
+        by_uid: dict[int, int] = {}
+        for (topic, index), start in moves.items():
+            p = self.partition(topic, index)
+            if p is not None:
+                by_uid[p.uid] = start
+        self.store.move_log_starts(by_uid)
+        if self.cluster is None:
+            return None
+        by_topic: dict[str, dict[int, int]] = {}
+        for topic, index in moves:
+            p = self.partition(topic, index)
+            if p is not None:
+                by_topic.setdefault(topic, {})[index] = p.log_start_offset
+        cluster = self.cluster
+        return asyncio.gather(
+            *(
+                cluster.record_log_starts(topic, self.metadata.topics[topic].topic_id, starts)
+                for topic, starts in by_topic.items()
+            )
+        )
+
+    def apply_cluster_log_starts(self) -> None:
+        """In a cluster: move the log starts of the partitions replicated here to where their
+        leaders moved them (DeleteRecords, as etcd holds them). A replica that has not got the
+        records up to there yet moves as far as it has them and further at a later call (at
+        each change, with retention, and when it starts leading)."""
+        if self.cluster is None:
+            return
+        by_uid: dict[int, int] = {}
+        for (topic, index), (topic_id, start) in self.cluster.log_starts.items():
+            t = self.metadata.topics.get(topic)
+            if t is None or t.topic_id != topic_id or not 0 <= index < len(t.partitions):
+                continue  # (a deleted topic's, or one not known here yet)
+            p = self.store.partitions.get(t.partitions[index])
+            if p is not None and p.log_start_offset < start:
+                by_uid[p.uid] = start
+        if by_uid:
+            self.store.move_log_starts(by_uid, up_to="next_offset")

@@ -9,6 +9,7 @@ from stratalog.protocol import versions as v
 
 from .api import (
     admin,
+    delete_records,
     elections,
     fetch,
     groups,
@@ -33,6 +34,7 @@ HANDLERS = {
     v.OFFSET_FOR_LEADER_EPOCH: offsets.handle_offset_for_leader_epoch,
     v.CREATE_TOPICS: admin.handle_create_topics,
     v.DELETE_TOPICS: admin.handle_delete_topics,
+    v.DELETE_RECORDS: delete_records.handle_delete_records,
     v.CREATE_PARTITIONS: admin.handle_create_partitions,
     v.DESCRIBE_CONFIGS: admin.handle_describe_configs,
     v.DESCRIBE_LOG_DIRS: log_dirs.handle_describe_log_dirs,

@@ -42,6 +42,7 @@ class Keys:
         self.topics = self.root + "topics/"
         self.vlogs = self.root + "vlogs/"
         self.reassignments = self.root + "reassignments/"
+        self.log_starts = self.root + "logstarts/"
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -57,6 +58,9 @@ class Keys:
 
     def reassignment(self, topic: str, index: int) -> str:
         return f"{self.reassignments}{topic}/{index}"
+
+    def log_start(self, topic: str, index: int) -> str:
+        return f"{self.log_starts}{topic}/{index}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,10 @@ class ClusterNode:
         self.vlogs: dict[int, VirtualLogState] = {}
         # (topic, partition) -> its reassignment in flight (or just done), as etcd holds it.
         self.reassignments: dict[tuple[str, int], Reassignment] = {}
+        # (topic, partition) -> (topic id, log start) a leader moved it to (DeleteRecords).
+        self.log_starts: dict[tuple[str, int], tuple[uuid.UUID, int]] = {}
+        # Called when ``log_starts`` changed (replicas move their log starts after it).
+        self.on_log_start: Callable[[], None] | None = None
         # Called with (name, topic or None) when a topic appears, changes or goes away.
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
         # Called after any change of brokers or virtual logs (replication reconciles itself).
@@ -300,6 +308,7 @@ class ClusterNode:
         revision = 0
         brokers, topics, vlogs = {}, {}, {}
         self.reassignments = {}
+        self.log_starts = {}
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
@@ -308,6 +317,7 @@ class ClusterNode:
             self._topic_changed(name, None)
         for name, t in topics.items():
             self._topic_changed(name, t)
+        self._log_starts_changed()
         return revision
 
     def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs, rev: int = 0) -> None:
@@ -319,6 +329,13 @@ class ClusterNode:
             else:
                 r = Reassignment.from_json(topic, int(index), json.loads(value), rev)
                 self.reassignments[(topic, int(index))] = r
+        elif key.startswith(k.log_starts):
+            topic, _, index = key[len(k.log_starts) :].rpartition("/")
+            if value is None:
+                self.log_starts.pop((topic, int(index)), None)
+            else:
+                raw = json.loads(value)
+                self.log_starts[(topic, int(index))] = (uuid.UUID(raw["id"]), int(raw["start"]))
         elif key.startswith(k.brokers):
             node = int(key[len(k.brokers) :])
             if value is None:
@@ -367,6 +384,8 @@ class ClusterNode:
                     if ev.key.startswith(self.keys.topics):
                         name = ev.key[len(self.keys.topics) :]
                         self._topic_changed(name, topics.get(name))
+                    elif ev.key.startswith(self.keys.log_starts):
+                        self._log_starts_changed()
                     else:
                         self._changed()
             except asyncio.CancelledError:
@@ -374,6 +393,13 @@ class ClusterNode:
             except Exception as e:
                 log.warning("cluster watch lost (%s); reading the state again", e)
                 await asyncio.sleep(0.5)
+
+    def _log_starts_changed(self) -> None:
+        if self.on_log_start is not None:
+            try:
+                self.on_log_start()
+            except Exception:
+                log.exception("moving log starts failed")
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -459,15 +485,43 @@ class ClusterNode:
         got = await self.store.get(self.keys.topic(name))
         if got is None:
             return False
-        # Its reassignments go with it.
+        # Its reassignments and moved log starts go with it.
         prefix = f"{self.keys.reassignments}{name}/"
         moving = [k for k, _v, _r in await self.store.get_prefix(prefix)]
+        starts = f"{self.keys.log_starts}{name}/"
+        moving += [k for k, _v, _r in await self.store.get_prefix(starts)]
         ok = await self.store.txn(
             {self.keys.topic(name): got[1]}, {}, [self.keys.topic(name), *moving]
         )
         if ok:
             self._topic_changed(name, None)
         return ok
+
+    async def record_log_starts(
+        self, topic: str, topic_id: uuid.UUID, starts: dict[int, int]
+    ) -> bool:
+        """Record that the leader moved these partitions' log starts (partition index ->
+        offset) forward (DeleteRecords), in one transaction guarded by the topic (same id) and
+        each start's key; a start is never moved back. False if the topic is gone."""
+        assert self.store is not None
+        topic_key = self.keys.topic(topic)
+        while True:
+            got_topic = await self.store.get(topic_key)
+            if got_topic is None or json.loads(got_topic[0])["id"] != str(topic_id):
+                return False
+            expect = {topic_key: got_topic[1]}
+            puts: dict[str, bytes] = {}
+            for index, start in sorted(starts.items()):
+                key = self.keys.log_start(topic, index)
+                got = await self.store.get(key)
+                if got is not None:
+                    raw = json.loads(got[0])
+                    if raw["id"] == str(topic_id) and int(raw["start"]) >= start:
+                        continue
+                expect[key] = got[1] if got is not None else 0
+                puts[key] = _dump({"id": str(topic_id), "start": start})
+            if not puts or await self.store.txn(expect, puts):
+                return True
 
     async def allocate_producer_id(self) -> int:
         """A cluster-unique producer id, from blocks this node takes from etcd."""

@@ -1,0 +1,174 @@
+"""The admin APIs that change state in a three-broker cluster on a real etcd.
+
+DeleteRecords: the leader moves a partition's log start and records it in etcd, from where
+every replica applies it, so the brokers' partition states agree, a replica that was down (and
+behind) takes it when it is back and has the records, and a new leader after a failover answers
+with the same log start.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.admin import KafkaAdminClient
+from kafka.structs import TopicPartition as KpTopicPartition
+
+from stratalog.cluster.local_cluster import BrokerProc, LocalCluster
+
+from ..conformance import wire
+from .waits import until
+
+pytestmark = pytest.mark.timeout(600)
+
+NOT_LEADER = 6
+OFFSET_OUT_OF_RANGE = 1
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(
+        tmp_path_factory.mktemp("admin") / "c",
+        brokers=3,
+        settings={"replica.lag.time.max.ms": "3000", "retention.check.interval.ms": "500"},
+    )
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _metadata(bootstrap: str, name: str) -> dict[str, Any]:
+    return wire.call(
+        bootstrap, 3, 12, topics=[{"name": name, "topic_id": None}],
+        allow_auto_topic_creation=False, include_topic_authorized_operations=False,
+    )["topics"][0]  # fmt: skip
+
+
+def _in_sync(cluster: LocalCluster, name: str, partitions: int) -> dict[str, Any]:
+    def check():
+        t = _metadata(_live(cluster)[0].bootstrap, name)
+        parts = t["partitions"]
+        ok = len(parts) == partitions and all(
+            len(p["isr_nodes"]) == 3 and p["leader_id"] >= 0 for p in parts
+        )
+        return t if ok else None
+
+    return until(check, f"{name} in sync on three brokers", timeout=60)
+
+
+def _live(cluster: LocalCluster) -> list[BrokerProc]:
+    return [b for b in cluster.brokers if b.pid]
+
+
+def _broker(cluster: LocalCluster, node_id: int) -> BrokerProc:
+    return next(b for b in cluster.brokers if b.node_id == node_id)
+
+
+def _leader(cluster: LocalCluster, name: str, partition: int) -> BrokerProc:
+    def check():
+        t = _metadata(_live(cluster)[0].bootstrap, name)
+        p = next(p for p in t["partitions"] if p["partition_index"] == partition)
+        live = {b.node_id for b in _live(cluster)}
+        return p["leader_id"] if p["leader_id"] in live else None
+
+    return _broker(cluster, until(check, f"a live leader of {name}-{partition}", timeout=60))
+
+
+def _produce(bootstrap: str, name: str, partitions: int, per_partition: int, tag: str) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 2})
+    failed: list[str] = []
+
+    def acked(err, _msg) -> None:
+        if err is not None:
+            failed.append(err.name())
+
+    for i in range(per_partition):
+        for part in range(partitions):
+            p.produce(name, b"%s-%d" % (tag.encode(), i), partition=part, on_delivery=acked)
+    assert p.flush(60) == 0 and not failed, failed
+
+
+def _delete(bootstrap: str, name: str, partition: int, offset: int) -> dict[str, Any]:
+    wanted = {"name": name, "partitions": [{"partition_index": partition, "offset": offset}]}
+    r = wire.call(bootstrap, 21, 2, timeout=10000, topics=[wanted])
+    return r["topics"][0]["partitions"][0]
+
+
+def _earliest(bootstrap: str, name: str, partition: int) -> dict[str, Any]:
+    return wire.list_offset(bootstrap, name, partition, -2)
+
+
+def _starts(b: BrokerProc, uids: list[int]) -> dict[int, int]:
+    """The partitions' log starts as the broker's partition-state.json holds them."""
+    raw = json.loads((b.data_dir / "logs" / "partition-state.json").read_text())
+    parts = raw.get("partitions", raw)
+    return {u: parts.get(str(u), {}).get("start", 0) for u in uids}
+
+
+def _uids(cluster: LocalCluster, name: str) -> list[int]:
+    meta = json.loads((cluster.brokers[0].data_dir / "meta" / "cluster.json").read_text())
+    return list(meta["topics"][name]["partitions"])
+
+
+def test_delete_records_moves_every_replicas_log_start(cluster):
+    name = "dr"
+    first = cluster.brokers[0].bootstrap
+    admin = AdminClient({"bootstrap.servers": first})  # (kept alive until the result)
+    admin.create_topics([NewTopic(name, 2, 3)])[name].result(30)
+    _in_sync(cluster, name, 2)
+    _produce(cluster.bootstrap, name, 2, 10, "a")
+    leader = _leader(cluster, name, 0)
+    follower = next(b for b in cluster.brokers if b.node_id != leader.node_id)
+
+    # Only the leader moves it; a follower answers NOT_LEADER_OR_FOLLOWER.
+    assert _delete(follower.bootstrap, name, 0, 4) == {
+        "partition_index": 0, "low_watermark": -1, "error_code": NOT_LEADER}  # fmt: skip
+    assert _delete(leader.bootstrap, name, 0, 4)["low_watermark"] == 4
+    # kafka-python's admin client finds the leader itself.
+    kp = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30000)
+    try:
+        got = kp.delete_records({KpTopicPartition(name, 1): 3})
+        assert got[KpTopicPartition(name, 1)]["low_watermark"] == 3
+    finally:
+        kp.close()
+    uids = _uids(cluster, name)
+    until(
+        lambda: all(
+            _starts(b, uids) == dict(zip(uids, [4, 3], strict=True)) for b in cluster.brokers
+        ),
+        "every replica's partition state at the moved starts",
+    )
+
+    # A replica that is down meanwhile, and behind, takes it once back and caught up.
+    other = next(b for b in cluster.brokers if b.node_id not in (leader.node_id,))
+    cluster.stop_broker(other)
+    _produce(leader.bootstrap, name, 2, 10, "b")  # offsets 10-19, which ``other`` lacks
+    assert _delete(_leader(cluster, name, 0).bootstrap, name, 0, 15)["low_watermark"] == 15
+    cluster.start_broker(other)
+    _in_sync(cluster, name, 2)
+    until(
+        lambda: all(_starts(b, uids)[uids[0]] == 15 for b in cluster.brokers),
+        "the restarted replica's log start at 15",
+    )
+
+    # The leader dies: the new one answers with the same log start.
+    leader = _leader(cluster, name, 0)
+    cluster.stop_broker(leader, signal.SIGKILL)
+    new = _leader(cluster, name, 0)
+    assert new.node_id != leader.node_id
+    assert until(lambda: _earliest(new.bootstrap, name, 0)["error_code"] == 0, "new leader")
+    assert _earliest(new.bootstrap, name, 0)["offset"] == 15
+    assert _earliest(new.bootstrap, name, 1)["offset"] == 3
+    assert wire.fetch(new.bootstrap, name, 0, 14)["error_code"] == OFFSET_OUT_OF_RANGE
+    assert wire.fetch(new.bootstrap, name, 0, 15)["error_code"] == 0
+    cluster.start_broker(leader)
+    _in_sync(cluster, name, 2)
+    time.sleep(1.0)
+    assert all(_starts(b, uids)[uids[0]] == 15 for b in cluster.brokers)
