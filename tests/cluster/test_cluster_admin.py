@@ -1,5 +1,9 @@
 """The admin APIs that change state in a three-broker cluster on a real etcd.
 
+DeleteGroups and OffsetDelete: only the group's coordinator answers (the others say
+NOT_COORDINATOR); the tombstones replicate with ``__consumer_offsets``, so the coordinator's
+successor after a kill -9 knows the offsets are gone.
+
 DeleteRecords: the leader moves a partition's log start and records it in etcd, from where
 every replica applies it, so the brokers' partition states agree, a replica that was down (and
 behind) takes it when it is back and has the records, and a new leader after a failover answers
@@ -172,3 +176,84 @@ def test_delete_records_moves_every_replicas_log_start(cluster):
     _in_sync(cluster, name, 2)
     time.sleep(1.0)
     assert all(_starts(b, uids)[uids[0]] == 15 for b in cluster.brokers)
+
+
+def _coordinator(cluster: LocalCluster, group: str) -> BrokerProc:
+    def check():
+        r = wire.call(_live(cluster)[0].bootstrap, 10, 4, key_type=0, coordinator_keys=[group])
+        c = r["coordinators"][0]
+        live = {b.node_id for b in _live(cluster)}
+        return c["node_id"] if c["error_code"] == 0 and c["node_id"] in live else None
+
+    return _broker(cluster, until(check, f"the coordinator of {group}", timeout=60))
+
+
+def _commit(cluster: LocalCluster, group: str, topic: str, offset: int) -> None:
+    part = {"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1,
+            "committed_metadata": ""}  # fmt: skip
+
+    def check():
+        r = wire.call(
+            _coordinator(cluster, group).bootstrap, 8, 9, group_id=group,
+            generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+            topics=[{"name": topic, "partitions": [part]}],
+        )  # fmt: skip
+        return r["topics"][0]["partitions"][0]["error_code"] == 0
+
+    until(check, f"a commit of {group}", timeout=60)
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    r = wire.call(bootstrap, 9, 9, require_stable=False, groups=[
+        {"group_id": group, "member_id": None, "member_epoch": -1,
+         "topics": [{"name": topic, "partition_indexes": [0]}]}])  # fmt: skip
+    return r["groups"][0]["topics"][0]["partitions"][0]["committed_offset"]
+
+
+def _offset_delete(bootstrap: str, group: str, topic: str) -> dict[str, Any]:
+    r = wire.call(bootstrap, 47, 0, group_id=group,
+                  topics=[{"name": topic, "partitions": [{"partition_index": 0}]}])  # fmt: skip
+    return {"error": r["error_code"], "partitions": [
+        p["error_code"] for t in r["topics"] for p in t["partitions"]]}  # fmt: skip
+
+
+def _delete_group(bootstrap: str, group: str) -> int:
+    return wire.call(bootstrap, 42, 2, groups_names=[group])["results"][0]["error_code"]
+
+
+NOT_COORDINATOR = 16
+GROUP_ID_NOT_FOUND = 69
+
+
+def test_group_deletions_on_the_coordinator_survive_its_death(cluster):
+    topic = "gt"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+    _in_sync(cluster, topic, 1)
+    ga, gb, gc = "group-a", "group-b", "group-c"
+    for g in (ga, gb, gc):
+        _commit(cluster, g, topic, 5)
+
+    # Only the group's coordinator answers.
+    for g in (ga, gb):
+        other = next(b for b in _live(cluster) if b.node_id != _coordinator(cluster, g).node_id)
+        assert _offset_delete(other.bootstrap, g, topic) == {"error": NOT_COORDINATOR,
+                                                             "partitions": []}  # fmt: skip
+        assert _delete_group(other.bootstrap, g) == NOT_COORDINATOR
+    assert _offset_delete(_coordinator(cluster, ga).bootstrap, ga, topic) == {
+        "error": 0, "partitions": [0]}  # fmt: skip
+    assert _delete_group(_coordinator(cluster, gb).bootstrap, gb) == 0
+    # confluent-kafka finds the coordinator itself.
+    admin.delete_consumer_groups([gc], request_timeout=30)[gc].result(timeout=30)
+
+    # The coordinators die: their successors, replicas of the offsets partitions, agree.
+    for g in (ga, gb):
+        victim = _coordinator(cluster, g)
+        cluster.stop_broker(victim, signal.SIGKILL)
+        new = _coordinator(cluster, g)
+        assert new.node_id != victim.node_id
+        assert until(lambda g=g, new=new: _committed(new.bootstrap, g, topic) == -1,
+                     f"{g}'s offset gone at its new coordinator")  # fmt: skip
+        cluster.start_broker(victim)
+    assert _committed(_coordinator(cluster, gc).bootstrap, gc, topic) == -1
+    assert _delete_group(_coordinator(cluster, gb).bootstrap, gb) == GROUP_ID_NOT_FOUND

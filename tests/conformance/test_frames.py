@@ -334,6 +334,28 @@ def req_list_partition_reassignments(bs: str, v: int) -> dict[str, Any]:
     return dict(timeout=10000, topics=None)
 
 
+def req_delete_groups(bs: str, v: int) -> dict[str, Any]:
+    group = _v("delete-group", v)
+    r = wire.call(
+        bs, 8, 9, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+        group_instance_id=None,
+        topics=[{"name": TOPIC, "partitions": [
+            {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+             "committed_metadata": ""}]}],
+    )  # fmt: skip
+    assert r["topics"][0]["partitions"][0]["error_code"] == 0, r
+    # One group only: Kafka answers several in the order of their coordinator partitions.
+    return dict(groups_names=[group])
+
+
+def req_offset_delete(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        group_id=GROUP,
+        topics=[{"name": TOPIC, "partitions": [{"partition_index": 1}, {"partition_index": 8}]},
+                {"name": MISSING, "partitions": [{"partition_index": 0}]}],
+    )  # fmt: skip
+
+
 def req_describe_cluster(bs: str, v: int) -> dict[str, Any]:
     return dict(include_cluster_authorized_operations=False, endpoint_type=1)
 
@@ -367,10 +389,12 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     32: req_describe_configs,
     35: req_describe_log_dirs,
     37: req_create_partitions,
+    42: req_delete_groups,
     43: req_elect_leaders,
     44: req_incremental_alter_configs,
     45: req_alter_partition_reassignments,
     46: req_list_partition_reassignments,
+    47: req_offset_delete,
     60: req_describe_cluster,
     75: req_describe_topic_partitions,
 }

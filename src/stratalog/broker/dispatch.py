@@ -12,6 +12,7 @@ from .api import (
     delete_records,
     elections,
     fetch,
+    group_admin,
     groups,
     internal_topics,
     log_dirs,
@@ -51,6 +52,8 @@ HANDLERS = {
     v.OFFSET_FETCH: groups.handle_offset_fetch,
     v.LIST_GROUPS: groups.handle_list_groups,
     v.DESCRIBE_GROUPS: groups.handle_describe_groups,
+    v.DELETE_GROUPS: group_admin.handle_delete_groups,
+    v.OFFSET_DELETE: group_admin.handle_offset_delete,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)
