@@ -257,3 +257,48 @@ def test_group_deletions_on_the_coordinator_survive_its_death(cluster):
         cluster.start_broker(victim)
     assert _committed(_coordinator(cluster, gc).bootstrap, gc, topic) == -1
     assert _delete_group(_coordinator(cluster, gb).bootstrap, gb) == GROUP_ID_NOT_FOUND
+
+
+def _describe(bootstrap: str, topic: str, names: list[str]) -> dict[str, tuple[str, int]]:
+    r = wire.call(bootstrap, 32, 4, include_synonyms=False, include_documentation=False,
+                  resources=[{"resource_type": 2, "resource_name": topic,
+                              "configuration_keys": names}])["results"][0]  # fmt: skip
+    return {c["name"]: (c["value"], c["config_source"]) for c in r["configs"]}
+
+
+def test_config_changes_reach_every_broker(cluster):
+    """AlterConfigs (legacy, whole) and IncrementalAlterConfigs change the topic in etcd: every
+    broker describes, and enforces, the new configs."""
+    topic = "cfg"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3, config={"retention.ms": "3600000"})])[topic].result(
+        30
+    )
+    _in_sync(cluster, topic, 1)
+    live = _live(cluster)
+    names = ["retention.ms", "retention.bytes", "max.message.bytes"]
+    r = wire.call(live[0].bootstrap, 33, 2, validate_only=False, resources=[
+        {"resource_type": 2, "resource_name": topic,
+         "configs": [{"name": "retention.bytes", "value": "100000"}]}])  # fmt: skip
+    assert r["responses"][0]["error_code"] == 0, r
+    for b in live:
+        got = until(lambda b=b: (d := _describe(b.bootstrap, topic, names))["retention.bytes"][0]
+                    == "100000" and d, f"broker {b.node_id} sees the legacy change")  # fmt: skip
+        assert got["retention.ms"][1] != 1  # no longer overridden: replaced as a whole
+    r = wire.call(live[1].bootstrap, 44, 1, validate_only=False, resources=[
+        {"resource_type": 2, "resource_name": topic, "configs": [
+            {"name": "max.message.bytes", "config_operation": 0, "value": "300"}]}])  # fmt: skip
+    assert r["responses"][0]["error_code"] == 0, r
+    for b in live:
+        until(lambda b=b: _describe(b.bootstrap, topic, names)["max.message.bytes"] == ("300", 1),
+              f"broker {b.node_id} sees the incremental change")  # fmt: skip
+    leader = _leader(cluster, topic, 0)
+    from stratalog.records import build_batch
+
+    big = build_batch([(b"k", b"x" * 600, int(time.time() * 1000))])
+    assert wire.produce(leader.bootstrap, topic, 0, big)["error_code"] == 10  # MESSAGE_TOO_LARGE
+    # A broker started later takes the topic's configs from etcd.
+    b = live[2]
+    cluster.stop_broker(b)
+    cluster.start_broker(b)
+    assert _describe(b.bootstrap, topic, names)["max.message.bytes"] == ("300", 1)

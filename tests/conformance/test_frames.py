@@ -268,6 +268,20 @@ def req_describe_configs(bs: str, v: int) -> dict[str, Any]:
     )
 
 
+def req_alter_configs(bs: str, v: int) -> dict[str, Any]:
+    name = _v("legacy-alter", v)
+    assert wire.create_topic(bs, name, 1, **{"max.message.bytes": "5000"}) == 0
+    return dict(
+        resources=[
+            {"resource_type": 2, "resource_name": name, "configs": [
+                {"name": "retention.ms", "value": "100000"}]},
+            {"resource_type": 2, "resource_name": MISSING, "configs": [
+                {"name": "retention.ms", "value": "100000"}]},
+        ],
+        validate_only=False,
+    )  # fmt: skip
+
+
 def req_create_partitions(bs: str, v: int) -> dict[str, Any]:
     name = _v("partitions", v)
     assert wire.create_topic(bs, name, 1) == 0
@@ -387,6 +401,7 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     22: req_init_producer_id,
     23: req_offset_for_leader_epoch,
     32: req_describe_configs,
+    33: req_alter_configs,
     35: req_describe_log_dirs,
     37: req_create_partitions,
     42: req_delete_groups,

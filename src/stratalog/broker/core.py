@@ -478,6 +478,17 @@ class BrokerCore:
         log.info("deleted topic %s", name)
         return t
 
+    def alter_topic_configs(
+        self, name: str, changes: dict[str, str | None]
+    ) -> Awaitable[bool] | None:
+        """Set (None: delete) topic config overrides. In a cluster they are changed in etcd,
+        from where every broker takes them; the awaitable says whether the topic was still
+        there."""
+        if self.cluster is None:
+            self.metadata.set_configs(name, changes)
+            return None
+        return self.cluster.set_topic_configs(name, self.metadata.topics[name].topic_id, changes)
+
     def add_partitions(self, name: str, total: int) -> None:
         new = self.metadata.add_partitions(name, total)
         t = self.metadata.topics[name]

@@ -38,6 +38,7 @@ HANDLERS = {
     v.DELETE_RECORDS: delete_records.handle_delete_records,
     v.CREATE_PARTITIONS: admin.handle_create_partitions,
     v.DESCRIBE_CONFIGS: admin.handle_describe_configs,
+    v.ALTER_CONFIGS: admin.handle_alter_configs,
     v.DESCRIBE_LOG_DIRS: log_dirs.handle_describe_log_dirs,
     v.INCREMENTAL_ALTER_CONFIGS: admin.handle_incremental_alter_configs,
     v.ELECT_LEADERS: elections.handle_elect_leaders,

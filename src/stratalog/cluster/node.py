@@ -497,6 +497,29 @@ class ClusterNode:
             self._topic_changed(name, None)
         return ok
 
+    async def set_topic_configs(
+        self, name: str, topic_id: uuid.UUID, changes: dict[str, str | None]
+    ) -> bool:
+        """Set (None: delete) config overrides of topic ``name`` (if it still has this id),
+        guarded by the topic's revision; False if it is gone."""
+        assert self.store is not None
+        key = self.keys.topic(name)
+        while True:
+            got = await self.store.get(key)
+            if got is None:
+                return False
+            t = ClusterTopic.from_json(name, json.loads(got[0]))
+            if t.topic_id != topic_id:
+                return False
+            for k, v in changes.items():
+                if v is None:
+                    t.configs.pop(k, None)
+                else:
+                    t.configs[k] = v
+            if await self.store.replace(key, _dump(t.to_json()), got[1]):
+                self._topic_changed(name, t)
+                return True
+
     async def record_log_starts(
         self, topic: str, topic_id: uuid.UUID, starts: dict[int, int]
     ) -> bool:
