@@ -11,7 +11,7 @@ import logging
 import resource
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.broker.offset_store import OffsetStore
+from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
 from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
@@ -91,6 +92,8 @@ class BrokerCore:
         self.controller: Controller | None = None
         self.mover: Mover | None = None
         self.metadata = MetadataStore(self.data_dir)
+        self.quotas = QuotaStore(self.data_dir)
+        self.byte_quotas = ByteQuotas(self.quotas)
         self.offsets = OffsetStore(self.data_dir, self)
         self.coordinator = GroupCoordinator(
             min_session_ms=config["group.min.session.timeout.ms"],
@@ -201,6 +204,7 @@ class BrokerCore:
         _raise_fd_limit()
         mkdir_durable(self.data_dir)
         self.metadata.load()
+        self.quotas.load()
         triples = [
             (t.name, i, uid)
             for t in self.metadata.topics.values()
@@ -389,12 +393,15 @@ class BrokerCore:
 
         replicator.on_lead = led
         node.on_log_start = self.apply_cluster_log_starts
+        # Client quotas live in etcd: this broker's store follows them.
+        node.on_quotas = lambda: self.quotas.replace(from_json(node.quotas), save=False)
         ClusterTiers(replicator, self.store, self.migrator)  # only primaries pick segments
         self.cluster = node
         self.replicator = replicator
         self.controller = controller
         self.mover = mover
         self.apply_cluster_log_starts()  # (what etcd held when this broker joined)
+        self.quotas.replace(from_json(node.quotas), save=False)
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
@@ -576,6 +583,15 @@ class BrokerCore:
 
     def delete_records(self, p: PartitionLog, before: int) -> None:
         self.store.delete_records(p.uid, before)
+
+    # -- client quotas -------------------------------------------------------------------------
+    def set_quotas(self, change: Callable[[dict], dict]) -> Awaitable[None] | None:
+        """Apply ``change`` (quotas -> quotas) durably: here on a single node (None), through
+        etcd in a cluster (the awaitable; every broker's store follows etcd)."""
+        if self.cluster is None:
+            self.quotas.replace(change(self.quotas.quotas), save=True)
+            return None
+        return self.cluster.update_quotas(lambda raw: to_json(change(from_json(raw))))
 
     # -- DeleteRecords -------------------------------------------------------------------------
     def move_log_starts(self, moves: dict[tuple[str, int], int]) -> Awaitable[None] | None:

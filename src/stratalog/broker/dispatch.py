@@ -19,6 +19,7 @@ from .api import (
     metadata,
     offsets,
     produce,
+    quotas,
     reassignments,
 )
 from .api import versions as api_versions
@@ -55,6 +56,8 @@ HANDLERS = {
     v.DESCRIBE_GROUPS: groups.handle_describe_groups,
     v.DELETE_GROUPS: group_admin.handle_delete_groups,
     v.OFFSET_DELETE: group_admin.handle_offset_delete,
+    v.DESCRIBE_CLIENT_QUOTAS: quotas.handle_describe_client_quotas,
+    v.ALTER_CLIENT_QUOTAS: quotas.handle_alter_client_quotas,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)

@@ -43,6 +43,7 @@ class Keys:
         self.vlogs = self.root + "vlogs/"
         self.reassignments = self.root + "reassignments/"
         self.log_starts = self.root + "logstarts/"
+        self.quotas = self.root + "quotas"
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -148,6 +149,9 @@ class ClusterNode:
         self.log_starts: dict[tuple[str, int], tuple[uuid.UUID, int]] = {}
         # Called when ``log_starts`` changed (replicas move their log starts after it).
         self.on_log_start: Callable[[], None] | None = None
+        # The client quotas (broker/quotas.py's JSON), and what is called when they change.
+        self.quotas: list = []
+        self.on_quotas: Callable[[], None] | None = None
         # Called with (name, topic or None) when a topic appears, changes or goes away.
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
         # Called after any change of brokers or virtual logs (replication reconciles itself).
@@ -309,6 +313,7 @@ class ClusterNode:
         brokers, topics, vlogs = {}, {}, {}
         self.reassignments = {}
         self.log_starts = {}
+        self.quotas = []
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
@@ -318,6 +323,7 @@ class ClusterNode:
         for name, t in topics.items():
             self._topic_changed(name, t)
         self._log_starts_changed()
+        self._quotas_changed()
         return revision
 
     def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs, rev: int = 0) -> None:
@@ -329,6 +335,8 @@ class ClusterNode:
             else:
                 r = Reassignment.from_json(topic, int(index), json.loads(value), rev)
                 self.reassignments[(topic, int(index))] = r
+        elif key == k.quotas:
+            self.quotas = json.loads(value) if value is not None else []
         elif key.startswith(k.log_starts):
             topic, _, index = key[len(k.log_starts) :].rpartition("/")
             if value is None:
@@ -386,6 +394,8 @@ class ClusterNode:
                         self._topic_changed(name, topics.get(name))
                     elif ev.key.startswith(self.keys.log_starts):
                         self._log_starts_changed()
+                    elif ev.key == self.keys.quotas:
+                        self._quotas_changed()
                     else:
                         self._changed()
             except asyncio.CancelledError:
@@ -400,6 +410,13 @@ class ClusterNode:
                 self.on_log_start()
             except Exception:
                 log.exception("moving log starts failed")
+
+    def _quotas_changed(self) -> None:
+        if self.on_quotas is not None:
+            try:
+                self.on_quotas()
+            except Exception:
+                log.exception("taking the new client quotas failed")
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -519,6 +536,21 @@ class ClusterNode:
             if await self.store.replace(key, _dump(t.to_json()), got[1]):
                 self._topic_changed(name, t)
                 return True
+
+    async def update_quotas(self, change: Callable[[list], list]) -> None:
+        """Apply ``change`` to the client quotas as etcd holds them, guarded by the key's
+        revision (retried on a concurrent change)."""
+        assert self.store is not None
+        while True:
+            got = await self.store.get(self.keys.quotas)
+            current = json.loads(got[0]) if got is not None else []
+            new = change(current)
+            if new == current:
+                return
+            if await self.store.replace(self.keys.quotas, _dump(new), got[1] if got else 0):
+                self.quotas = new
+                self._quotas_changed()
+                return
 
     async def record_log_starts(
         self, topic: str, topic_id: uuid.UUID, starts: dict[int, int]
