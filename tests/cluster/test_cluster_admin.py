@@ -302,3 +302,56 @@ def test_config_changes_reach_every_broker(cluster):
     cluster.stop_broker(b)
     cluster.start_broker(b)
     assert _describe(b.bootstrap, topic, names)["max.message.bytes"] == ("300", 1)
+
+
+def test_client_quotas_are_the_clusters(cluster):
+    """AlterClientQuotas on one broker: every broker describes the quota (etcd holds it), one
+    started afterwards too, and each enforces it on the bytes it serves (as Kafka's brokers
+    each do)."""
+    client = "quota-client"
+    live = _live(cluster)
+    entity = [{"entity_type": "client-id", "entity_name": client}]
+    r = wire.call(live[0].bootstrap, 49, 1, validate_only=False, entries=[
+        {"entity": entity, "ops": [{"key": "producer_byte_rate", "value": 2048.0,
+                                    "remove": False}]}])  # fmt: skip
+    assert r["entries"][0]["error_code"] == 0, r
+
+    def described(b: BrokerProc) -> list:
+        r = wire.call(b.bootstrap, 48, 1, strict=False, components=[
+            {"entity_type": "client-id", "match_type": 0, "match": client}])  # fmt: skip
+        return [[(v["key"], v["value"]) for v in e["values"]] for e in r["entries"]]
+
+    for b in live:
+        until(lambda b=b: described(b) == [[("producer_byte_rate", 2048.0)]],
+              f"broker {b.node_id} describes the quota")  # fmt: skip
+    b = live[1]
+    cluster.stop_broker(b)
+    cluster.start_broker(b)
+    assert described(b) == [[("producer_byte_rate", 2048.0)]]
+    # Enforced by a partition's leader: 4 KiB produces, the seventh is over 2048 B/s.
+    topic = "quota-topic"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+    _in_sync(cluster, topic, 1)
+    from stratalog.records import build_batch
+
+    from ..conformance.test_quotas import Session
+
+    s = Session(_leader(cluster, topic, 0).bootstrap, client)
+    throttles = []
+    try:
+        for _ in range(7):
+            batch = build_batch([(b"k", b"v" * 4000, int(time.time() * 1000))])
+            r, _took = s.call(0, 9, transactional_id=None, acks=-1, timeout=10000, topic_data=[
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}])  # fmt: skip
+            throttles.append(r["throttle_time"] > 0)
+    finally:
+        s.close()
+    assert throttles[-1] and not throttles[0]
+    # Removed on another broker: gone everywhere.
+    r = wire.call(live[2].bootstrap, 49, 1, validate_only=False, entries=[
+        {"entity": entity, "ops": [{"key": "producer_byte_rate", "value": 0.0,
+                                    "remove": True}]}])  # fmt: skip
+    assert r["entries"][0]["error_code"] == 0, r
+    for b in live:
+        until(lambda b=b: described(b) == [], f"broker {b.node_id} forgets the quota")

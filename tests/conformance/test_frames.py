@@ -370,6 +370,26 @@ def req_offset_delete(bs: str, v: int) -> dict[str, Any]:
     )  # fmt: skip
 
 
+def req_describe_client_quotas(bs: str, v: int) -> dict[str, Any]:
+    # Only this test's entity: quotas are broker-wide, and other tests' come and go.
+    return dict(
+        components=[{"entity_type": "client-id", "match_type": 0, "match": f"{PREFIX}-quota"}],
+        strict=False,
+    )
+
+
+def req_alter_client_quotas(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        entries=[
+            {"entity": [{"entity_type": "client-id", "entity_name": f"{PREFIX}-quota"}],
+             "ops": [{"key": "producer_byte_rate", "value": 1e9 + v, "remove": False}]},
+            {"entity": [{"entity_type": "client-id", "entity_name": f"{PREFIX}-bad"}],
+             "ops": [{"key": "no_such_quota", "value": 1.0, "remove": False}]},
+        ],
+        validate_only=False,
+    )  # fmt: skip
+
+
 def req_describe_cluster(bs: str, v: int) -> dict[str, Any]:
     return dict(include_cluster_authorized_operations=False, endpoint_type=1)
 
@@ -410,6 +430,8 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     45: req_alter_partition_reassignments,
     46: req_list_partition_reassignments,
     47: req_offset_delete,
+    48: req_describe_client_quotas,
+    49: req_alter_client_quotas,
     60: req_describe_cluster,
     75: req_describe_topic_partitions,
 }

@@ -206,3 +206,172 @@ def test_kafka_configs_quotas(pair, name):
     kafka = tool_scenario(pair.kafka.bootstrap, name)
     assert strat == kafka, wire.differences(strat, kafka)
     assert any("producer_byte_rate=1024" in line for line in kafka["describe"][1])
+
+
+# -- enforcement --------------------------------------------------------------------------------
+
+
+class Session:
+    """One connection with a client id of its own: requests answered in order, each timed."""
+
+    def __init__(self, bs: str, client_id: str) -> None:
+        import socket
+
+        host, port = bs.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        self.client_id = client_id
+        self.correlation = 0
+
+    def call(self, api_key: int, version: int, **values: Any) -> tuple[dict[str, Any], float]:
+        """The decoded answer and the seconds it took."""
+        self.correlation += 1
+        body = wire.body_bytes(wire.build(api_key, version, **values))
+        frame = wire.prefixed(
+            wire.header(api_key, version, self.correlation, self.client_id) + body
+        )
+        t0 = time.monotonic()
+        self.sock.sendall(frame)
+        head = self._read(4)
+        data = self._read(int.from_bytes(head, "big", signed=True))
+        took = time.monotonic() - t0
+        correlation, answer = wire.decode(api_key, version, data)
+        assert correlation == self.correlation
+        return wire.plain(answer), took
+
+    def _read(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            assert chunk, "connection closed"
+            buf += chunk
+        return buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _quota_in_force(bs: str, client: str, key: str, value: float) -> None:
+    assert alter(bs, [({"client-id": client}, [(key, value)])]) == [
+        ((("client-id", client),), "none")]  # fmt: skip
+    deadline = time.monotonic() + 10
+    while describe(bs, [("client-id", EXACT, client)], mine=client)["entries"] == []:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.5)  # Kafka's quota managers take the change from its metadata log
+
+
+def produce_throttle_scenario(bs: str, name: str) -> dict[str, Any]:
+    """A 3100 B/s produce quota; 4 KiB produces on one connection: Kafka's rate is taken over
+    at least ten seconds, so the eighth is the first over it (7 x 4.2 KB / 10 s < 3100)."""
+    from stratalog.records import build_batch
+
+    topic, client = f"{name}-t", f"{name}-producer"
+    assert wire.create_topic(bs, topic, 1) == 0
+    _quota_in_force(bs, client, "producer_byte_rate", 3100.0)
+    s = Session(bs, client)
+    throttles = []
+    try:
+        for _ in range(9):
+            batch = build_batch([(b"k", b"v" * 4000, int(time.time() * 1000))])
+            r, took = s.call(0, 9, transactional_id=None, acks=1, timeout=10000, topic_data=[
+                {"name": topic, "partition_data": [{"index": 0, "records": batch}]}])  # fmt: skip
+            assert r["responses"][0]["partition_responses"][0]["error_code"] == 0, r
+            throttles.append((r["throttle_time"], took))
+    finally:
+        s.close()
+        alter(bs, [({"client-id": client}, [("producer_byte_rate", None)])])
+    first = next((i for i, (t, _took) in enumerate(throttles) if t > 0), None)
+    return {
+        "first_throttled": first,
+        "throttle_within_window": first is not None and 0 < throttles[first][0] <= 11_000,
+        # The connection was muted: the next request waited (most of) the throttle time.
+        "next_waited": first is not None
+        and first + 1 < len(throttles)
+        and throttles[first + 1][1] >= 0.7 * throttles[first][0] / 1000,
+    }
+
+
+def test_produce_quota_throttles(pair, name):
+    strat, kafka = both(pair, produce_throttle_scenario, name)
+    assert strat == kafka, wire.differences(strat, kafka)
+    assert kafka == {"first_throttled": 7, "throttle_within_window": True, "next_waited": True}
+
+
+def fetch_throttle_scenario(bs: str, name: str) -> dict[str, Any]:
+    """A 3100 B/s fetch quota; one 4 KiB batch per fetch on one connection: the eighth would
+    put the client over, and is answered empty with the throttle time. (partition_max_bytes is
+    one batch: with more, Kafka sends the start of the next batch too, which Stratalog never
+    does, and counts those bytes.)"""
+    from stratalog.records import build_batch
+
+    topic, client = f"{name}-t", f"{name}-consumer"
+    assert wire.create_topic(bs, topic, 1) == 0
+    for i in range(10):
+        batch = build_batch([(b"k", b"%d" % i + b"v" * 4000, int(time.time() * 1000))])
+        assert wire.produce(bs, topic, 0, batch)["error_code"] == 0
+    one = len(batch)  # (every batch has this size)
+    _quota_in_force(bs, client, "consumer_byte_rate", 3100.0)
+    s = Session(bs, client)
+    answers = []
+    offset = 0
+    try:
+        for _ in range(9):
+            r, took = s.call(
+                1, 12, replica_id=-1, max_wait=100, min_bytes=1, max_bytes=one,
+                isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=[],
+                rack_id="",
+                topics=[{"topic": topic, "partitions": [
+                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+                     "last_fetched_epoch": -1, "log_start_offset": -1,
+                     "partition_max_bytes": one}]}],
+            )  # fmt: skip
+            batches = [
+                b for t in r["responses"] for p in t["partitions"]
+                for b in wire.parse_batches(p["records"])
+            ]  # fmt: skip
+            offset += len(batches)
+            answers.append((len(batches), r["throttle_time"], len(r["responses"]), took))
+    finally:
+        s.close()
+        alter(bs, [({"client-id": client}, [("consumer_byte_rate", None)])])
+    first = next((i for i, a in enumerate(answers) if a[1] > 0), None)
+    return {
+        "batches_before": [a[0] for a in answers[: first if first is not None else 9]],
+        "first_throttled": first,
+        "throttled_answer": None if first is None else answers[first][:1] + answers[first][2:3],
+        "next_waited": first is not None
+        and first + 1 < len(answers)
+        and answers[first + 1][3] >= 0.7 * answers[first][1] / 1000,
+    }
+
+
+def test_fetch_quota_throttles(pair, name):
+    strat, kafka = both(pair, fetch_throttle_scenario, name)
+    assert strat == kafka, wire.differences(strat, kafka)
+    assert kafka["first_throttled"] == 7 and kafka["throttled_answer"] == (0, 0)
+
+
+def client_throttled_scenario(bs: str, name: str) -> dict[str, Any]:
+    """confluent-kafka under a 5000 B/s produce quota sends 70 KB: against a window of ten
+    seconds that is about four seconds over, so the producer is slowed (the broker's throttle
+    times and mutes) but every record is delivered."""
+    from . import clients
+
+    topic, client = f"{name}-t", f"{name}-cf"
+    assert wire.create_topic(bs, topic, 1) == 0
+    _quota_in_force(bs, client, "producer_byte_rate", 5000.0)
+    recs = [clients.Rec(0, b"k%03d" % i, b"v" * 1000) for i in range(70)]
+    t0 = time.monotonic()
+    try:
+        got = clients.cf_produce(bs, topic, recs, **{"client.id": client, "linger.ms": 0,
+                                                     "batch.size": 2000})  # fmt: skip
+    finally:
+        took = time.monotonic() - t0
+        alter(bs, [({"client-id": client}, [("producer_byte_rate", None)])])
+    return {"delivered": sorted(o for _p, o in got), "slowed": took >= 2.0, "bounded": took < 60}
+
+
+def test_client_slowed_by_produce_quota(pair, name):
+    strat, kafka = both(pair, client_throttled_scenario, name)
+    assert strat == kafka, wire.differences(strat, kafka)
+    assert kafka["delivered"] == list(range(70)) and kafka["slowed"]
