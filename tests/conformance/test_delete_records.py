@@ -174,10 +174,7 @@ def clients_scenario(bs: str, topic: str) -> dict[str, Any]:
     finally:
         kp.close()
     out["offsets"] = _offsets(bs, topic, 2)
-    out["consumed"] = [
-        (r[0], r[1], r[2], r[3])
-        for r in clients.cf_consume(bs, topic, 2, 2)
-    ]
+    out["consumed"] = [(r[0], r[1], r[2], r[3]) for r in clients.cf_consume(bs, topic, 2, 2)]
     return out
 
 
