@@ -383,7 +383,7 @@ def test_small_max_request_bytes_is_enforced_at_the_boundary(tmp_path):
     [
         (9999, 0),  # no such API
         (-1, 0),
-        (21, 0),  # DeleteRecords: a real Kafka API that Stratalog does not offer
+        (4, 0),  # LeaderAndIsr: a real (inter-broker) Kafka API that Stratalog does not offer
         (0, 99),  # Produce at a version nobody has
         (0, 2),  # Produce below the supported minimum
         (3, 13),  # Metadata one past the maximum

@@ -503,3 +503,39 @@ with Broker(Path({str(tmp_path / "data")!r}), config=tier_config(Path({str(tmp_p
     assert "migrated" in out.stdout
     assert marker.read_text() == "ran\n"
     assert list((tmp_path / "cold").glob("p*/*.log")), "no cold segment written by the workers"
+
+
+def test_delete_records_across_tiers_and_restart(tmp_path):
+    """DeleteRecords into the cold tier (inside a cold chunk), then into the hot tier: cold
+    segments wholly below the start go, reads start at the exact offset, and a restart keeps
+    it."""
+    from .conformance import wire
+
+    now = int(time.time() * 1000)
+    values = [(0, b"d%05d" % i + b"." * 300, now - 100_000 + i) for i in range(1500)]
+
+    def delete(bs: str, offset: int) -> dict:
+        r = wire.call(bs, 21, 2, timeout=10000, topics=[
+            {"name": "del", "partitions": [{"partition_index": 0, "offset": offset}]}])  # fmt: skip
+        return r["topics"][0]["partitions"][0]
+
+    with Broker(tmp_path / "data", config=tier_config(tmp_path)) as b:
+        create_topic(b.bootstrap, "del", 1)
+        produce(b.bootstrap, "del", values)
+        wait_for(lambda: b.core.migrator.hot_usage() <= 100_000, what="migration")
+        p = b.core.partition("del", 0)
+        cold_end = p.cold.last_of(len(p.cold) - 1)
+        inside = p.cold.base_of(len(p.cold) // 2) + 1  # inside a cold chunk
+        cold_files = len(list((tmp_path / "cold").glob("p*/*.log")))
+        assert delete(b.bootstrap, inside) == {
+            "partition_index": 0, "low_watermark": inside, "error_code": 0}  # fmt: skip
+        assert consume(b.bootstrap, "del", 1)[0][0] == (inside, values[inside][1])
+        assert len(list((tmp_path / "cold").glob("p*/*.log"))) < cold_files
+        hot = cold_end + 3
+        assert delete(b.bootstrap, hot)["low_watermark"] == hot
+        assert len(p.cold) == 0
+        assert wire.fetch(b.bootstrap, "del", 0, hot - 1)["error_code"] == 1
+    with Broker(tmp_path / "data", config=tier_config(tmp_path)) as b:
+        assert wire.list_offset(b.bootstrap, "del", 0, -2)["offset"] == hot
+        got = consume(b.bootstrap, "del", 1)[0]
+        assert got[0] == (hot, values[hot][1]) and len(got) == 1500 - hot

@@ -221,6 +221,22 @@ def req_delete_topics(bs: str, v: int) -> dict[str, Any]:
     )
 
 
+def req_delete_records(bs: str, v: int) -> dict[str, Any]:
+    name = _v("delete-records", v)
+    assert wire.create_topic(bs, name, 2) == 0
+    batch = build_batch([(b"k", b"v", BASE_TS), (b"k2", b"v2", BASE_TS + 1), (b"k3", b"", BASE_TS)])
+    assert wire.produce(bs, name, 0, batch)["error_code"] == 0
+    return dict(
+        topics=[
+            {"name": name, "partitions": [{"partition_index": 0, "offset": 1},
+                                          {"partition_index": 1, "offset": 1},
+                                          {"partition_index": 4, "offset": 0}]},
+            {"name": MISSING, "partitions": [{"partition_index": 0, "offset": -1}]},
+        ],
+        timeout=10000,
+    )  # fmt: skip
+
+
 def req_init_producer_id(bs: str, v: int) -> dict[str, Any]:
     return dict(transactional_id=None, transaction_timeout=60000, producer_id=-1, producer_epoch=-1)
 
@@ -250,6 +266,20 @@ def req_describe_configs(bs: str, v: int) -> dict[str, Any]:
         include_synonyms=False,
         include_documentation=False,
     )
+
+
+def req_alter_configs(bs: str, v: int) -> dict[str, Any]:
+    name = _v("legacy-alter", v)
+    assert wire.create_topic(bs, name, 1, **{"max.message.bytes": "5000"}) == 0
+    return dict(
+        resources=[
+            {"resource_type": 2, "resource_name": name, "configs": [
+                {"name": "retention.ms", "value": "100000"}]},
+            {"resource_type": 2, "resource_name": MISSING, "configs": [
+                {"name": "retention.ms", "value": "100000"}]},
+        ],
+        validate_only=False,
+    )  # fmt: skip
 
 
 def req_create_partitions(bs: str, v: int) -> dict[str, Any]:
@@ -318,6 +348,48 @@ def req_list_partition_reassignments(bs: str, v: int) -> dict[str, Any]:
     return dict(timeout=10000, topics=None)
 
 
+def req_delete_groups(bs: str, v: int) -> dict[str, Any]:
+    group = _v("delete-group", v)
+    r = wire.call(
+        bs, 8, 9, group_id=group, generation_id_or_member_epoch=-1, member_id="",
+        group_instance_id=None,
+        topics=[{"name": TOPIC, "partitions": [
+            {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+             "committed_metadata": ""}]}],
+    )  # fmt: skip
+    assert r["topics"][0]["partitions"][0]["error_code"] == 0, r
+    # One group only: Kafka answers several in the order of their coordinator partitions.
+    return dict(groups_names=[group])
+
+
+def req_offset_delete(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        group_id=GROUP,
+        topics=[{"name": TOPIC, "partitions": [{"partition_index": 1}, {"partition_index": 8}]},
+                {"name": MISSING, "partitions": [{"partition_index": 0}]}],
+    )  # fmt: skip
+
+
+def req_describe_client_quotas(bs: str, v: int) -> dict[str, Any]:
+    # Only this test's entity: quotas are broker-wide, and other tests' come and go.
+    return dict(
+        components=[{"entity_type": "client-id", "match_type": 0, "match": f"{PREFIX}-quota"}],
+        strict=False,
+    )
+
+
+def req_alter_client_quotas(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        entries=[
+            {"entity": [{"entity_type": "client-id", "entity_name": f"{PREFIX}-quota"}],
+             "ops": [{"key": "producer_byte_rate", "value": 1e9 + v, "remove": False}]},
+            {"entity": [{"entity_type": "client-id", "entity_name": f"{PREFIX}-bad"}],
+             "ops": [{"key": "no_such_quota", "value": 1.0, "remove": False}]},
+        ],
+        validate_only=False,
+    )  # fmt: skip
+
+
 def req_describe_cluster(bs: str, v: int) -> dict[str, Any]:
     return dict(include_cluster_authorized_operations=False, endpoint_type=1)
 
@@ -368,15 +440,21 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     18: req_api_versions,
     19: req_create_topics,
     20: req_delete_topics,
+    21: req_delete_records,
     22: req_init_producer_id,
     23: req_offset_for_leader_epoch,
     32: req_describe_configs,
+    33: req_alter_configs,
     35: req_describe_log_dirs,
     37: req_create_partitions,
+    42: req_delete_groups,
     43: req_elect_leaders,
     44: req_incremental_alter_configs,
     45: req_alter_partition_reassignments,
     46: req_list_partition_reassignments,
+    47: req_offset_delete,
+    48: req_describe_client_quotas,
+    49: req_alter_client_quotas,
     60: req_describe_cluster,
     75: req_describe_topic_partitions,
     17: req_sasl_handshake,

@@ -11,6 +11,7 @@ import logging
 import resource
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.broker.offset_store import OffsetStore
+from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
 from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
@@ -98,6 +100,8 @@ class BrokerCore:
         self.controller: Controller | None = None
         self.mover: Mover | None = None
         self.metadata = MetadataStore(self.data_dir)
+        self.quotas = QuotaStore(self.data_dir)
+        self.byte_quotas = ByteQuotas(self.quotas)
         self.offsets = OffsetStore(self.data_dir, self)
         self.coordinator = GroupCoordinator(
             min_session_ms=config["group.min.session.timeout.ms"],
@@ -235,6 +239,7 @@ class BrokerCore:
         mkdir_durable(self.data_dir)
         self.metadata.load()
         self.credentials.load()
+        self.quotas.load()
         triples = [
             (t.name, i, uid)
             for t in self.metadata.topics.values()
@@ -336,6 +341,7 @@ class BrokerCore:
             try:
                 self.run_retention()
                 self.expire_producers()
+                self.apply_cluster_log_starts()  # (a replica that caught up moves further)
             except Exception:
                 log.exception("retention failed")
 
@@ -415,13 +421,24 @@ class BrokerCore:
             mover.reconcile()
 
         node.on_change = changed
-        # A broker that starts leading offsets partitions takes the commits replicated to it.
-        replicator.on_lead = self.offsets.load
+
+        # A broker that starts leading offsets partitions takes the commits replicated to it;
+        # one that starts leading any partition takes the log starts its leader moved.
+        def led() -> None:
+            self.apply_cluster_log_starts()
+            self.offsets.load()
+
+        replicator.on_lead = led
+        node.on_log_start = self.apply_cluster_log_starts
+        # Client quotas live in etcd: this broker's store follows them.
+        node.on_quotas = lambda: self.quotas.replace(from_json(node.quotas), save=False)
         ClusterTiers(replicator, self.store, self.migrator)  # only primaries pick segments
         self.cluster = node
         self.replicator = replicator
         self.controller = controller
         self.mover = mover
+        self.apply_cluster_log_starts()  # (what etcd held when this broker joined)
+        self.quotas.replace(from_json(node.quotas), save=False)
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
@@ -452,6 +469,7 @@ class BrokerCore:
                 p.inherited_end, p.inherited_epochs = inherited[0], list(inherited[1])
         if moved and name == OFFSETS_TOPIC:
             self.offsets.load()  # its partitions are other logs now
+        self.apply_cluster_log_starts()  # (partitions added here take their log starts)
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""
@@ -503,6 +521,17 @@ class BrokerCore:
             self.offsets.forget_topic(name)
         log.info("deleted topic %s", name)
         return t
+
+    def alter_topic_configs(
+        self, name: str, changes: dict[str, str | None]
+    ) -> Awaitable[bool] | None:
+        """Set (None: delete) topic config overrides. In a cluster they are changed in etcd,
+        from where every broker takes them; the awaitable says whether the topic was still
+        there."""
+        if self.cluster is None:
+            self.metadata.set_configs(name, changes)
+            return None
+        return self.cluster.set_topic_configs(name, self.metadata.topics[name].topic_id, changes)
 
     def add_partitions(self, name: str, total: int) -> None:
         new = self.metadata.add_partitions(name, total)
@@ -592,3 +621,56 @@ class BrokerCore:
 
     def delete_records(self, p: PartitionLog, before: int) -> None:
         self.store.delete_records(p.uid, before)
+
+    # -- client quotas -------------------------------------------------------------------------
+    def set_quotas(self, change: Callable[[dict], dict]) -> Awaitable[None] | None:
+        """Apply ``change`` (quotas -> quotas) durably: here on a single node (None), through
+        etcd in a cluster (the awaitable; every broker's store follows etcd)."""
+        if self.cluster is None:
+            self.quotas.replace(change(self.quotas.quotas), save=True)
+            return None
+        return self.cluster.update_quotas(lambda raw: to_json(change(from_json(raw))))
+
+    # -- DeleteRecords -------------------------------------------------------------------------
+    def move_log_starts(self, moves: dict[tuple[str, int], int]) -> Awaitable[None] | None:
+        """Move the log starts of partitions this broker leads (DeleteRecords), durably, here
+        and now. In a cluster, also returns the recording of the new starts in etcd, from where
+        every replica of each partition applies them (``apply_cluster_log_starts``)."""
+        by_uid: dict[int, int] = {}
+        for (topic, index), start in moves.items():
+            p = self.partition(topic, index)
+            if p is not None:
+                by_uid[p.uid] = start
+        self.store.move_log_starts(by_uid)
+        if self.cluster is None:
+            return None
+        by_topic: dict[str, dict[int, int]] = {}
+        for topic, index in moves:
+            p = self.partition(topic, index)
+            if p is not None:
+                by_topic.setdefault(topic, {})[index] = p.log_start_offset
+        cluster = self.cluster
+        return asyncio.gather(
+            *(
+                cluster.record_log_starts(topic, self.metadata.topics[topic].topic_id, starts)
+                for topic, starts in by_topic.items()
+            )
+        )
+
+    def apply_cluster_log_starts(self) -> None:
+        """In a cluster: move the log starts of the partitions replicated here to where their
+        leaders moved them (DeleteRecords, as etcd holds them). A replica that has not got the
+        records up to there yet moves as far as it has them and further at a later call (at
+        each change, with retention, and when it starts leading)."""
+        if self.cluster is None:
+            return
+        by_uid: dict[int, int] = {}
+        for (topic, index), (topic_id, start) in self.cluster.log_starts.items():
+            t = self.metadata.topics.get(topic)
+            if t is None or t.topic_id != topic_id or not 0 <= index < len(t.partitions):
+                continue  # (a deleted topic's, or one not known here yet)
+            p = self.store.partitions.get(t.partitions[index])
+            if p is not None and p.log_start_offset < start:
+                by_uid[p.uid] = start
+        if by_uid:
+            self.store.move_log_starts(by_uid, up_to="next_offset")

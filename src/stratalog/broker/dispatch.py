@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from stratalog.broker import metrics
+from stratalog.broker.quotas import ANONYMOUS, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from stratalog.protocol import versions as v
+from stratalog.protocol.fetch import encode_fetch_response
 
 from .api import (
     admin,
+    delete_records,
     elections,
     fetch,
+    group_admin,
     groups,
     internal_topics,
     log_dirs,
     metadata,
     offsets,
     produce,
+    quotas,
     reassignments,
     sasl,
     scram_users,
@@ -35,8 +41,10 @@ HANDLERS = {
     v.OFFSET_FOR_LEADER_EPOCH: offsets.handle_offset_for_leader_epoch,
     v.CREATE_TOPICS: admin.handle_create_topics,
     v.DELETE_TOPICS: admin.handle_delete_topics,
+    v.DELETE_RECORDS: delete_records.handle_delete_records,
     v.CREATE_PARTITIONS: admin.handle_create_partitions,
     v.DESCRIBE_CONFIGS: admin.handle_describe_configs,
+    v.ALTER_CONFIGS: admin.handle_alter_configs,
     v.DESCRIBE_LOG_DIRS: log_dirs.handle_describe_log_dirs,
     v.INCREMENTAL_ALTER_CONFIGS: admin.handle_incremental_alter_configs,
     v.ELECT_LEADERS: elections.handle_elect_leaders,
@@ -55,6 +63,10 @@ HANDLERS = {
     v.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
     v.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_users.handle_describe_user_scram_credentials,
     v.ALTER_USER_SCRAM_CREDENTIALS: scram_users.handle_alter_user_scram_credentials,
+    v.DELETE_GROUPS: group_admin.handle_delete_groups,
+    v.OFFSET_DELETE: group_admin.handle_offset_delete,
+    v.DESCRIBE_CLIENT_QUOTAS: quotas.handle_describe_client_quotas,
+    v.ALTER_CLIENT_QUOTAS: quotas.handle_alter_client_quotas,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)
@@ -65,12 +77,69 @@ def make_dispatch(core):
     counters = {
         k: metrics.REQUESTS.labels(h.__name__.removeprefix("handle_")) for k, h in HANDLERS.items()
     }
+    byte_quotas = core.byte_quotas
 
     def dispatch(request, conn):
         counters[request.api_key].inc()
+        if byte_quotas.store.quotas and request.api_key in (v.PRODUCE, v.FETCH):
+            return _under_quota(core, request, conn)
         return HANDLERS[request.api_key](core, request, conn)
 
     return dispatch
+
+
+def _under_quota(core, request, conn):
+    """Produce and Fetch while client quotas exist (broker/quotas.py): a produce's bytes are
+    counted and its answer carries the throttle time they caused; a fetch whose answer would
+    put its client over its rate is answered with no records and the throttle time instead. A
+    throttled connection takes no new request for the throttle time (KIP-219)."""
+    quotas = core.byte_quotas
+    user = getattr(conn, "principal", None) or ANONYMOUS
+    client_id = request.client_id or ""
+    if request.api_key == v.PRODUCE:
+        request.throttle_ms = quotas.record(PRODUCER_BYTE_RATE, user, client_id, request.size)
+        result = HANDLERS[v.PRODUCE](core, request, conn)
+        if request.throttle_ms:
+            conn.mute(request.throttle_ms / 1000)
+        return result
+    result = HANDLERS[v.FETCH](core, request, conn)
+
+    def decide(answer):
+        # As Kafka: the answer's bytes are counted; if they put the client over its quota they
+        # are taken back and the answer is dropped for an empty one carrying the throttle time.
+        n = _size(answer)
+        throttle = quotas.record(CONSUMER_BYTE_RATE, user, client_id, n)
+        if not throttle:
+            return answer
+        quotas.record(CONSUMER_BYTE_RATE, user, client_id, -n)
+        for part in answer or ():
+            release = getattr(part, "release", None)
+            if release is not None:
+                release()
+        conn.mute(throttle / 1000)
+        return encode_fetch_response(
+            request.api_version, request.correlation_id, [], throttle_ms=throttle
+        )[0]
+
+    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+
+        async def decided():
+            return decide(await result)
+
+        return decided()
+    return decide(result)
+
+
+def _size(answer) -> int:
+    if answer is None:
+        return 0
+    if isinstance(answer, bytes | bytearray | memoryview):
+        return len(answer)
+    size = getattr(answer, "size", None)
+    if isinstance(size, int):
+        return size
+    return sum(len(p) if isinstance(p, bytes | bytearray | memoryview) else getattr(p, "size", 0)
+               for p in answer)  # fmt: skip
 
 
 class RequestTimers(dict):

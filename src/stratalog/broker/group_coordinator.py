@@ -410,6 +410,18 @@ class GroupCoordinator:
         self._schedule_expiry(g, g.members[member_id])
         return "NONE"
 
+    def forget(self, group_id: str) -> None:
+        """Drop a group that has no members (DeleteGroups); one that gained a member meanwhile
+        stays."""
+        g = self.groups.get(group_id)
+        if g is None or g.members:
+            return
+        del self.groups[group_id]
+        if g.rebalance_timer is not None:
+            g.rebalance_timer.cancel()
+        for t in g.pending.values():
+            t.cancel()
+
     def state_of(self, group_id: str) -> str:
         g = self.groups.get(group_id)
         return g.state if g is not None else DEAD

@@ -92,6 +92,7 @@ class ClientConnection(asyncio.Protocol):
         self.peer: str = ""
         self._reading_paused = False
         self._writing_paused = False
+        self._unmute: asyncio.TimerHandle | None = None  # a quota's mute (KIP-219), running
         self._closed = False
         # The rest of a response whose file slice did not fit the socket: it goes on with
         # sendfile when the socket is writable again (polled through a dup of its fd, since
@@ -126,6 +127,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._unmute is not None:
+            self._unmute.cancel()
+            self._unmute = None
         self._stop_polling()
         if self._sender is not None:
             self._sender.forget(self)
@@ -164,7 +168,11 @@ class ClientConnection(asyncio.Protocol):
             self._conn.receive_data(data)
         except ProtocolError:
             return
-        while not self._closed and not self._closing:
+        self._start_received()
+
+    def _start_received(self) -> None:
+        # (While muted, requests already received wait too: none starts before the mute ends.)
+        while not self._closed and not self._closing and self._unmute is None:
             try:
                 event = self._conn.next_event() if self._auth is None else self._next_sasl()
             except ProtocolError as e:
@@ -474,10 +482,33 @@ class ClientConnection(asyncio.Protocol):
         if self._unsent is None:
             self._flush()
 
+    def mute(self, seconds: float) -> None:
+        """Read no new request for ``seconds``: the client is over a quota and its answer
+        says how long to wait (KIP-219); one that does not wait waits all the same."""
+        if self.transport is None or self._closed or seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        if self._unmute is not None:
+            if self._unmute.when() >= until:
+                return
+            self._unmute.cancel()
+        self._unmute = loop.call_at(until, self._end_mute)
+        self._update_reading()
+
+    def _end_mute(self) -> None:
+        self._unmute = None
+        self._start_received()
+
     def _update_reading(self) -> None:
         if self.transport is None or self._closed:
             return
-        should_pause = self._writing_paused or len(self._queue) >= _MAX_QUEUED or self._closing
+        should_pause = (
+            self._writing_paused
+            or len(self._queue) >= _MAX_QUEUED
+            or self._closing
+            or self._unmute is not None
+        )
         if should_pause and not self._reading_paused:
             self.transport.pause_reading()
             self._reading_paused = True

@@ -43,6 +43,8 @@ class Keys:
         self.vlogs = self.root + "vlogs/"
         self.reassignments = self.root + "reassignments/"
         self.scram = self.root + "scram/"  # one key per user: {mechanism: credential}
+        self.log_starts = self.root + "logstarts/"
+        self.quotas = self.root + "quotas"
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -61,6 +63,9 @@ class Keys:
 
     def reassignment(self, topic: str, index: int) -> str:
         return f"{self.reassignments}{topic}/{index}"
+
+    def log_start(self, topic: str, index: int) -> str:
+        return f"{self.log_starts}{topic}/{index}"
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,13 @@ class ClusterNode:
         self.vlogs: dict[int, VirtualLogState] = {}
         # (topic, partition) -> its reassignment in flight (or just done), as etcd holds it.
         self.reassignments: dict[tuple[str, int], Reassignment] = {}
+        # (topic, partition) -> (topic id, log start) a leader moved it to (DeleteRecords).
+        self.log_starts: dict[tuple[str, int], tuple[uuid.UUID, int]] = {}
+        # Called when ``log_starts`` changed (replicas move their log starts after it).
+        self.on_log_start: Callable[[], None] | None = None
+        # The client quotas (broker/quotas.py's JSON), and what is called when they change.
+        self.quotas: list = []
+        self.on_quotas: Callable[[], None] | None = None
         # Called with (name, topic or None) when a topic appears, changes or goes away.
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
         # Called after any change of brokers or virtual logs (replication reconciles itself).
@@ -317,6 +329,8 @@ class ClusterNode:
         brokers, topics, vlogs = {}, {}, {}
         self.reassignments = {}
         self.scram = {}
+        self.log_starts = {}
+        self.quotas = []
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
@@ -326,6 +340,8 @@ class ClusterNode:
             self._topic_changed(name, None)
         for name, t in topics.items():
             self._topic_changed(name, t)
+        self._log_starts_changed()
+        self._quotas_changed()
         return revision
 
     def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs, rev: int = 0) -> None:
@@ -343,6 +359,15 @@ class ClusterNode:
             else:
                 r = Reassignment.from_json(topic, int(index), json.loads(value), rev)
                 self.reassignments[(topic, int(index))] = r
+        elif key == k.quotas:
+            self.quotas = json.loads(value) if value is not None else []
+        elif key.startswith(k.log_starts):
+            topic, _, index = key[len(k.log_starts) :].rpartition("/")
+            if value is None:
+                self.log_starts.pop((topic, int(index)), None)
+            else:
+                raw = json.loads(value)
+                self.log_starts[(topic, int(index))] = (uuid.UUID(raw["id"]), int(raw["start"]))
         elif key.startswith(k.brokers):
             node = int(key[len(k.brokers) :])
             if value is None:
@@ -394,6 +419,10 @@ class ClusterNode:
                         self._topic_changed(name, topics.get(name))
                     elif ev.key.startswith(self.keys.scram):
                         self._credentials_changed()
+                    elif ev.key.startswith(self.keys.log_starts):
+                        self._log_starts_changed()
+                    elif ev.key == self.keys.quotas:
+                        self._quotas_changed()
                     else:
                         self._changed()
             except asyncio.CancelledError:
@@ -447,6 +476,20 @@ class ClusterNode:
                 return
             await asyncio.sleep(0.05)
         raise ClusterError("SCRAM credentials kept changing under this request; try again")
+
+    def _log_starts_changed(self) -> None:
+        if self.on_log_start is not None:
+            try:
+                self.on_log_start()
+            except Exception:
+                log.exception("moving log starts failed")
+
+    def _quotas_changed(self) -> None:
+        if self.on_quotas is not None:
+            try:
+                self.on_quotas()
+            except Exception:
+                log.exception("taking the new client quotas failed")
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -532,15 +575,81 @@ class ClusterNode:
         got = await self.store.get(self.keys.topic(name))
         if got is None:
             return False
-        # Its reassignments go with it.
+        # Its reassignments and moved log starts go with it.
         prefix = f"{self.keys.reassignments}{name}/"
         moving = [k for k, _v, _r in await self.store.get_prefix(prefix)]
+        starts = f"{self.keys.log_starts}{name}/"
+        moving += [k for k, _v, _r in await self.store.get_prefix(starts)]
         ok = await self.store.txn(
             {self.keys.topic(name): got[1]}, {}, [self.keys.topic(name), *moving]
         )
         if ok:
             self._topic_changed(name, None)
         return ok
+
+    async def set_topic_configs(
+        self, name: str, topic_id: uuid.UUID, changes: dict[str, str | None]
+    ) -> bool:
+        """Set (None: delete) config overrides of topic ``name`` (if it still has this id),
+        guarded by the topic's revision; False if it is gone."""
+        assert self.store is not None
+        key = self.keys.topic(name)
+        while True:
+            got = await self.store.get(key)
+            if got is None:
+                return False
+            t = ClusterTopic.from_json(name, json.loads(got[0]))
+            if t.topic_id != topic_id:
+                return False
+            for k, v in changes.items():
+                if v is None:
+                    t.configs.pop(k, None)
+                else:
+                    t.configs[k] = v
+            if await self.store.replace(key, _dump(t.to_json()), got[1]):
+                self._topic_changed(name, t)
+                return True
+
+    async def update_quotas(self, change: Callable[[list], list]) -> None:
+        """Apply ``change`` to the client quotas as etcd holds them, guarded by the key's
+        revision (retried on a concurrent change)."""
+        assert self.store is not None
+        while True:
+            got = await self.store.get(self.keys.quotas)
+            current = json.loads(got[0]) if got is not None else []
+            new = change(current)
+            if new == current:
+                return
+            if await self.store.replace(self.keys.quotas, _dump(new), got[1] if got else 0):
+                self.quotas = new
+                self._quotas_changed()
+                return
+
+    async def record_log_starts(
+        self, topic: str, topic_id: uuid.UUID, starts: dict[int, int]
+    ) -> bool:
+        """Record that the leader moved these partitions' log starts (partition index ->
+        offset) forward (DeleteRecords), in one transaction guarded by the topic (same id) and
+        each start's key; a start is never moved back. False if the topic is gone."""
+        assert self.store is not None
+        topic_key = self.keys.topic(topic)
+        while True:
+            got_topic = await self.store.get(topic_key)
+            if got_topic is None or json.loads(got_topic[0])["id"] != str(topic_id):
+                return False
+            expect = {topic_key: got_topic[1]}
+            puts: dict[str, bytes] = {}
+            for index, start in sorted(starts.items()):
+                key = self.keys.log_start(topic, index)
+                got = await self.store.get(key)
+                if got is not None:
+                    raw = json.loads(got[0])
+                    if raw["id"] == str(topic_id) and int(raw["start"]) >= start:
+                        continue
+                expect[key] = got[1] if got is not None else 0
+                puts[key] = _dump({"id": str(topic_id), "start": start})
+            if not puts or await self.store.txn(expect, puts):
+                return True
 
     async def allocate_producer_id(self) -> int:
         """A cluster-unique producer id, from blocks this node takes from etcd."""

@@ -38,6 +38,8 @@ class Request:
     client_id: str | None
     body: Any  # a kio request entity; None when the version is unsupported (ApiVersions only)
     size: int
+    # Set by the broker when the client is over a quota: its answer carries this (KIP-219).
+    throttle_ms: int = 0
 
     @property
     def supported(self) -> bool:

@@ -555,22 +555,51 @@ class LogStore:
         return self._drop_fronts(drops)
 
     def delete_records(self, uid: int, before: int) -> int:
-        """Drop the partition's chunks that end below ``before`` (below its high watermark
-        only), as Kafka's DeleteRecords does but by whole chunks; return how many went."""
-        p = self.partitions.get(uid)
-        if p is None:
-            return 0
-        before = min(before, p.high_watermark)
-        drop_cold = p.cold.count_before(before)
-        drop_hot = p.chunks.count_before(before) if drop_cold == len(p.cold) else 0
-        if not drop_cold and not drop_hot:
-            return 0
-        return self._drop_fronts([(p, drop_cold, drop_hot)])
+        """Move the partition's log start to ``before`` (at most its high watermark), as
+        Kafka's DeleteRecords does; return how many chunks went (see ``move_log_starts``)."""
+        return self.move_log_starts({uid: before})
 
-    def _drop_fronts(self, drops: list[tuple[PartitionLog, int, int]]) -> int:
-        """Drop each partition's first (cold, hot) chunks, moving its log start."""
+    def move_log_starts(self, starts: dict[int, int], *, up_to: str = "high_watermark") -> int:
+        """Move each partition's (uid's) log start forward to the offset given, exactly (it may
+        fall inside a chunk: reads from there return that whole chunk, as Kafka's do), capped
+        at the partition's ``up_to`` ("high_watermark", or "next_offset" for a replica applying
+        its leader's start, whose high watermark may trail the leader's); never backwards.
+        Chunks ending below the new start are dropped; the new starts are durable
+        (partition-state.json) before this returns and before any segment file goes. Returns
+        how many chunks went."""
+        drops = []
+        moved = False
+        for uid, before in starts.items():
+            p = self.partitions.get(uid)
+            if p is None:
+                continue
+            before = min(before, getattr(p, up_to))
+            if before <= p.log_start_offset:
+                continue
+            drop_cold = p.cold.count_before(before)
+            drop_hot = p.chunks.count_before(before) if drop_cold == len(p.cold) else 0
+            if drop_cold or drop_hot:
+                drops.append((p, drop_cold, drop_hot, before))
+            else:
+                p.log_start_offset = before
+                moved = True
+        if drops:  # (saves every partition's state, the moved ones' too)
+            starts_of = {p.uid: before for p, _c, _h, before in drops}
+            return self._drop_fronts([(p, c, h) for p, c, h, _ in drops], starts_of)
+        if moved:
+            self.save_state()
+        return 0
+
+    def _drop_fronts(
+        self, drops: list[tuple[PartitionLog, int, int]], starts: dict[int, int] | None = None
+    ) -> int:
+        """Drop each partition's first (cold, hot) chunks, moving its log start (to the first
+        chunk kept, or further to ``starts[uid]``)."""
         dropped_total = 0
         dead_cold: list[tuple[PartitionLog, list]] = []
+        for uid, start in (starts or {}).items():
+            p = self.partitions[uid]
+            p.log_start_offset = max(p.log_start_offset, start)
         for p, drop_cold, drop_hot in drops:
             if drop_cold:
                 dead_cold.append((p, p.drop_cold_front(drop_cold)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable
 
 from stratalog.broker.topic_config import (
     LIST,
@@ -433,11 +434,13 @@ def _clears_throttles(res) -> bool:
     )
 
 
-def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
+def handle_incremental_alter_configs(core, req: Request, conn):
     body = req.body
-    results = []
+    answers: list[list] = []  # [resource, error, message]
+    alters: list[tuple[list, str, dict[str, str | None]]] = []
     for res in body.resources:
-        error, message = "NONE", None
+        answer = [res, "NONE", None]
+        answers.append(answer)
         try:
             if _clears_throttles(res):
                 raise _NothingToDo()  # Stratalog has no replication throttles
@@ -466,28 +469,105 @@ def handle_incremental_alter_configs(core, req: Request, conn) -> bytes:
             except TopicConfigError as e:
                 raise MetadataError("INVALID_CONFIG", str(e)) from None
             if not body.validate_only:
-                core.metadata.set_configs(t.name, checked)
+                alters.append((answer, t.name, checked))
         except _NothingToDo:
             pass
         except TopicConfigError as e:
-            error, message = "INVALID_CONFIG", str(e)
+            answer[1:] = ["INVALID_CONFIG", str(e)]
         except MetadataError as e:
-            error, message = e.error, str(e)
-        results.append(
-            sub(
-                req,
-                "AlterConfigsResourceResponse",
-                error_code=err(error),
-                error_message=message,
-                resource_type=res.resource_type,
-                resource_name=res.resource_name,
-            )
+            answer[1:] = [e.error, str(e)]
+    return _altered(core, req, answers, alters)
+
+
+def handle_alter_configs(core, req: Request, conn):
+    """The legacy AlterConfigs (API 33): a resource's configs are replaced as a whole, so a
+    topic override the request does not name goes back to its default (Kafka's
+    ConfigurationControlManager.legacyAlterConfigs). Topic configs only, as for
+    IncrementalAlterConfigs."""
+    body = req.body
+    answers: list[list] = []
+    alters: list[tuple[list, str, dict[str, str | None]]] = []
+    for res in body.resources:
+        answer = [res, "NONE", None]
+        answers.append(answer)
+        try:
+            if res.resource_type == BROKER_LOGGER_RESOURCE:
+                raise MetadataError(
+                    "INVALID_REQUEST",
+                    "AlterConfigs is deprecated and does not support the resource type "
+                    "BROKER_LOGGER",
+                )
+            if res.resource_type != TOPIC_RESOURCE:
+                raise MetadataError(
+                    "INVALID_REQUEST",
+                    "only topic configs can be altered; broker settings come from its config file",
+                )
+            t = core.metadata.topics.get(res.resource_name)
+            if t is None:
+                raise MetadataError(
+                    "UNKNOWN_TOPIC_OR_PARTITION", f"Topic '{res.resource_name}' does not exist."
+                )
+            wanted: dict[str, str | None] = {}
+            for c in res.configs:
+                if c.value is None:
+                    raise MetadataError(
+                        "INVALID_REQUEST", f"Null value not supported for topic configs: {c.name}"
+                    )
+                wanted[c.name] = c.value
+            try:
+                checked = validate_topic_configs(wanted)
+            except TopicConfigError as e:
+                raise MetadataError("INVALID_CONFIG", str(e)) from None
+            # Overrides not named go back to their defaults.
+            checked.update({k: None for k in t.configs if k not in checked})
+            if not body.validate_only:
+                alters.append((answer, t.name, checked))
+        except MetadataError as e:
+            answer[1:] = [e.error, str(e)]
+    return _altered(core, req, answers, alters)
+
+
+def _altered(core, req: Request, answers: list[list], alters: list) -> bytes | Awaitable[bytes]:
+    """Apply the validated config changes (in a cluster through etcd, from where every broker
+    takes them) and answer each resource."""
+
+    def respond() -> bytes:
+        return reply(
+            req,
+            responses=tuple(
+                sub(
+                    req,
+                    "AlterConfigsResourceResponse",
+                    error_code=err(error),
+                    error_message=message,
+                    resource_type=res.resource_type,
+                    resource_name=res.resource_name,
+                )
+                for res, error, message in answers
+            ),
         )
-    return reply(req, responses=tuple(results))
+
+    pending = [
+        (answer, core.alter_topic_configs(name, changes)) for answer, name, changes in alters
+    ]
+    if all(done is None for _answer, done in pending):
+        return respond()
+
+    async def in_cluster() -> bytes:
+        for answer, done in pending:
+            if done is not None and not await done:
+                answer[1:] = [
+                    "UNKNOWN_TOPIC_OR_PARTITION",
+                    f"Topic '{answer[0].resource_name}' does not exist.",
+                ]
+        return respond()
+
+    return in_cluster()
 
 
 __all__ = [
     "NONE",
+    "handle_alter_configs",
     "handle_create_partitions",
     "handle_create_topics",
     "handle_delete_topics",

@@ -68,7 +68,9 @@ def handle_produce(core, req: Request, conn):
                     ],
                 )
             )
-        return encode_produce_response(req.api_version, req.correlation_id, results)
+        return encode_produce_response(
+            req.api_version, req.correlation_id, results, req.throttle_ms
+        )
     if core.disk.low:
         # Under the free-space reserve: refused before anything is written (disk_guard.py).
         return _refuse_all(
@@ -119,6 +121,7 @@ def handle_produce(core, req: Request, conn):
             req.api_version,
             req.correlation_id,
             results,
+            req.throttle_ms,
             node_endpoints=_leader_endpoints(core, results, conn) if any_error and hints else None,
         )
     else:
@@ -243,7 +246,7 @@ def _refuse_all(core, req: Request, results: list, acks: int, conn, error: str, 
     if acks == 0:
         conn.abort()  # Kafka's answer to a failed acks=0 produce: the client sees the drop
         return None
-    return encode_produce_response(req.api_version, req.correlation_id, results)
+    return encode_produce_response(req.api_version, req.correlation_id, results, req.throttle_ms)
 
 
 def _timeout_ms(body) -> int:
@@ -362,6 +365,7 @@ class _Pending:
                     self.req.api_version,
                     self.req.correlation_id,
                     self.results,
+                    self.req.throttle_ms,
                     node_endpoints=endpoints,
                 )
             )
