@@ -161,10 +161,17 @@ def _brokers(core, conn) -> list[tuple[int, str, int]]:
     address of the listener the client connected to, as Kafka answers."""
     if core.cluster is None:
         return [(core.node_id, *core.endpoint(conn))]
-    return [
+    listed = [
         (b.node_id, *core.broker_endpoint(b, conn))
         for _n, b in sorted(core.cluster.brokers.items())
     ]
+    if core.node_id not in core.cluster.brokers:
+        # Unregistered (etcd away, or its lease just lost): it answers, so it lists itself. A
+        # list without it, empty in an etcd outage, made librdkafka drop every broker it knew
+        # and wait minutes to bootstrap again (its producers stalled in the fault soak).
+        listed.append((core.node_id, *core.endpoint(conn)))
+        listed.sort()
+    return listed
 
 
 def _controller(core) -> int:
