@@ -138,6 +138,16 @@ class ProducerStateTable:
                 entry.history = []
             entry.history.append(meta)
 
+    def fence(self, producer_id: int, epoch: int) -> None:
+        """A transaction marker of ``producer_id`` at ``epoch`` was appended: batches of an older
+        epoch are refused from now on (a coordinator that aborted a timed-out transaction bumped
+        the epoch to fence the zombie producer). A producer with no state here stays unknown."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and epoch > entry.epoch:
+            fresh = ProducerEntry(epoch)
+            fresh.touched_ms = int(time.time() * 1000)
+            self.producers[producer_id] = fresh
+
     def truncate(self, offset: int) -> None:
         """Forget batches at or past ``offset`` (a replica's log was cut there, KIP-101). A
         producer whose retained batches all went is forgotten, as if expired: with at most
