@@ -18,6 +18,7 @@ from .api import (
     offsets,
     produce,
     reassignments,
+    transactions,
 )
 from .api import versions as api_versions
 
@@ -49,6 +50,14 @@ HANDLERS = {
     v.OFFSET_FETCH: groups.handle_offset_fetch,
     v.LIST_GROUPS: groups.handle_list_groups,
     v.DESCRIBE_GROUPS: groups.handle_describe_groups,
+    v.ADD_PARTITIONS_TO_TXN: transactions.handle_add_partitions_to_txn,
+    v.ADD_OFFSETS_TO_TXN: transactions.handle_add_offsets_to_txn,
+    v.END_TXN: transactions.handle_end_txn,
+    v.WRITE_TXN_MARKERS: transactions.handle_write_txn_markers,
+    v.TXN_OFFSET_COMMIT: transactions.handle_txn_offset_commit,
+    v.LIST_TRANSACTIONS: transactions.handle_list_transactions,
+    v.DESCRIBE_TRANSACTIONS: transactions.handle_describe_transactions,
+    v.DESCRIBE_PRODUCERS: transactions.handle_describe_producers,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)

@@ -24,6 +24,11 @@ CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
 OFFSET_FOR_LEADER_EPOCH = 23
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+WRITE_TXN_MARKERS = 27
+TXN_OFFSET_COMMIT = 28
 DESCRIBE_CONFIGS = 32
 DESCRIBE_LOG_DIRS = 35
 CREATE_PARTITIONS = 37
@@ -32,6 +37,9 @@ INCREMENTAL_ALTER_CONFIGS = 44
 ALTER_PARTITION_REASSIGNMENTS = 45
 LIST_PARTITION_REASSIGNMENTS = 46
 DESCRIBE_CLUSTER = 60
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 DESCRIBE_TOPIC_PARTITIONS = 75
 
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -53,6 +61,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_TOPICS: (1, 6),
     INIT_PRODUCER_ID: (0, 5),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    # Transactions (KIP-98) without KIP-890's part 2 (a new epoch at every transaction): clients
+    # send AddPartitionsToTxn up to v3 (v4+ is between brokers), EndTxn v5 and TxnOffsetCommit
+    # v5 only when the broker finalizes transaction.version 2, which Stratalog does not.
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 4),
+    END_TXN: (0, 4),
+    WRITE_TXN_MARKERS: (1, 1),
+    TXN_OFFSET_COMMIT: (0, 4),
     DESCRIBE_CONFIGS: (1, 4),
     DESCRIBE_LOG_DIRS: (1, 4),
     CREATE_PARTITIONS: (0, 3),
@@ -61,6 +77,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ALTER_PARTITION_REASSIGNMENTS: (0, 1),
     LIST_PARTITION_REASSIGNMENTS: (0, 0),
     DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_PRODUCERS: (0, 0),
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 2),
     DESCRIBE_TOPIC_PARTITIONS: (0, 0),
 }
 

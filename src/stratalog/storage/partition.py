@@ -200,6 +200,7 @@ class PartitionLog:
         now_ms: int = -1,
         writes: WriteBatch | None = None,
         markers: bool = False,
+        transactional_check: Callable[[BatchHeader], None] | None = None,
     ) -> AppendResult:
         """Validate, assign offsets and append; raises AppendError, CorruptBatchError or
         StorageFailure. With ``writes`` the bytes are staged and written at its commit; the
@@ -208,7 +209,9 @@ class PartitionLog:
         Nothing is appended unless every batch in ``records`` is valid. ``timestamp_check(h)``
         may raise, or return True to have that batch stamped with broker time ``now_ms``.
         Control batches (transaction markers) are the broker's own: taken only with
-        ``markers``.
+        ``markers``. ``transactional_check(h)`` may raise for the first batch when it is
+        transactional, once every batch is known valid (the Produce handler's checks of the
+        transaction).
         """
         if self.deleted:
             raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
@@ -237,6 +240,11 @@ class PartitionLog:
                 if restamp is None:
                     restamp = set()
                 restamp.add(n)
+        first = found[0][1]
+        if transactional_check is not None and first.attributes & (
+            TRANSACTIONAL_MASK | CONTROL_MASK
+        ):
+            transactional_check(first)
         duplicate = self._check_sequences(found)
         if duplicate is not None:
             if found[0][1].producer_id >= DETERMINISTIC_PRODUCER_IDS:

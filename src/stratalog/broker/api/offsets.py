@@ -13,10 +13,11 @@ EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
 
 
-def _lookup(p, ts: int) -> tuple[int, int]:
-    """(timestamp, offset) answered for one partition and target timestamp."""
+def _lookup(p, ts: int, read_committed: bool = False) -> tuple[int, int]:
+    """(timestamp, offset) answered for one partition and target timestamp (the latest offset
+    of a read_committed consumer is the last stable offset)."""
     if ts == LATEST:
-        return -1, p.high_watermark
+        return -1, p.last_stable_offset if read_committed else p.high_watermark
     if ts in (EARLIEST, EARLIEST_LOCAL):
         return -1, p.log_start_offset
     if ts == LATEST_TIERED:
@@ -35,6 +36,7 @@ def _lookup(p, ts: int) -> tuple[int, int]:
 
 
 def handle_list_offsets(core, req: Request, conn) -> bytes:
+    read_committed = getattr(req.body, "isolation_level", 0) == 1
     topics = []
     for t in req.body.topics:
         parts = []
@@ -54,7 +56,7 @@ def handle_list_offsets(core, req: Request, conn) -> bytes:
                     )
                 )
                 continue
-            stamp, offset = _lookup(p, rp.timestamp)
+            stamp, offset = _lookup(p, rp.timestamp, read_committed)
             parts.append(
                 sub(
                     req,
