@@ -502,3 +502,81 @@ def test_aiokafka_transactions(pair, name):
     strat, kafka = both(pair, aiokafka_transactions, name)
     check(strat, kafka)
     assert len(kafka["read_committed"]) == 4
+
+
+# -- kafka-transactions.sh ------------------------------------------------------------------------
+
+
+def _table(out: str) -> list[dict[str, str]]:
+    """A kafka-transactions table (tab-separated, a header line) as rows of named cells."""
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        return []
+    names = [c.strip() for c in lines[0].split("\t") if c.strip()]
+    return [
+        dict(zip(names, (c.strip() for c in line.split("\t")), strict=False)) for line in lines[1:]
+    ]
+
+
+def _tool(bs: str, *args: str) -> list[dict[str, str]]:
+    from stratalog.peers.kafka import run_tool
+
+    r = run_tool("kafka-transactions", "--bootstrap-server", bs, *args, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return _table(r.stdout)
+
+
+def transactions_tool(bs: str, topic: str) -> dict[str, Any]:
+    assert wire.create_topic(bs, topic, 2) == 0
+    txid = f"{topic}-tx"
+    p = Producer({"bootstrap.servers": bs, "transactional.id": txid,
+                  "transaction.timeout.ms": 60000})  # fmt: skip
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, f"v{i}".encode(), partition=i % 2)
+    p.flush(30)
+    out: dict[str, Any] = {}
+
+    def listed() -> list[tuple[str, str]]:
+        return [(r["TransactionalId"], r["TransactionState"])
+                for r in _tool(bs, "list") if r["TransactionalId"] == txid]  # fmt: skip
+
+    def described() -> list[dict[str, Any]]:
+        return [
+            {"epoch": r["ProducerEpoch"], "state": r["TransactionState"],
+             "timeout": r["TransactionTimeoutMs"],
+             "partitions": sorted(r["TopicPartitions"].split(",")) if r["TopicPartitions"] else []}
+            for r in _tool(bs, "describe", "--transactional-id", txid)
+        ]  # fmt: skip
+
+    def producers(partition: int) -> list[dict[str, str]]:
+        return [
+            {k: r[k] for k in ("ProducerEpoch", "LatestCoordinatorEpoch", "LastSequence",
+                               "CurrentTransactionStartOffset")}
+            for r in _tool(bs, "describe-producers", "--topic", topic, "--partition",
+                           str(partition))
+        ]  # fmt: skip
+
+    out["ongoing/list"] = listed()
+    out["ongoing/describe"] = described()
+    out["ongoing/producers"] = producers(0)
+    p.abort_transaction(30)
+    deadline = time.monotonic() + 30
+    while True:  # (raw ListTransactions: a tool run per poll would take seconds each)
+        r = wire.call(bs, 66, 1, state_filters=["CompleteAbort"], producer_id_filters=[],
+                      duration_filter=-1)  # fmt: skip
+        if any(t["transactional_id"] == txid for t in r["transaction_states"]):
+            break
+        assert time.monotonic() < deadline, "the abort never completed"
+        time.sleep(0.1)
+    out["aborted/list"] = listed()
+    out["aborted/producers"] = producers(0)
+    return out
+
+
+def test_kafka_transactions_tool(pair, name):
+    strat, kafka = both(pair, transactions_tool, name)
+    check(strat, kafka)
+    assert kafka["ongoing/list"] == [(f"{name}-tx", "Ongoing")]
+    assert kafka["ongoing/describe"][0]["partitions"] == [f"{name}-0", f"{name}-1"]

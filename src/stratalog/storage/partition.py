@@ -46,7 +46,7 @@ from stratalog.storage.txn_index import (
     COMMIT,
     TRANSACTIONAL_PRODUCER_IDS,
     TxnIndex,
-    control_type,
+    control_record,
     is_transactional_producer,
 )
 from stratalog.storage.virtual_log import VirtualLog, WriteBatch
@@ -602,10 +602,10 @@ class PartitionLog:
             if h.is_transactional:
                 self.txns.on_data(h.producer_id, base)
             return
-        kind = control_type(batch)
-        if kind in (ABORT, COMMIT):
-            self.txns.on_marker(h.producer_id, base, kind == ABORT)
-            self.producers.fence(h.producer_id, h.producer_epoch)
+        control = control_record(batch)
+        if control is not None and control[0] in (ABORT, COMMIT):
+            self.txns.on_marker(h.producer_id, base, control[0] == ABORT)
+            self.producers.fence(h.producer_id, h.producer_epoch, control[1])
 
     def rebuild_txns(self, chunks: list[tuple[int, int, int, int]]) -> None:
         """Rebuild the transaction index from ``chunks``, (base offset, producer id, epoch,
@@ -615,15 +615,15 @@ class PartitionLog:
         epochs = {base: (pid, epoch) for base, pid, epoch, _seq in chunks}
         markers = self.txns.rebuild(
             ((base, pid, seq) for base, pid, _epoch, seq in chunks),
-            self._control_type_at,
+            self._control_record_at,
             self.high_watermark,
         )
-        for pid, base in markers:
-            self.producers.fence(pid, epochs[base][1])
+        for pid, base, coordinator_epoch in markers:
+            self.producers.fence(pid, epochs[base][1], coordinator_epoch)
 
-    def _control_type_at(self, base: int) -> int | None:
+    def _control_record_at(self, base: int) -> tuple[int, int] | None:
         try:
-            return control_type(self.batch_at(base))
+            return control_record(self.batch_at(base))
         except (OSError, CorruptBatchError, ValueError) as e:
             log.warning("%s-%d: cannot read the batch at %d: %s", self.topic, self.index, base, e)
             return None

@@ -80,9 +80,10 @@ def marker_batch(
     )
 
 
-def control_type(batch: bytes | memoryview) -> int | None:
-    """The control record type of a control batch (ABORT, COMMIT, or another Kafka type), None
-    if the batch is not a control batch or its record cannot be read."""
+def control_record(batch: bytes | memoryview) -> tuple[int, int] | None:
+    """(control record type, coordinator epoch) of a control batch (the type ABORT, COMMIT or
+    another of Kafka's; the epoch -1 when the value holds none), None if the batch is not a
+    control batch or its record cannot be read."""
     from stratalog.records import iter_records
     from stratalog.storage.batch import CorruptBatchError
 
@@ -93,13 +94,22 @@ def control_type(batch: bytes | memoryview) -> int | None:
         return None
     try:
         for rec in iter_records(batch, h):
-            key = rec.key
+            key, value = rec.key, rec.value
             if key is None or len(key) < 4:
                 return None
-            return _MARKER_KEY.unpack_from(key)[1]
+            epoch = -1
+            if value is not None and len(value) >= _MARKER_VALUE.size:
+                epoch = _MARKER_VALUE.unpack_from(value)[1]
+            return _MARKER_KEY.unpack_from(key)[1], epoch
     except (CorruptBatchError, ValueError, IndexError):
         return None
     return None
+
+
+def control_type(batch: bytes | memoryview) -> int | None:
+    """The control record type of a control batch, None if it is none (control_record)."""
+    found = control_record(batch)
+    return None if found is None else found[0]
 
 
 class TxnIndex:
@@ -230,21 +240,22 @@ class TxnIndex:
     def rebuild(
         self,
         chunks: Iterable[tuple[int, int, int]],
-        kind_of: Callable[[int], int | None],
+        control_of: Callable[[int], tuple[int, int] | None],
         hwm: int,
-    ) -> list[tuple[int, int]]:
+    ) -> list[tuple[int, int, int]]:
         """Rebuild from a partition's transactional chunks in offset order: (base offset,
         producer id, base sequence) of each chunk of a transactional producer. A chunk without
-        a sequence is looked at (``kind_of(base)``: ABORT, COMMIT, or None for data). Returns
-        (producer id, marker offset) of the markers found (the caller fences older epochs)."""
+        a sequence is looked at (``control_of(base)``: control_record's answer, None for data).
+        Returns (producer id, marker offset, coordinator epoch) of the markers found (the
+        caller fences older epochs)."""
         self.clear()
-        markers: list[tuple[int, int]] = []
+        markers: list[tuple[int, int, int]] = []
         for base, pid, seq in chunks:
-            kind = kind_of(base) if seq < 0 else None
-            if kind is None:
+            control = control_of(base) if seq < 0 else None
+            if control is None:
                 self.on_data(pid, base)
-            elif kind in (ABORT, COMMIT):
-                self.on_marker(pid, base, kind == ABORT)
-                markers.append((pid, base))
+            elif control[0] in (ABORT, COMMIT):
+                self.on_marker(pid, base, control[0] == ABORT)
+                markers.append((pid, base, control[1]))
         self.on_high_watermark(hwm)
         return markers

@@ -379,7 +379,7 @@ def handle_describe_producers(core, req: Request, conn) -> bytes:
                         producer_epoch=entry.epoch,
                         last_sequence=last.last_seq if last else -1,
                         last_timestamp=last.timestamp if last else -1,
-                        coordinator_epoch=-1,
+                        coordinator_epoch=entry.coordinator_epoch,
                         current_txn_start_offset=p.txns.open.get(pid, -1),
                     )
                 )
