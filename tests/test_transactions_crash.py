@@ -118,14 +118,22 @@ def test_broker_killed_mid_transaction(tmp_path: Path, tiered: bool):
                 p.produce(topic, f"{tag}{i}".encode() + PAD, partition=i % 2)
             p.flush(30)
             end(30)
+        # C and D also commit a consumer's offsets (send_offsets_to_transaction): C's count,
+        # D's never do.
+        create_topic(b.bootstrap, "txn-source", 1)
+        group = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "crash-group"})
+        meta = group.consumer_group_metadata()
         p.begin_transaction()
         for i in range(20):
             p.produce(topic, f"C{i}".encode() + PAD, partition=i % 2)
+        p.send_offsets_to_transaction([TopicPartition("txn-source", 0, 7)], meta, 30)
         p.commit_transaction(30)
         p.begin_transaction()
         for i in range(20):
             p.produce(topic, f"D{i}".encode() + PAD, partition=i % 2)
+        p.send_offsets_to_transaction([TopicPartition("txn-source", 0, 9)], meta, 30)
         p.flush(30)
+        group.close()
         if tiered:
             time.sleep(2)  # local.retention.ms=1: sealed segments move to the cold tier
         b.kill(signal.SIGKILL)
@@ -139,6 +147,12 @@ def test_broker_killed_mid_transaction(tmp_path: Path, tiered: bool):
         assert sorted(committed) == sorted(want), "committed transactions must be whole"
         everything = _values(_read(b.bootstrap, topic, 2, "read_uncommitted"))
         assert len(everything) == 80  # A, B, C and D, each once
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "crash-group"})
+        try:
+            (got,) = c.committed([TopicPartition("txn-source", 0)], timeout=30)
+        finally:
+            c.close()
+        assert got.offset == 7  # C's offsets, not the aborted D's
         # The old producer was fenced by the abort at a bumped epoch.
         with pytest.raises(KafkaException):
             p.produce(topic, b"zombie", partition=0)

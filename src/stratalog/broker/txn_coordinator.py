@@ -121,7 +121,9 @@ class TransactionCoordinator:
         self.id_expiration_ms: int = config["transactional.id.expiration.ms"]
         self.log = TxnLog(core)
         self.txns: dict[str, TxnMeta] = {}
-        self._loaded: set[int] = set()  # partitions of the log whose state is in memory
+        # Partitions of the log whose state is in memory -> the coordinator epoch it was read
+        # at (leadership lost and regained in between means reading it again).
+        self._loaded: dict[int, int] = {}
         self._completing: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.Task | None = None
@@ -150,17 +152,23 @@ class TransactionCoordinator:
         p = parts[idx]
         if p is None or not p.leading or self.core.leader_error(TRANSACTION_STATE_TOPIC, idx):
             raise CoordinatorError("NOT_COORDINATOR")
-        if idx not in self._loaded:
+        if self._loaded.get(idx) != self.coordinator_epoch(idx):
+            self._forget_partition(idx, len(parts))
             self._load_partition(idx, p)
         return idx
+
+    def owns(self, transactional_id: str) -> bool:
+        try:
+            self._check_owner(transactional_id)
+        except CoordinatorError:
+            return False
+        return True
 
     # -- life cycle ----------------------------------------------------------------------------
     def load(self) -> None:
         """Read the state of every log partition this broker leads (at start, and in a cluster
         whenever leadership changes); forget the others'."""
         parts = self.core.txn_state_partitions(False)
-        from stratalog.broker.txn_records import partition_for
-
         leading = set()
         for idx, p in enumerate(parts):
             if (
@@ -169,20 +177,28 @@ class TransactionCoordinator:
                 and not self.core.leader_error(TRANSACTION_STATE_TOPIC, idx)
             ):
                 leading.add(idx)
-                if idx not in self._loaded:
+                if self._loaded.get(idx) != self.coordinator_epoch(idx):
+                    self._forget_partition(idx, len(parts))
                     self._load_partition(idx, p)
-        for idx in self._loaded - leading:
-            self._loaded.discard(idx)
-            self.log.forget_partition(idx)
-            for tid in [t for t in self.txns if partition_for(t, len(parts)) == idx]:
-                del self.txns[tid]
-                task = self._completing.pop(tid, None)
-                if task is not None:
-                    task.cancel()
+        for idx in set(self._loaded) - leading:
+            self._forget_partition(idx, len(parts))
+
+    def _forget_partition(self, idx: int, partitions: int) -> None:
+        """Leadership of the log's partition ``idx`` went (or changed epoch): its ids' state is
+        the next leader's (their completions too, which it finishes)."""
+        from stratalog.broker.txn_records import partition_for
+
+        self._loaded.pop(idx, None)
+        self.log.forget_partition(idx)
+        for tid in [t for t in self.txns if partition_for(t, partitions) == idx]:
+            del self.txns[tid]
+            task = self._completing.pop(tid, None)
+            if task is not None:
+                task.cancel()
 
     def _load_partition(self, idx: int, p) -> None:
         found = self.log.load_partition(idx, p)
-        self._loaded.add(idx)
+        self._loaded[idx] = self.coordinator_epoch(idx)
         for tid, v in found.items():
             m = TxnMeta(tid, v.producer_id, v.producer_epoch, v.timeout_ms, v.state)
             m.apply(v)
@@ -390,6 +406,8 @@ class TransactionCoordinator:
             left = [
                 tp for tp in left if errors.get(tp) not in ("NONE", "UNKNOWN_TOPIC_OR_PARTITION")
             ]
+            if left and not self.owns(m.transactional_id):
+                return  # no longer ours: the new coordinator finishes it
             if left:
                 log.info("transactional id %s: markers for %s not written yet (%s); again",
                          m.transactional_id, left, {tp: errors.get(tp) for tp in left})  # fmt: skip
@@ -405,11 +423,7 @@ class TransactionCoordinator:
                 await self._persist(m, new)
                 return
             except CoordinatorError as e:
-                if e.error != "NOT_COORDINATOR" or self.partition_of(m.transactional_id) is None:
-                    return
-                try:
-                    self._check_owner(m.transactional_id)
-                except CoordinatorError:
+                if e.error != "NOT_COORDINATOR" or not self.owns(m.transactional_id):
                     return  # no longer ours: the new coordinator finishes it
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MARKER_RETRY_MAX_S)

@@ -230,7 +230,7 @@ class PartitionLog:
                 )
             if h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK):
                 _check_transactional(h, markers)
-            elif h.producer_id >= 0 and is_transactional_producer(h.producer_id):
+            elif TRANSACTIONAL_PRODUCER_IDS <= h.producer_id < DETERMINISTIC_PRODUCER_IDS:
                 raise AppendError(
                     "INVALID_PRODUCER_ID_MAPPING",
                     f"producer id {h.producer_id} is a transactional producer's: its batches "
@@ -296,7 +296,7 @@ class PartitionLog:
                         b,
                         h.max_timestamp,
                     )
-                    if h.producer_id >= TRANSACTIONAL_PRODUCER_IDS:
+                    if TRANSACTIONAL_PRODUCER_IDS <= h.producer_id < DETERMINISTIC_PRODUCER_IDS:
                         self._note_transactional(h, b, batch)
                 tail_put(uid, b, head, batch[16:])
                 self.size_bytes += size
@@ -357,7 +357,7 @@ class PartitionLog:
                         b,
                         h.max_timestamp,
                     )
-                    if h.producer_id >= TRANSACTIONAL_PRODUCER_IDS:
+                    if TRANSACTIONAL_PRODUCER_IDS <= h.producer_id < DETERMINISTIC_PRODUCER_IDS:
                         self._note_transactional(h, b, batch)
                 self._tail.put(self.uid, b, head, batch[16:])
                 self.size_bytes += size
