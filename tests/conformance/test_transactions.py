@@ -320,6 +320,64 @@ def test_bad_input(pair, name):
     assert kafka["add-missing-topic"][f"{name}-missing/0"] == "UNKNOWN_TOPIC_OR_PARTITION"
 
 
+def offset_fetch(bs: str, group: str, topic: str, stable: bool) -> tuple[str, int]:
+    r = wire.call(bs, 9, 7, group_id=group, require_stable=stable,
+                  topics=[{"name": topic, "partition_indexes": [0]}])  # fmt: skip
+    p = r["topics"][0]["partitions"][0]
+    return err(p["error_code"]), p["committed_offset"]
+
+
+def list_by_time(bs: str, topic: str, ts: int, isolation: int) -> int:
+    r = wire.call(
+        bs, 2, 7, replica_id=-1, isolation_level=isolation,
+        topics=[{"name": topic, "partitions": [
+            {"partition_index": 0, "current_leader_epoch": -1, "timestamp": ts}]}],
+    )  # fmt: skip
+    return r["topics"][0]["partitions"][0]["offset"]
+
+
+def offsets_walk(bs: str, topic: str, ts: int) -> dict[str, Any]:
+    """TxnOffsetCommit: invisible (or unstable, with require_stable) until the commit, dropped
+    at an abort; ListOffsets by time below the last stable offset only."""
+    assert wire.create_topic(bs, topic, 1) == 0
+    txid, group = f"{topic}-tx", f"{topic}-g"
+    find_coordinator(bs, txid)
+    r = init_pid(bs, txid)
+    pid, epoch = r["producer_id"], r["producer_epoch"]
+    out: dict[str, Any] = {}
+    for outcome, offset in (("abort", 5), ("commit", 8)):
+        out[f"{outcome}/add-offsets"] = _retry(
+            lambda: add_offsets(bs, txid, pid, epoch, group), lambda e: e
+        )
+        out[f"{outcome}/add"] = add_partitions(bs, txid, pid, epoch, [(topic, 0)])
+        seq = 0 if outcome == "abort" else 1
+        r = wire.produce(bs, topic, 0, txn_batch(pid, epoch, seq, 1, ts), transactional_id=txid)
+        out[f"{outcome}/produce"] = err(r["error_code"])
+        out[f"{outcome}/commit-offsets"] = txn_offset_commit(bs, txid, pid, epoch, group, topic,
+                                                             offset)  # fmt: skip
+        out[f"{outcome}/open/fetch"] = offset_fetch(bs, group, topic, False)
+        out[f"{outcome}/open/fetch-stable"] = offset_fetch(bs, group, topic, True)
+        out[f"{outcome}/open/by-time"] = (list_by_time(bs, topic, ts, 0),
+                                          list_by_time(bs, topic, ts, 1))  # fmt: skip
+        out[f"{outcome}/end"] = end_txn(bs, txid, pid, epoch, commit=outcome == "commit")
+        wait_stable(bs, topic, 0)
+        deadline = time.monotonic() + 30
+        while offset_fetch(bs, group, topic, True)[0] != "NONE":  # the offsets' marker
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        out[f"{outcome}/done/fetch"] = offset_fetch(bs, group, topic, True)
+    out["offsets-wrong-epoch"] = txn_offset_commit(bs, txid, pid, epoch + 1, group, topic, 9)
+    out["offsets-unknown-id"] = txn_offset_commit(bs, f"{txid}-x", pid, epoch, group, topic, 9)
+    return out
+
+
+def test_transactional_offset_commits(pair, name):
+    strat, kafka = both(pair, offsets_walk, name, _now_ms())
+    check(strat, kafka)
+    assert kafka["abort/done/fetch"] == ("NONE", -1)
+    assert kafka["commit/done/fetch"] == ("NONE", 8)
+
+
 # -- clients ---------------------------------------------------------------------------------------
 
 

@@ -22,16 +22,12 @@ def _lookup(p, ts: int, read_committed: bool = False) -> tuple[int, int]:
         return -1, p.log_start_offset
     if ts == LATEST_TIERED:
         return -1, -1
-    if ts == MAX_TIMESTAMP:
-        found = p.max_timestamp()
-        if found is None:
-            return -1, -1
-        offset, stamp = found
-        return stamp, offset
-    found = p.offset_for_timestamp(ts)
+    found = p.max_timestamp() if ts == MAX_TIMESTAMP else p.offset_for_timestamp(ts)
     if found is None:
         return -1, -1
     offset, stamp = found
+    if read_committed and offset >= p.last_stable_offset:
+        return -1, -1  # as Kafka: only what a read_committed consumer could fetch
     return stamp, offset
 
 
