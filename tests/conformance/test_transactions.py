@@ -21,6 +21,7 @@ so answers show them as "P" (and "Q" for a second producer).
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from typing import Any
@@ -638,3 +639,34 @@ def test_kafka_transactions_tool(pair, name):
     check(strat, kafka)
     assert kafka["ongoing/list"] == [(f"{name}-tx", "Ongoing")]
     assert kafka["ongoing/describe"][0]["partitions"] == [f"{name}-0", f"{name}-1"]
+
+
+def java_transactions(bs: str, topic: str) -> dict[str, Any]:
+    """Kafka's Java producer (kafka-producer-perf-test with a transactional id: a transaction
+    every 100 ms), then a read_committed consumer."""
+    from stratalog.peers.kafka import run_tool
+
+    assert wire.create_topic(bs, topic, 3) == 0
+    r = run_tool(
+        "kafka-producer-perf-test", "--topic", topic, "--num-records", "5000",
+        "--record-size", "100", "--throughput", "-1", "--transactional-id", f"{topic}-tx",
+        "--transaction-duration-ms", "100", "--command-property", f"bootstrap.servers={bs}",
+        timeout=100,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _read(bs, topic, 3, "read_committed", 5000)
+    return {"read_committed": len(rows), "per_partition_dense": _dense(rows)}
+
+
+def _dense(rows: list[tuple]) -> bool:
+    """Whether each partition's offsets only skip control batches (one offset each)."""
+    by: dict[int, list[int]] = {}
+    for partition, offset, _v in rows:
+        by.setdefault(partition, []).append(offset)
+    return all(b - a in (1, 2) for offsets in by.values() for a, b in itertools.pairwise(offsets))
+
+
+def test_java_transactional_producer(pair, name):
+    strat, kafka = both(pair, java_transactions, name)
+    check(strat, kafka)
+    assert kafka == {"read_committed": 5000, "per_partition_dense": True}
