@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_MARKER_READ = 128  # bytes read to tell a transaction marker (about 80 bytes) from data
+
 # A stored batch's first 16 bytes as the broker rewrites them: baseOffset, batchLength (as
 # sent), partitionLeaderEpoch (the log's); all outside the batch CRC.
 _HEAD = struct.Struct(">qii")
@@ -622,7 +624,18 @@ class PartitionLog:
             self.producers.fence(pid, epochs[base][1], coordinator_epoch)
 
     def _control_record_at(self, base: int) -> tuple[int, int] | None:
+        """The control record of the chunk at ``base`` (None: a data batch), from one small
+        read of its file: a marker is about 80 bytes, and only its header decides the rest."""
         try:
+            for chunks in (self.cold, self.chunks):
+                i = chunks.locate(base)
+                if i < len(chunks) and chunks.base_of(i) == base:
+                    head = self._chunk_prefix(chunks, i, _MARKER_READ)
+                    if len(head) < 61 or not parse_header(head).is_control:
+                        return None
+                    if len(head) < chunks.size_of(i):
+                        head = self._chunk_prefix(chunks, i, chunks.size_of(i))
+                    return control_record(head)
             return control_record(self.batch_at(base))
         except (OSError, CorruptBatchError, ValueError) as e:
             log.warning("%s-%d: cannot read the batch at %d: %s", self.topic, self.index, base, e)
@@ -659,13 +672,18 @@ class PartitionLog:
         return out
 
     def batch_head(self, chunks: ChunkIndex, i: int) -> BatchHeader:
+        return parse_header(self._chunk_prefix(chunks, i, 61))
+
+    def _chunk_prefix(self, chunks: ChunkIndex, i: int, size: int) -> bytes:
+        """The first ``size`` bytes (at most the chunk's) of chunk ``i`` of ``chunks`` (the
+        hot or the cold index), read from its segment file."""
         if chunks is self.cold:
             seg = self.cold_segments[chunks.segment_of(i)]
         else:
             seg = self.vlog.segment(chunks.segment_of(i))
             if seg is None:
                 raise OSError(f"segment {chunks.segment_of(i)} is gone")
-        return parse_header(seg.read(chunks[i].position, 61))
+        return seg.read(chunks[i].position, min(size, chunks.size_of(i)))
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []

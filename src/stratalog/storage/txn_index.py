@@ -35,7 +35,8 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 
-from stratalog.storage.batch import HEADER_SIZE, parse_header
+from stratalog.records import _bytes_field, _varint, build_batch, iter_records
+from stratalog.storage.batch import HEADER_SIZE, CorruptBatchError, parse_header
 
 # Producer ids handed to transactional producers: [2^61, 2^62). Below: idempotent producers
 # (from 0); from 2^62: writers that derive their own ids (producer_state.py).
@@ -69,8 +70,6 @@ def marker_batch(
 ) -> bytes:
     """A transaction marker: a control batch of one control record, as Kafka writes it (no
     sequence; key: version 0 and COMMIT or ABORT; value: EndTransactionMarker version 0)."""
-    from stratalog.records import build_batch
-
     return build_batch(
         [(marker_key(commit), marker_value(coordinator_epoch), timestamp_ms)],
         producer_id=producer_id,
@@ -84,26 +83,31 @@ def control_record(batch: bytes | memoryview) -> tuple[int, int] | None:
     """(control record type, coordinator epoch) of a control batch (the type ABORT, COMMIT or
     another of Kafka's; the epoch -1 when the value holds none), None if the batch is not a
     control batch or its record cannot be read."""
-    from stratalog.records import iter_records
-    from stratalog.storage.batch import CorruptBatchError
-
     if len(batch) < HEADER_SIZE:
         return None
     h = parse_header(batch)
-    if not h.is_control:
+    if not h.is_control or h.record_count < 1:
         return None
     try:
-        for rec in iter_records(batch, h):
+        if h.compression == 0:
+            # The first record read in place (Kafka never compresses control batches):
+            # length, attributes, timestamp and offset deltas, key, value.
+            _length, pos = _varint(batch, HEADER_SIZE)
+            _ts, pos = _varint(batch, pos + 1)
+            _delta, pos = _varint(batch, pos)
+            key, pos = _bytes_field(batch, pos)
+            value, pos = _bytes_field(batch, pos)
+        else:
+            rec = next(iter_records(batch, h))
             key, value = rec.key, rec.value
-            if key is None or len(key) < 4:
-                return None
-            epoch = -1
-            if value is not None and len(value) >= _MARKER_VALUE.size:
-                epoch = _MARKER_VALUE.unpack_from(value)[1]
-            return _MARKER_KEY.unpack_from(key)[1], epoch
-    except (CorruptBatchError, ValueError, IndexError):
+    except (CorruptBatchError, ValueError, IndexError, StopIteration):
         return None
-    return None
+    if key is None or len(key) < 4:
+        return None
+    epoch = -1
+    if value is not None and len(value) >= _MARKER_VALUE.size:
+        epoch = _MARKER_VALUE.unpack_from(value)[1]
+    return _MARKER_KEY.unpack_from(key)[1], epoch
 
 
 def control_type(batch: bytes | memoryview) -> int | None:
@@ -140,12 +144,13 @@ class TxnIndex:
         if aborted and first < offset:
             # What stays unstable once this one is done: a later lookup that reaches an entry
             # whose value is past its upper bound can stop (every later abort starts after it).
-            rest = [f for f in self.open.values()]
-            rest += [c[2] for c in self.completing if c[1] != producer_id or c[0] != offset]
+            stable = min(self.open.values(), default=offset + 1)
+            for c in self.completing[:-1]:
+                stable = min(stable, c[2])
             self._ab_pid.append(producer_id)
             self._ab_first.append(first)
             self._ab_last.append(offset)
-            self._ab_stable.append(min(rest, default=offset + 1))
+            self._ab_stable.append(stable)
 
     def on_high_watermark(self, hwm: int) -> None:
         """Completions whose marker is now below the high watermark stop holding the LSO."""
@@ -256,6 +261,7 @@ class TxnIndex:
                 self.on_data(pid, base)
             elif control[0] in (ABORT, COMMIT):
                 self.on_marker(pid, base, control[0] == ABORT)
+                self.on_high_watermark(hwm)  # (keeps the completing list short as it goes)
                 markers.append((pid, base, control[1]))
         self.on_high_watermark(hwm)
         return markers
