@@ -369,6 +369,27 @@ def offsets_walk(bs: str, topic: str, ts: int) -> dict[str, Any]:
         out[f"{outcome}/done/fetch"] = offset_fetch(bs, group, topic, True)
     out["offsets-wrong-epoch"] = txn_offset_commit(bs, txid, pid, epoch + 1, group, topic, 9)
     out["offsets-unknown-id"] = txn_offset_commit(bs, f"{txid}-x", pid, epoch, group, topic, 9)
+    # Against the group (KIP-447), in a transaction aborted afterwards.
+    out["groups/add-offsets"] = _retry(
+        lambda: add_offsets(bs, txid, pid, epoch, group), lambda e: e
+    )
+
+    def as_member(g: str, generation: int, member: str) -> str:
+        r = wire.call(
+            bs, 28, 3, transactional_id=txid, group_id=g, producer_id=pid, producer_epoch=epoch,
+            generation_id=generation, member_id=member, group_instance_id=None,
+            topics=[{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 3,
+                     "committed_leader_epoch": -1, "committed_metadata": ""}]}],
+        )  # fmt: skip
+        return err(r["topics"][0]["partitions"][0]["error_code"])
+
+    fresh = f"{group}-fresh"
+    out["groups/new-group-with-generation"] = as_member(fresh, 5, "nobody")
+    out["groups/new-group-without-generation"] = as_member(fresh, -1, "nobody")
+    out["groups/then-with-generation"] = as_member(fresh, 3, "")
+    out["groups/unknown-member"] = as_member(group, 2, "nobody")
+    out["groups/offsets-partition-not-added"] = as_member(f"{group}-other", -1, "")
+    out["groups/end"] = end_txn(bs, txid, pid, epoch, commit=False)
     return out
 
 

@@ -151,15 +151,10 @@ async def handle_end_txn(core, req: Request, conn) -> bytes:
 async def handle_txn_offset_commit(core, req: Request, conn) -> bytes:
     b = req.body
     v = req.api_version
-    group_error = "NONE"
-    generation = getattr(b, "generation_id", -1)
-    member = getattr(b, "member_id", "")
-    if generation >= 0 or member:
-        # v3+: a member of a live group commits for its generation (KIP-447); an unknown
-        # member or an older generation is refused as OffsetCommit refuses it.
-        group_error = core.coordinator.validate_commit(b.group_id, generation, member)
+    # As Kafka: the transaction is checked first, then the group.
+    group_error = _txn_check(core, b)
     if group_error == "NONE":
-        group_error = _txn_check(core, b)
+        group_error = _group_check(core, b)
     now = int(time.time() * 1000)
     writes = []
     answers: list[tuple[str, list[list]]] = []
@@ -225,8 +220,10 @@ async def handle_txn_offset_commit(core, req: Request, conn) -> bytes:
 
 
 def _txn_check(core, b) -> str:
-    """The producer must be the transaction's current one, with the group's offsets partition
-    in its transaction (KIP-890's check, when this broker coordinates the id too)."""
+    """The producer must be the transaction's current one (checked when this broker
+    coordinates the id too). As Kafka 4.4 answers, the group's offsets partition need not be
+    in the transaction here (its marker settles the offsets only if AddOffsetsToTxn put it
+    there; clients always send that first)."""
     if not is_transactional_producer(b.producer_id):
         return "INVALID_PRODUCER_ID_MAPPING"
     t = core.metadata.topics.get(OFFSETS_TOPIC)
@@ -234,11 +231,35 @@ def _txn_check(core, b) -> str:
         return "COORDINATOR_NOT_AVAILABLE"
     tp = (OFFSETS_TOPIC, partition_for(b.group_id, len(t.partitions)))
     error = core.txn.verify(b.transactional_id, b.producer_id, b.producer_epoch, tp)
-    if error is None:
+    if error is None or error == "TRANSACTION_ABORTABLE":
         return "NONE"
     if error == "PRODUCER_FENCED":
         return "INVALID_PRODUCER_EPOCH"
     return error
+
+
+def _group_check(core, b) -> str:
+    """Kafka's validation of a transactional offset commit against the group (KIP-447): a
+    commit with a generation (or a member) must come from a current member of that
+    generation; one without needs no group, or any group at all when it is empty."""
+    generation = getattr(b, "generation_id", -1)
+    member = getattr(b, "member_id", "")
+    instance = getattr(b, "group_instance_id", None)
+    g = core.coordinator.groups.get(b.group_id)
+    live = g is not None and bool(g.members)
+    exists = live or b.group_id in core.offsets.groups() or bool(core.offsets.unstable(b.group_id))
+    if not exists:
+        # A group that does not exist: created as a simple group by a commit without a
+        # generation, else ILLEGAL_GENERATION.
+        return "NONE" if generation < 0 else "ILLEGAL_GENERATION"
+    if generation < 0 and not live:
+        return "NONE"
+    if generation >= 0 or member or instance is not None:
+        if g is None or member not in g.members:
+            return "UNKNOWN_MEMBER_ID"
+        if generation != g.generation:
+            return "ILLEGAL_GENERATION"
+    return "NONE"
 
 
 # -- WriteTxnMarkers (between brokers) ------------------------------------------------------------
