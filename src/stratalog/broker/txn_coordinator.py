@@ -544,10 +544,8 @@ class TransactionCoordinator:
                 continue
             if producer_ids and m.producer_id not in producer_ids:
                 continue
-            if min_duration_ms >= 0 and (
-                m.state != TxnState.ONGOING or now - m.start_ms < min_duration_ms
-            ):
-                continue
+            if min_duration_ms >= 0 and now - m.start_ms <= min_duration_ms:
+                continue  # (Kafka's filter: running longer than the duration)
             if rx is not None and not rx.fullmatch(m.transactional_id):
                 continue
             out.append(m)
