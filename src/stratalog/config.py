@@ -494,6 +494,34 @@ SETTINGS: dict[str, Setting] = {
             "partition abs(hash(group)) % this, as in Kafka. Changing it later does not change "
             "an existing topic.",
         ),
+        _S(
+            "transaction.state.log.num.partitions",
+            int,
+            50,
+            "Partitions of the internal topic __transaction_state, created at the first "
+            "FindCoordinator for a transactional id; an id's state goes to partition "
+            "abs(hash(id)) % this, whose leader coordinates it, as in Kafka.",
+        ),
+        _S(
+            "transaction.max.timeout.ms",
+            int,
+            900_000,
+            "The largest transaction.timeout.ms a transactional producer may ask for "
+            "(InitProducerId answers INVALID_TRANSACTION_TIMEOUT above it).",
+        ),
+        _S(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            int,
+            10_000,
+            "How often the transaction coordinator aborts transactions open for longer than "
+            "their timeout (fencing their producers).",
+        ),
+        _S(
+            "transactional.id.expiration.ms",
+            int,
+            604_800_000,
+            "A transactional id with no transaction for this long is forgotten by its coordinator.",
+        ),
     ]
 }
 
@@ -694,6 +722,10 @@ class BrokerConfig:
         "offsets.topic.num.partitions": 1,
         "connections.max.reauth.ms": 0,
         "sasl.server.max.receive.size": 1,
+        "transaction.state.log.num.partitions": 1,
+        "transaction.max.timeout.ms": 1,
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1,
+        "transactional.id.expiration.ms": 1,
     }
 
     def _validate_ranges(self) -> None:

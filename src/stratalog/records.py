@@ -187,8 +187,12 @@ def build_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     log_append_time: bool = False,
+    transactional: bool = False,
+    control: bool = False,
 ) -> bytes:
-    """Encode (key, value, timestamp_ms) records as one RecordBatch v2 (for clients and tests)."""
+    """Encode (key, value, timestamp_ms) records as one RecordBatch v2 (for clients and tests;
+    the broker's own control batches, transaction markers, are ``transactional`` and
+    ``control``)."""
     from crc32c import crc32c
 
     if not records:
@@ -205,7 +209,12 @@ def build_batch(
             rec += _bytes_out(hk.encode()) + _bytes_out(hv)
         body += _zigzag(len(rec)) + rec
     payload = compress(compression, bytes(body))
-    attributes = compression | (0x08 if log_append_time else 0)
+    attributes = (
+        compression
+        | (0x08 if log_append_time else 0)
+        | (0x10 if transactional else 0)
+        | (0x20 if control else 0)
+    )
     after_crc = (
         struct.pack(
             ">hiqqqhii",

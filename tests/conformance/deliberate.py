@@ -13,23 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 DELIBERATE: dict[str, str] = {
-    "transactions.init-producer-id": (
-        "Stratalog has no transactions: InitProducerId with a transactional id is answered "
-        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED instead of allocating a transactional producer."
-    ),
-    "transactions.find-coordinator": (
-        "Stratalog has no transaction coordinator: FindCoordinator for key type TRANSACTION is "
-        "answered INVALID_REQUEST."
-    ),
-    "transactions.produce": (
-        "Stratalog has no transactions: a Produce request carrying a transactional id is answered "
-        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED and appends nothing."
-    ),
-    "transactions.client": (
-        "Stratalog has no transactions: a transactional producer cannot initialise; librdkafka's "
-        "init_transactions() retries FindCoordinator(TRANSACTION), answered INVALID_REQUEST, "
-        "until its timeout and fails with _TIMED_OUT."
-    ),
     "configs.compaction-rejected": (
         "Stratalog has no log compaction: cleanup.policy=compact (or compact,delete) is rejected "
         "with INVALID_CONFIG."

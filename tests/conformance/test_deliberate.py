@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException, Producer
 from kio.schema.errors import ErrorCode
 
 from stratalog import Broker
 from stratalog.peers.kafka import BROKER_MAIN, KafkaBroker, _java, _jvm_base, resolve_kafka
 from stratalog.records import build_batch
 
-from . import clients, wire
+from . import wire
 from .conftest import KAFKA_PROPERTIES, both, start_kafka, warm_up
 from .deliberate import DELIBERATE, check_deliberate
 
@@ -67,106 +66,7 @@ def test_every_allow_list_entry_is_tested():
     assert sorted(checked) == sorted(DELIBERATE), "each entry needs exactly one check_deliberate"
 
 
-# -- transactions ---------------------------------------------------------------------------------
-
-
 TRANSIENT = {"COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
-
-
-def _find_transaction_coordinator(bs: str, txid: str) -> str:
-    """As a client does first; Kafka creates __transaction_state on the first such request."""
-    deadline = time.monotonic() + 30
-    while True:
-        r = wire.call(bs, 10, 6, key_type=1, coordinator_keys=[txid])
-        error = err(r["coordinators"][0]["error_code"])
-        if error not in TRANSIENT or time.monotonic() > deadline:
-            return error
-        time.sleep(0.2)
-
-
-def init_transactional_producer_id(bs: str, txid: str) -> list[tuple[str, int]]:
-    out = []
-    for v in (0, 3, 5):
-        _find_transaction_coordinator(bs, f"{txid}-v{v}")
-        deadline = time.monotonic() + 30
-        while True:  # ...and then loads its partition
-            r = wire.call(bs, 22, v, transactional_id=f"{txid}-v{v}", transaction_timeout=60000,
-                          producer_id=-1, producer_epoch=-1)  # fmt: skip
-            if err(r["error_code"]) not in TRANSIENT or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        out.append((err(r["error_code"]), r["producer_epoch"]))
-    return out
-
-
-def test_init_producer_id_with_transactional_id(pair, name):
-    strat, kafka = both(pair, init_transactional_producer_id, name)
-    check_deliberate(
-        "transactions.init-producer-id",
-        strat,
-        kafka,
-        documented=[("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", -1)] * 3,
-    )
-    assert kafka == [("NONE", 0)] * 3
-
-
-def find_transaction_coordinator(bs: str, txid: str) -> list[str]:
-    first = _find_transaction_coordinator(bs, txid)
-    r3 = wire.call(bs, 10, 3, key=txid, key_type=1)
-    return [first, err(r3["error_code"])]
-
-
-def test_find_transaction_coordinator(pair, name):
-    strat, kafka = both(pair, find_transaction_coordinator, name)
-    check_deliberate(
-        "transactions.find-coordinator", strat, kafka, documented=["INVALID_REQUEST"] * 2
-    )
-
-
-def transactional_produce(bs: str, topic: str, ts: int) -> dict[str, Any]:
-    assert wire.create_topic(bs, topic, 1) == 0
-    batch = build_batch([(b"k", b"v", ts)], producer_id=7, producer_epoch=0, base_sequence=0)
-    r = wire.produce(bs, topic, 0, batch, transactional_id=f"{topic}-tx")
-    return {"error": err(r["error_code"]), "end": wire.list_offset(bs, topic, 0, -1)["offset"]}
-
-
-def test_transactional_produce(pair, name):
-    strat, kafka = both(pair, transactional_produce, name, _now_ms())
-    check_deliberate(
-        "transactions.produce",
-        strat,
-        kafka,
-        documented={"error": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "end": 0},
-    )
-
-
-def transactional_client(bs: str, topic: str) -> dict[str, Any]:
-    assert wire.create_topic(bs, topic, 1) == 0
-    p = Producer(
-        {
-            "bootstrap.servers": bs,
-            "transactional.id": f"{topic}-tx",
-            "transaction.timeout.ms": 10000,
-        }
-    )
-    try:
-        p.init_transactions(3)
-    except KafkaException as e:
-        return {"init_transactions": e.args[0].name()}
-    p.begin_transaction()
-    for i in range(3):
-        p.produce(topic, f"v{i}".encode(), partition=0)
-    p.commit_transaction(10)
-    rows = clients.cf_consume(bs, topic, 1, 3, **{"isolation.level": "read_committed"})
-    return {"init_transactions": "ok", "read_committed": [r[3] for r in rows]}
-
-
-def test_transactional_client(pair, name):
-    strat, kafka = both(pair, transactional_client, name)
-    check_deliberate(
-        "transactions.client", strat, kafka, documented={"init_transactions": "_TIMED_OUT"}
-    )
-    assert kafka == {"init_transactions": "ok", "read_committed": [b"v0", b"v1", b"v2"]}
 
 
 # -- topic configs --------------------------------------------------------------------------------

@@ -423,6 +423,101 @@ def req_describe_topic_partitions(bs: str, v: int) -> dict[str, Any]:
     )
 
 
+# -- transactions: ids no producer initialised (the coordinator is found first, which creates
+# __transaction_state on both brokers, so that the answers are not a coordinator still loading)
+
+
+def _txn_id(bs: str, name: str) -> str:
+    """A transactional id whose coordinator answers (Kafka's loads each partition of
+    __transaction_state some time after FindCoordinator finds it: NOT_COORDINATOR until then)."""
+    txid = f"{PREFIX}-{name}"
+    deadline = time.monotonic() + 30
+    while True:
+        r = wire.call(bs, 10, 6, key_type=1, coordinator_keys=[txid])
+        if r["coordinators"][0]["error_code"] == 0:
+            # (EndTxn of an id never initialised: DescribeTransactions would say it better, but
+            # its answer carries a start time of -1, which kio does not decode.)
+            e = wire.call(bs, 26, 3, transactional_id=txid, producer_id=TXN_PID,
+                          producer_epoch=0, committed=True)  # fmt: skip
+            if e["error_code"] not in (14, 15, 16):
+                return txid
+        assert time.monotonic() < deadline, f"no transaction coordinator for {txid}"
+        time.sleep(0.2)
+
+
+TXN_PID = (1 << 61) + 5  # a producer id both brokers could have given (Stratalog's from 2^61)
+
+
+def req_add_partitions_to_txn(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        v3_and_below_transactional_id=_txn_id(bs, f"add{v}"), v3_and_below_producer_id=TXN_PID,
+        v3_and_below_producer_epoch=0,
+        v3_and_below_topics=[{"name": TOPIC, "partitions": [0, 1]}],
+    )  # fmt: skip
+
+
+def req_add_offsets_to_txn(bs: str, v: int) -> dict[str, Any]:
+    return dict(transactional_id=_txn_id(bs, f"offsets{v}"), producer_id=TXN_PID,
+                producer_epoch=0, group_id=GROUP)  # fmt: skip
+
+
+def req_end_txn(bs: str, v: int) -> dict[str, Any]:
+    return dict(transactional_id=_txn_id(bs, f"end{v}"), producer_id=TXN_PID, producer_epoch=0,
+                committed=True)  # fmt: skip
+
+
+def req_write_txn_markers(bs: str, v: int) -> dict[str, Any]:
+    # Between brokers, but any client may send it: an ABORT marker for a producer the
+    # partition never saw, and one for a missing topic.
+    name = _v("markers", v)
+    assert wire.create_topic(bs, name, 1) == 0
+    return dict(markers=[{
+        "producer_id": TXN_PID, "producer_epoch": 0, "transaction_result": False,
+        "coordinator_epoch": 0,
+        "topics": [{"name": name, "partition_indexes": [0]},
+                   {"name": MISSING, "partition_indexes": [0]}]}])  # fmt: skip
+
+
+def req_txn_offset_commit(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        transactional_id=_txn_id(bs, f"commit{v}"), group_id=_v("txn-commit", v),
+        producer_id=TXN_PID, producer_epoch=0, generation_id=-1, member_id="",
+        group_instance_id=None,
+        topics=[{"name": TOPIC, "partitions": [
+            {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+             "committed_metadata": ""}]}],
+    )  # fmt: skip
+
+
+def req_describe_producers(bs: str, v: int) -> dict[str, Any]:
+    return dict(topics=[{"name": TOPIC, "partition_indexes": [0, 1, 7]},
+                        {"name": MISSING, "partition_indexes": [0]}])  # fmt: skip
+
+
+def req_describe_transactions(bs: str, v: int) -> dict[str, Any]:
+    # An ongoing transaction (an id with no transaction has a start time of -1, which kio
+    # cannot decode) over the topic's two partitions.
+    txid = _txn_id(bs, f"describe{v}")
+    r = wire.call(bs, 22, 4, transactional_id=txid, transaction_timeout=60000, producer_id=-1,
+                  producer_epoch=-1)  # fmt: skip
+    assert r["error_code"] == 0, r
+    added = wire.call(
+        bs, 24, 3, v3_and_below_transactional_id=txid, v3_and_below_producer_id=r["producer_id"],
+        v3_and_below_producer_epoch=r["producer_epoch"],
+        v3_and_below_topics=[{"name": TOPIC, "partitions": [0, 1]}],
+    )  # fmt: skip
+    assert (
+        added["results_by_topic_v3_and_below"][0]["results_by_partition"][0]["partition_error_code"]
+        == 0
+    ), added
+    return dict(transactional_ids=[txid])
+
+
+def req_list_transactions(bs: str, v: int) -> dict[str, Any]:
+    return dict(state_filters=["Ongoing", "Bogus"], producer_id_filters=[TXN_PID],
+                duration_filter=-1, transactional_id_pattern=None)  # fmt: skip
+
+
 REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     0: req_produce,
     1: req_fetch,
@@ -443,6 +538,11 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     21: req_delete_records,
     22: req_init_producer_id,
     23: req_offset_for_leader_epoch,
+    24: req_add_partitions_to_txn,
+    25: req_add_offsets_to_txn,
+    26: req_end_txn,
+    27: req_write_txn_markers,
+    28: req_txn_offset_commit,
     32: req_describe_configs,
     33: req_alter_configs,
     35: req_describe_log_dirs,
@@ -456,6 +556,9 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     48: req_describe_client_quotas,
     49: req_alter_client_quotas,
     60: req_describe_cluster,
+    61: req_describe_producers,
+    65: req_describe_transactions,
+    66: req_list_transactions,
     75: req_describe_topic_partitions,
     17: req_sasl_handshake,
     36: req_sasl_authenticate,

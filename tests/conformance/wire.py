@@ -297,6 +297,8 @@ def normalise(obj: Any, *, topic_prefix: str | None = None) -> Any:
                 out[k] = normalise(kept, topic_prefix=topic_prefix)
             elif k == "producer_id" and isinstance(v, int) and v >= 0:
                 out[k] = "<producer-id>"
+            elif k == "transaction_start_time" and isinstance(v, int) and v >= 0:
+                out[k] = "<time>"
             elif k in ("member_id", "leader") and isinstance(v, str) and GENERATED_MEMBER.match(v):
                 out[k] = "<member-id>"
             elif k in ("topics", "groups") and topic_prefix is not None and isinstance(v, list):

@@ -26,6 +26,8 @@ from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
 from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
+from stratalog.broker.txn_coordinator import TransactionCoordinator
+from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.security.credentials import CredentialStore, read_plain_users
@@ -67,6 +69,8 @@ OFFSETS_TOPIC_CONFIGS = {
     "compression.type": "producer",
     "segment.bytes": "104857600",
 }
+# __transaction_state: the same (Kafka writes it uncompressed; Stratalog never recompresses).
+TRANSACTION_STATE_TOPIC_CONFIGS = dict(OFFSETS_TOPIC_CONFIGS)
 
 
 def tail_cache_bytes(config: BrokerConfig) -> int:
@@ -97,12 +101,14 @@ class BrokerCore:
         self.cluster: ClusterNode | None = None
         self.replicator: Replicator | None = None
         self._offsets_creating: asyncio.Future | None = None
+        self._txn_state_creating: asyncio.Future | None = None
         self.controller: Controller | None = None
         self.mover: Mover | None = None
         self.metadata = MetadataStore(self.data_dir)
         self.quotas = QuotaStore(self.data_dir)
         self.byte_quotas = ByteQuotas(self.quotas)
         self.offsets = OffsetStore(self.data_dir, self)
+        self.txn = TransactionCoordinator(self)
         self.coordinator = GroupCoordinator(
             min_session_ms=config["group.min.session.timeout.ms"],
             max_session_ms=config["group.max.session.timeout.ms"],
@@ -247,6 +253,7 @@ class BrokerCore:
         ]
         self.store.open(triples)
         self.offsets.load()  # reads the offsets topic: after the logs are recovered
+        self.txn.load()  # and the transaction log
 
     def start_background(self) -> None:
         if self._broker_cpus:
@@ -263,6 +270,7 @@ class BrokerCore:
             self.backlog_sender.start()
         if self.store.cold is not None:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
+        self.txn.start()  # finishes the transactions found prepared, checks timeouts
 
     async def close(self, bound_s: float = 30.0) -> bool:
         """Stop everything, each step bounded (stopping.py); False if any was given up."""
@@ -290,6 +298,7 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
+        await stop.step("the transaction coordinator", self.txn.close())
         await stop.step("the offsets topic's last commits", self.offsets.close())
         await stop.step("the logs' last fsyncs and clean-shutdown markers", self.store.close())
         await stop.blocking("the read threads", lambda: self.read_executor.shutdown(wait=True))
@@ -305,6 +314,7 @@ class BrokerCore:
             self.backlog_sender.close()
         self.migrator.close()
         self.coordinator.shutdown()
+        self.txn.abandon()
         self.offsets.abandon()
         self.store.abandon()
         self.read_executor.shutdown(wait=False)
@@ -421,14 +431,10 @@ class BrokerCore:
             mover.reconcile()
 
         node.on_change = changed
-
-        # A broker that starts leading offsets partitions takes the commits replicated to it;
+        # A broker that starts leading offsets partitions takes the commits replicated to it,
+        # one that starts leading partitions of the transaction log coordinates their ids, and
         # one that starts leading any partition takes the log starts its leader moved.
-        def led() -> None:
-            self.apply_cluster_log_starts()
-            self.offsets.load()
-
-        replicator.on_lead = led
+        replicator.on_lead = self._took_lead
         node.on_log_start = self.apply_cluster_log_starts
         # Client quotas live in etcd: this broker's store follows them.
         node.on_quotas = lambda: self.quotas.replace(from_json(node.quotas), save=False)
@@ -440,6 +446,11 @@ class BrokerCore:
         self.apply_cluster_log_starts()  # (what etcd held when this broker joined)
         self.quotas.replace(from_json(node.quotas), save=False)
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
+
+    def _took_lead(self) -> None:
+        self.apply_cluster_log_starts()
+        self.offsets.load()
+        self.txn.load()
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
         """Mirror a topic change from etcd: metadata for every topic, storage for the
@@ -470,6 +481,8 @@ class BrokerCore:
         if moved and name == OFFSETS_TOPIC:
             self.offsets.load()  # its partitions are other logs now
         self.apply_cluster_log_starts()  # (partitions added here take their log starts)
+        if name == TRANSACTION_STATE_TOPIC:
+            self.txn.load()
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""
@@ -517,6 +530,8 @@ class BrokerCore:
         if name == OFFSETS_TOPIC:
             # Kafka lets the offsets topic be deleted; every committed offset goes with it.
             self.offsets.reset()
+        elif name == TRANSACTION_STATE_TOPIC:
+            self.txn.load()  # its transactional ids went with it
         else:
             self.offsets.forget_topic(name)
         log.info("deleted topic %s", name)
@@ -547,6 +562,8 @@ class BrokerCore:
             return None
         if name == OFFSETS_TOPIC:
             return self.ensure_offsets_topic()  # as Kafka: with the offsets topic's settings
+        if name == TRANSACTION_STATE_TOPIC:
+            return self.ensure_txn_state_topic()
         try:
             return self.create_topic(name, self.config["num.partitions"], {})
         except MetadataError as e:
@@ -562,39 +579,51 @@ class BrokerCore:
         t = self.metadata.topics.get(topic)
         return t is not None and 0 <= index < len(t.partitions)
 
-    def cluster_coordinator(self, group: str, conn=None) -> tuple[int, str, int] | None:
-        """In a cluster: (node, host, port) of the broker leading the group's offsets
-        partition, which coordinates it (None until the topic and a leader exist); the address
-        of the listener ``conn`` came in on."""
+    def cluster_coordinator(
+        self, key: str, topic: str = OFFSETS_TOPIC, conn=None
+    ) -> tuple[int, str, int] | None:
+        """In a cluster: (node, host, port) of the broker leading the partition of ``topic``
+        (the offsets topic for a group, the transaction log for a transactional id) that
+        ``key`` belongs to, which coordinates it (None until the topic and a leader exist); the
+        address of the listener ``conn`` came in on."""
         assert self.cluster is not None
-        t = self.metadata.topics.get(OFFSETS_TOPIC)
+        t = self.metadata.topics.get(topic)
         if t is None:
             return None
-        v = self.cluster.vlog_of(OFFSETS_TOPIC, partition_for(group, len(t.partitions)))
+        v = self.cluster.vlog_of(topic, partition_for(key, len(t.partitions)))
         b = self.cluster.brokers.get(v.primary) if v is not None else None
         return (b.node_id, *self.broker_endpoint(b, conn)) if b is not None else None
 
-    def _create_offsets_topic_in_cluster(self) -> None:
+    def _create_internal_topic_in_cluster(self, name: str) -> None:
         cluster = self.cluster
         assert cluster is not None
-        if self._offsets_creating is not None and not self._offsets_creating.done():
+        creating = self._offsets_creating if name == OFFSETS_TOPIC else self._txn_state_creating
+        if creating is not None and not creating.done():
             return
+        if name == OFFSETS_TOPIC:
+            partitions = self.config["offsets.topic.num.partitions"]
+            configs = OFFSETS_TOPIC_CONFIGS
+        else:
+            partitions = self.config["transaction.state.log.num.partitions"]
+            configs = TRANSACTION_STATE_TOPIC_CONFIGS
 
         async def create() -> None:
             factor = min(3, len(cluster.brokers))
             try:
-                await cluster.create_topic(
-                    OFFSETS_TOPIC,
-                    self.config["offsets.topic.num.partitions"],
-                    factor,
-                    dict(OFFSETS_TOPIC_CONFIGS),
-                )
+                await cluster.create_topic(name, partitions, factor, dict(configs))
             except KeyError:
                 pass  # another broker made it first
             except Exception as e:
-                log.warning("cannot create %s: %s", OFFSETS_TOPIC, e)
+                log.warning("cannot create %s: %s", name, e)
 
-        self._offsets_creating = asyncio.ensure_future(create())
+        task = asyncio.ensure_future(create())
+        if name == OFFSETS_TOPIC:
+            self._offsets_creating = task
+        else:
+            self._txn_state_creating = task
+
+    def _create_offsets_topic_in_cluster(self) -> None:
+        self._create_internal_topic_in_cluster(OFFSETS_TOPIC)
 
     def ensure_offsets_topic(self) -> TopicMeta:
         """__consumer_offsets, created at a group's first need (FindCoordinator, OffsetCommit)
@@ -674,3 +703,30 @@ class BrokerCore:
                 by_uid[p.uid] = start
         if by_uid:
             self.store.move_log_starts(by_uid, up_to="next_offset")
+
+    # -- the transaction log (TxnLogHost) ------------------------------------------------------
+    def ensure_txn_state_topic(self) -> TopicMeta:
+        """__transaction_state, created at the first FindCoordinator for a transactional id
+        with transaction.state.log.num.partitions partitions (Kafka's settings otherwise as the
+        offsets topic's)."""
+        t = self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        if t is None and self.cluster is not None:
+            self._create_internal_topic_in_cluster(TRANSACTION_STATE_TOPIC)
+            raise StorageFailure(f"{TRANSACTION_STATE_TOPIC} is being created")
+        if t is None:
+            t = self.create_topic(
+                TRANSACTION_STATE_TOPIC,
+                self.config["transaction.state.log.num.partitions"],
+                dict(TRANSACTION_STATE_TOPIC_CONFIGS),
+            )
+        return t
+
+    def txn_state_partitions(self, create: bool) -> list[PartitionLog | None]:
+        t = (
+            self.ensure_txn_state_topic()
+            if create
+            else self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        )
+        if t is None:
+            return []
+        return [self.store.partitions.get(uid) for uid in t.partitions]

@@ -26,6 +26,7 @@ from .api import (
     reassignments,
     sasl,
     scram_users,
+    transactions,
 )
 from .api import versions as api_versions
 
@@ -67,6 +68,14 @@ HANDLERS = {
     v.OFFSET_DELETE: group_admin.handle_offset_delete,
     v.DESCRIBE_CLIENT_QUOTAS: quotas.handle_describe_client_quotas,
     v.ALTER_CLIENT_QUOTAS: quotas.handle_alter_client_quotas,
+    v.ADD_PARTITIONS_TO_TXN: transactions.handle_add_partitions_to_txn,
+    v.ADD_OFFSETS_TO_TXN: transactions.handle_add_offsets_to_txn,
+    v.END_TXN: transactions.handle_end_txn,
+    v.WRITE_TXN_MARKERS: transactions.handle_write_txn_markers,
+    v.TXN_OFFSET_COMMIT: transactions.handle_txn_offset_commit,
+    v.LIST_TRANSACTIONS: transactions.handle_list_transactions,
+    v.DESCRIBE_TRANSACTIONS: transactions.handle_describe_transactions,
+    v.DESCRIBE_PRODUCERS: transactions.handle_describe_producers,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)

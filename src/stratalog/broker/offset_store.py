@@ -39,10 +39,11 @@ from stratalog.broker.offset_records import (
     partition_for,
 )
 from stratalog.records import Record, build_batch, iter_records
-from stratalog.storage.batch import CorruptBatchError, parse_header
+from stratalog.storage.batch import BatchHeader, CorruptBatchError, parse_header
 from stratalog.storage.journal import StorageFailure
 from stratalog.storage.partition import AppendError, AppendResult, FileSlice, PartitionLog
 from stratalog.storage.segment import fsync_dir
+from stratalog.storage.txn_index import COMMIT, control_type
 from stratalog.storage.virtual_log import WriteBatch
 
 __all__ = ["CommittedOffset", "Key", "OffsetStore", "OffsetsHost"]
@@ -74,9 +75,13 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _batches(entries: list[Entry], now: int) -> bytes:
+def _batches(entries: list[Entry], now: int, producer: tuple[int, int] | None = None) -> bytes:
     """Record batches of ``entries``: key and value as Kafka writes them, the commit time as the
-    record's timestamp (deletion time for a tombstone)."""
+    record's timestamp (deletion time for a tombstone). With ``producer`` (id, epoch): the
+    transactional batches of a TxnOffsetCommit, settled by the transaction's marker."""
+    txn = {}
+    if producer is not None:
+        txn = {"producer_id": producer[0], "producer_epoch": producer[1], "transactional": True}
     out: list[bytes] = []
     batch: list[tuple[bytes | None, bytes | None, int]] = []
     size = 0
@@ -86,15 +91,15 @@ def _batches(entries: list[Entry], now: int) -> bytes:
         batch.append((key, value, now if c is None else c.commit_time))
         size += len(key) + len(value or b"")
         if size >= _BATCH_BYTES:
-            out.append(build_batch(batch))
+            out.append(build_batch(batch, **txn))
             batch, size = [], 0
     if batch:
-        out.append(build_batch(batch))
+        out.append(build_batch(batch, **txn))
     return b"".join(out)
 
 
-def _read_records(p: PartitionLog) -> Iterator[Record]:
-    """Every record of ``p`` from its log start to its high watermark."""
+def _read_batches(p: PartitionLog) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """Every batch of ``p`` from its log start to its high watermark, control batches too."""
     offset = p.log_start_offset
     while offset < p.high_watermark:
         rr = p.read(offset, _READ_BYTES)
@@ -110,11 +115,18 @@ def _read_records(p: PartitionLog) -> Iterator[Record]:
             batch = memoryview(data)[pos : pos + h.size]
             pos += h.size
             offset = h.base_offset + h.last_offset_delta + 1
-            if h.is_control:
-                continue
-            for rec in iter_records(batch, h):
-                if rec.offset >= p.log_start_offset:
-                    yield rec
+            yield h, batch
+
+
+def _read_records(p: PartitionLog) -> Iterator[Record]:
+    """Every record of ``p`` from its log start to its high watermark (control batches are
+    skipped, transactional records are not told apart)."""
+    for h, batch in _read_batches(p):
+        if h.is_control:
+            continue
+        for rec in iter_records(batch, h):
+            if rec.offset >= p.log_start_offset:
+                yield rec
 
 
 class OffsetStore:
@@ -133,6 +145,9 @@ class OffsetStore:
         self._compacting: set[int] = set()
         self._tasks: set[asyncio.Task] = set()
         self._legacy: list[Entry] = []
+        # (offsets partition, producer id) -> offsets a transaction committed there (durable,
+        # in the log), applied when its COMMIT marker is durable, dropped at ABORT.
+        self._txn_pending: dict[tuple[int, int], list[Entry]] = {}
 
     # -- start ---------------------------------------------------------------------------------
     def load(self) -> None:
@@ -148,17 +163,36 @@ class OffsetStore:
                 continue  # in a cluster: a partition another broker replicates
             latest: dict[Key, tuple[int, CommittedOffset | None]] = {}
             count = 0
-            for rec in _read_records(p):
-                count += 1
-                try:
-                    key = decode_key(rec.key)
-                    if key is None:
-                        continue  # another record type (Kafka's group metadata)
-                    latest[key] = (rec.timestamp, decode_value(rec.value))
-                except OffsetRecordError as e:
-                    log.warning(
-                        "%s-%d offset %d: not an offset commit: %s", p.topic, idx, rec.offset, e
-                    )
+            # Transactional commits wait for their marker: producer id -> (key, time, value).
+            pending: dict[int, list[tuple[Key, int, CommittedOffset | None]]] = {}
+            for h, batch in _read_batches(p):
+                if h.is_control:
+                    settled = pending.pop(h.producer_id, [])
+                    if control_type(batch) == COMMIT:
+                        for key, stamp, value in settled:
+                            latest[key] = (stamp, value)
+                    continue
+                transactional = h.is_transactional and h.producer_id >= 0
+                for rec in iter_records(batch, h):
+                    if rec.offset < p.log_start_offset:
+                        continue
+                    count += 1
+                    try:
+                        key = decode_key(rec.key)
+                        if key is None:
+                            continue  # another record type (Kafka's group metadata)
+                        value = decode_value(rec.value)
+                    except OffsetRecordError as e:
+                        log.warning(
+                            "%s-%d offset %d: not an offset commit: %s", p.topic, idx, rec.offset, e
+                        )
+                        continue
+                    if transactional:
+                        pending.setdefault(h.producer_id, []).append((key, rec.timestamp, value))
+                    else:
+                        latest[key] = (rec.timestamp, value)
+            for pid, items in pending.items():  # transactions still open
+                self._txn_pending[(idx, pid)] = [(key, value) for key, _t, value in items]
             self._records[idx] = count
             for key, (stamp, value) in latest.items():
                 rank = (stamp, partition_for(key[0], n) == idx)
@@ -264,6 +298,67 @@ class OffsetStore:
         if failure is not None:
             raise failure if isinstance(failure, StorageFailure) else StorageFailure(str(failure))
 
+    async def write_txn(self, producer_id: int, epoch: int, entries: list[Entry]) -> None:
+        """TxnOffsetCommit: append ``entries`` as the transaction's records (transactional
+        batches of the producer) and return once durable. They take effect when the
+        transaction's COMMIT marker is durable in their partition (:meth:`complete_txn`), and
+        never if it aborts. Raises as :meth:`write`, or AppendError (a fenced epoch)."""
+        if not entries:
+            return
+        parts = self._host.offsets_partitions(True)
+        n = len(parts)
+        by_idx: dict[int, list[Entry]] = {}
+        for e in entries:
+            by_idx.setdefault(partition_for(e[0][0], n), []).append(e)
+        now = _now_ms()
+        data = {idx: _batches(items, now, (producer_id, epoch)) for idx, items in by_idx.items()}
+        writes = WriteBatch()
+        staged: list[tuple[int, PartitionLog, list[Entry], AppendResult]] = []
+        try:
+            for idx, items in by_idx.items():
+                p = parts[idx]
+                if p is None:
+                    raise StorageFailure(f"offsets partition {idx} is not here")
+                res = p.append(
+                    data[idx], max_batch_bytes=_MAX_BATCH_BYTES, now_ms=now, writes=writes
+                )
+                staged.append((idx, p, items, res))
+        finally:
+            writes.commit()
+        loop = asyncio.get_running_loop()
+        for idx, p, items, res in staged:
+            if res.failure is not None or not res.written:
+                raise res.failure or StorageFailure("the write was not made")
+            fut: asyncio.Future[bool] = loop.create_future()
+            p.when_durable(res.lsn, lambda ok, f=fut: f.done() or f.set_result(ok))
+            if not await fut:
+                raise (
+                    p.failure
+                    if isinstance(p.failure, StorageFailure)
+                    else StorageFailure("fsync failed")
+                )
+            self._records[idx] = self._records.get(idx, 0) + len(items)
+            self._txn_pending.setdefault((idx, producer_id), []).extend(items)
+
+    def complete_txn(self, idx: int, producer_id: int, commit: bool) -> None:
+        """The transaction's marker is durable in offsets partition ``idx``: its offset commits
+        there take effect (COMMIT) or are dropped (ABORT)."""
+        items = self._txn_pending.pop((idx, producer_id), None)
+        if not items or not commit:
+            return
+        for key, c in items:
+            self._apply(idx, key, c)
+        parts = self._host.offsets_partitions(False)
+        if idx < len(parts) and parts[idx] is not None:
+            self._maybe_compact(idx, parts[idx])
+
+    def unstable(self, group: str) -> set[tuple[str, int]]:
+        """(topic, partition) of ``group`` with a transactional commit not settled yet (an
+        OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
+        return {
+            (t, p) for items in self._txn_pending.values() for (g, t, p), _c in items if g == group
+        }
+
     def _when_durable(
         self, idx: int, p: PartitionLog, items: list[Entry], res: AppendResult
     ) -> asyncio.Future[bool]:
@@ -318,6 +413,7 @@ class OffsetStore:
         self._records.clear()
         self._unsynced.clear()
         self._compacting.clear()
+        self._txn_pending.clear()
 
     async def _write_logged(self, entries: list[Entry], what: str) -> None:
         try:
@@ -351,7 +447,7 @@ class OffsetStore:
             live = [(k, c) for k, c in snapshot.items() if c is not None]
             before = self._records.get(idx, 0)
             if not live:
-                if not self._unsynced.get(idx):
+                if not self._unsynced.get(idx) and p.txns.first_unstable() is None:
                     # Nothing live and nothing in flight: everything written so far can go.
                     self._host.delete_records(p, p.high_watermark)
                     self._records[idx] = 0
@@ -369,7 +465,11 @@ class OffsetStore:
             durable: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             p.when_durable(res.lsn, lambda ok: durable.done() or durable.set_result(ok))
             if await durable and not p.deleted:
-                self._host.delete_records(p, res.base_offset)
+                # Never past an open transaction's commits: they settle at its marker.
+                unstable = p.txns.first_unstable()
+                self._host.delete_records(
+                    p, res.base_offset if unstable is None else min(unstable, res.base_offset)
+                )
                 self._records[idx] = max(0, self._records.get(idx, 0) - before)
                 log.info(
                     "%s-%d: %d live offsets rewritten at %d, earlier records dropped",

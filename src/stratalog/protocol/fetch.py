@@ -37,6 +37,8 @@ class PartitionFetchResult:
     records_size: int = 0
     null_records: bool = False
     current_leader: tuple[int, int] | None = None  # (leader id, leader epoch), KIP-951
+    # (producer id, first offset) of the aborted transactions the records overlap
+    aborted: list[tuple[int, int]] | None = None
 
 
 def part_size(p: Any) -> int:
@@ -83,7 +85,13 @@ def encode_fetch_response(
             if version >= 5:
                 cur += I64.pack(p.log_start_offset)
             # Aborted transactions: null unless the consumer reads committed data.
-            if read_committed or p.error_code:
+            if p.aborted:
+                cur += array_len(len(p.aborted), flexible)
+                for producer_id, first_offset in p.aborted:
+                    cur += I64.pack(producer_id) + I64.pack(first_offset)
+                    if flexible:
+                        cur += TAGS_NONE
+            elif read_committed or p.error_code:
                 cur += array_len(0, flexible)
             else:
                 cur += b"\x00" if flexible else I32.pack(-1)

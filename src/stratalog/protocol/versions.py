@@ -26,6 +26,11 @@ DELETE_TOPICS = 20
 DELETE_RECORDS = 21
 INIT_PRODUCER_ID = 22
 OFFSET_FOR_LEADER_EPOCH = 23
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+WRITE_TXN_MARKERS = 27
+TXN_OFFSET_COMMIT = 28
 DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
 DESCRIBE_LOG_DIRS = 35
@@ -42,6 +47,9 @@ OFFSET_DELETE = 47
 DESCRIBE_CLIENT_QUOTAS = 48
 ALTER_CLIENT_QUOTAS = 49
 DESCRIBE_CLUSTER = 60
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 DESCRIBE_TOPIC_PARTITIONS = 75
 
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -64,6 +72,14 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_RECORDS: (0, 2),
     INIT_PRODUCER_ID: (0, 5),
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    # Transactions (KIP-98) without KIP-890's part 2 (a new epoch at every transaction): clients
+    # send AddPartitionsToTxn up to v3 (v4+ is between brokers), EndTxn v5 and TxnOffsetCommit
+    # v5 only when the broker finalizes transaction.version 2, which Stratalog does not.
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 4),
+    END_TXN: (0, 4),
+    WRITE_TXN_MARKERS: (1, 1),
+    TXN_OFFSET_COMMIT: (0, 4),
     DESCRIBE_CONFIGS: (1, 4),
     ALTER_CONFIGS: (0, 2),
     DESCRIBE_LOG_DIRS: (1, 4),
@@ -77,6 +93,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_CLIENT_QUOTAS: (0, 1),
     ALTER_CLIENT_QUOTAS: (0, 1),
     DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_PRODUCERS: (0, 0),
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 2),
     DESCRIBE_TOPIC_PARTITIONS: (0, 0),
     # Security (security/, broker/api/sasl.py, broker/api/scram_users.py).
     SASL_HANDSHAKE: (0, 1),

@@ -44,8 +44,8 @@ END_TXN = 26
 
 
 def check_read_committed(client: WireClient, opts: SourceOptions) -> None:
-    """The reader fetches read_uncommitted. A broker without transactions (no EndTxn, as
-    Stratalog) has nothing for read_committed to hide, so it means the same there; on a broker
+    """The reader fetches read_uncommitted. A broker without transactions (no EndTxn) has
+    nothing for read_committed to hide, so it means the same there; on a broker
     with transactions it would hide aborted records, which this reader does not: refused. The
     JVM reader (Planner.java) does the same."""
     if opts.read_committed and END_TXN in client.api_keys():

@@ -44,6 +44,7 @@ from stratalog.storage.segment import (
     mkdir_durable,
 )
 from stratalog.storage.tail_cache import TailCache
+from stratalog.storage.txn_index import is_transactional_producer
 from stratalog.storage.virtual_log import VirtualLog
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,9 @@ class LogStore:
             p.log_start_offset = start
             # Cold first: it holds the older offsets. Hot chunks it already has are stale
             # copies of an interrupted migration's switch and are skipped.
-            cold_last = self._load_cold(p) if self.cold is not None else -1
+            # Chunks of transactional producers: (base, producer id, epoch, sequence).
+            txn: list[tuple[int, int, int, int]] = []
+            cold_last = self._load_cold(p, txn) if self.cold is not None else -1
             for name, seq, e in entries_by_uid.get(uid, []):
                 if name != p.vlog.name or e.last_offset < start or e.last_offset <= cold_last:
                     continue  # another log's stale copy, removed by retention, or migrated
@@ -266,6 +269,8 @@ class LogStore:
                     e.base_offset,
                     e.max_timestamp,
                 )
+                if is_transactional_producer(e.producer_id):
+                    txn.append((e.base_offset, e.producer_id, e.producer_epoch, e.base_sequence))
                 self._live[name][seq] += 1
             first = p.cold.first_offset if len(p.cold) else p.chunks.first_offset
             p.log_start_offset = start if first is None else max(start, first)
@@ -297,13 +302,17 @@ class LogStore:
             p.size_bytes = p.chunks.total_bytes()
             if commits is not None:
                 _hold_uncommitted(p)
+            if txn:
+                # Derived from the log, never stored apart from it (storage/txn_index.py).
+                p.rebuild_txns([t for t in txn if t[0] >= p.log_start_offset])
         self._collect_garbage()
         self.save_state()
         if commits is not None:
             self._saved_commits = commits
 
-    def _load_cold(self, p: PartitionLog) -> int:
-        """Attach the partition's cold segments; return the last offset they hold (or -1)."""
+    def _load_cold(self, p: PartitionLog, txn: list[tuple[int, int, int, int]]) -> int:
+        """Attach the partition's cold segments; return the last offset they hold (or -1).
+        The chunks of transactional producers go to ``txn``."""
         assert self.cold is not None
         try:
             metas = sorted(self.cold.load(p.uid), key=lambda m: m.base)
@@ -318,6 +327,8 @@ class LogStore:
             p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), entries_index(keep))
             for e in keep:
                 p.producers.record(e[5], e[6], e[7], e[1] + 1, e[0], e[4])
+                if is_transactional_producer(e[5]):
+                    txn.append((e[0], e[5], e[6], e[7]))
             if keep:
                 last = keep[-1][0] + keep[-1][1]
         return last

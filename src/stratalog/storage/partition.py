@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import struct
 from bisect import bisect_right
 from collections import Counter
@@ -25,6 +26,7 @@ from stratalog.storage.batch import (
     TRANSACTIONAL_MASK,
     BatchHeader,
     CorruptBatchError,
+    parse_header,
     split_batches,
     stamp_log_append_time,
 )
@@ -39,10 +41,22 @@ from stratalog.storage.producer_state import (
 from stratalog.storage.replica import NotPrimary
 from stratalog.storage.segment import FRAME_SIZE, IndexEntry, Segment
 from stratalog.storage.tail_cache import TailCache
+from stratalog.storage.txn_index import (
+    ABORT,
+    COMMIT,
+    TRANSACTIONAL_PRODUCER_IDS,
+    TxnIndex,
+    control_record,
+    is_transactional_producer,
+)
 from stratalog.storage.virtual_log import VirtualLog, WriteBatch
 
 if TYPE_CHECKING:
     from stratalog.records import Record
+
+log = logging.getLogger(__name__)
+
+_MARKER_READ = 128  # bytes read to tell a transaction marker (about 80 bytes) from data
 
 # A stored batch's first 16 bytes as the broker rewrites them: baseOffset, batchLength (as
 # sent), partitionLeaderEpoch (the log's); all outside the batch CRC.
@@ -57,6 +71,19 @@ class AppendError(Exception):
     def __init__(self, error: str, message: str) -> None:
         super().__init__(message)
         self.error = error
+
+
+def _check_transactional(h: BatchHeader, markers: bool) -> None:
+    """A transactional or control batch: control batches are the broker's own (transaction
+    markers); a transactional producer's id comes from the coordinator's range, which is what
+    lets the transaction index be rebuilt from the chunk index (storage/txn_index.py)."""
+    if h.is_control and not markers:
+        raise AppendError("INVALID_RECORD", "control batches are written by the broker only")
+    if h.producer_id >= 0 and not is_transactional_producer(h.producer_id):
+        raise AppendError(
+            "INVALID_PRODUCER_ID_MAPPING",
+            f"producer id {h.producer_id} was not given to a transactional producer",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +139,7 @@ class ReadResult:
     parts: list[bytes | memoryview | FileSlice]
     size: int
     at_end: bool = False  # the read reached the high watermark: the reader is at the tail
+    next_offset: int = -1  # the offset after the last batch read (-1: nothing read)
 
     def release(self) -> None:
         for p in self.parts:
@@ -140,6 +168,7 @@ class PartitionLog:
         self.next_offset = 0
         self.high_watermark = 0
         self.producers = ProducerStateTable()
+        self.txns = TxnIndex()  # open and aborted transactions, the last stable offset
         self._tail = tail_cache  # the broker's, shared by every partition
         self._waiters: list[asyncio.Future[None]] = []
         self.deleted = False
@@ -172,6 +201,8 @@ class PartitionLog:
         timestamp_check=None,
         now_ms: int = -1,
         writes: WriteBatch | None = None,
+        markers: bool = False,
+        transactional_check: Callable[[BatchHeader], None] | None = None,
     ) -> AppendResult:
         """Validate, assign offsets and append; raises AppendError, CorruptBatchError or
         StorageFailure. With ``writes`` the bytes are staged and written at its commit; the
@@ -179,6 +210,10 @@ class PartitionLog:
 
         Nothing is appended unless every batch in ``records`` is valid. ``timestamp_check(h)``
         may raise, or return True to have that batch stamped with broker time ``now_ms``.
+        Control batches (transaction markers) are the broker's own: taken only with
+        ``markers``. ``transactional_check(h)`` may raise for the first batch when it is
+        transactional, once every batch is known valid (the Produce handler's checks of the
+        transaction).
         """
         if self.deleted:
             raise AppendError("UNKNOWN_TOPIC_OR_PARTITION", f"{self.topic} was deleted")
@@ -196,13 +231,22 @@ class PartitionLog:
                     f"batch of {h.size} bytes exceeds max.message.bytes {max_batch_bytes}",
                 )
             if h.attributes & (TRANSACTIONAL_MASK | CONTROL_MASK):
+                _check_transactional(h, markers)
+            elif TRANSACTIONAL_PRODUCER_IDS <= h.producer_id < DETERMINISTIC_PRODUCER_IDS:
                 raise AppendError(
-                    "UNSUPPORTED_FOR_MESSAGE_FORMAT", "transactional batches are not supported"
+                    "INVALID_PRODUCER_ID_MAPPING",
+                    f"producer id {h.producer_id} is a transactional producer's: its batches "
+                    "must be transactional",
                 )
             if timestamp_check is not None and timestamp_check(h):
                 if restamp is None:
                     restamp = set()
                 restamp.add(n)
+        first = found[0][1]
+        if transactional_check is not None and first.attributes & (
+            TRANSACTIONAL_MASK | CONTROL_MASK
+        ):
+            transactional_check(first)
         duplicate = self._check_sequences(found)
         if duplicate is not None:
             if found[0][1].producer_id >= DETERMINISTIC_PRODUCER_IDS:
@@ -254,6 +298,8 @@ class PartitionLog:
                         b,
                         h.max_timestamp,
                     )
+                    if TRANSACTIONAL_PRODUCER_IDS <= h.producer_id < DETERMINISTIC_PRODUCER_IDS:
+                        self._note_transactional(h, b, batch)
                 tail_put(uid, b, head, batch[16:])
                 self.size_bytes += size
             if self.on_append is not None:
@@ -313,6 +359,8 @@ class PartitionLog:
                         b,
                         h.max_timestamp,
                     )
+                    if TRANSACTIONAL_PRODUCER_IDS <= h.producer_id < DETERMINISTIC_PRODUCER_IDS:
+                        self._note_transactional(h, b, batch)
                 self._tail.put(self.uid, b, head, batch[16:])
                 self.size_bytes += size
             if self.on_append is not None:
@@ -352,6 +400,12 @@ class PartitionLog:
                 e.base_offset,
                 e.max_timestamp,
             )
+            if is_transactional_producer(e.producer_id):
+                if e.base_sequence >= 0:
+                    self.txns.on_data(e.producer_id, e.base_offset)
+                else:  # a marker or a transactional offset commit: its bytes tell
+                    batch = seg.read(e.position, e.size)
+                    self._note_transactional(parse_header(batch), e.base_offset, batch)
             self.size_bytes += e.size
         end = entries[-1].last_offset + 1
         self.next_offset = end
@@ -445,6 +499,8 @@ class PartitionLog:
         self.next_offset = first_cut
         self.high_watermark = min(self.high_watermark, first_cut)
         self.producers.truncate(first_cut)
+        if not self.txns.truncate(first_cut):
+            self.rebuild_txns(self.scan_transactional())
         self._wake()
         return counts
 
@@ -541,7 +597,107 @@ class PartitionLog:
     def advance_high_watermark(self, offset: int) -> None:
         if offset > self.high_watermark:
             self.high_watermark = offset
+            if self.txns.completing:
+                self.txns.on_high_watermark(offset)
             self._wake()
+
+    @property
+    def last_stable_offset(self) -> int:
+        """What a read_committed consumer may read up to: the high watermark, or the first
+        offset of a transaction not complete below it (storage/txn_index.py)."""
+        txns = self.txns
+        if not txns.open and not txns.completing:
+            return self.high_watermark
+        return txns.last_stable_offset(self.high_watermark)
+
+    # -- transactions --------------------------------------------------------------------------
+    def _note_transactional(self, h: BatchHeader, base: int, batch: bytes | memoryview) -> None:
+        """A batch of a transactional producer was written at ``base``: a data batch opens its
+        transaction here (if not open yet), a marker ends it."""
+        if not h.is_control:
+            if h.is_transactional:
+                self.txns.on_data(h.producer_id, base)
+            return
+        control = control_record(batch)
+        if control is not None and control[0] in (ABORT, COMMIT):
+            self.txns.on_marker(h.producer_id, base, control[0] == ABORT)
+            self.producers.fence(h.producer_id, h.producer_epoch, control[1])
+
+    def rebuild_txns(self, chunks: list[tuple[int, int, int, int]]) -> None:
+        """Rebuild the transaction index from ``chunks``, (base offset, producer id, epoch,
+        base sequence) of every chunk of a transactional producer in offset order (at open,
+        from the index entries; after a truncation the index could not follow, from the
+        batches' headers)."""
+        epochs = {base: (pid, epoch) for base, pid, epoch, _seq in chunks}
+        markers = self.txns.rebuild(
+            ((base, pid, seq) for base, pid, _epoch, seq in chunks),
+            self._control_record_at,
+            self.high_watermark,
+        )
+        for pid, base, coordinator_epoch in markers:
+            self.producers.fence(pid, epochs[base][1], coordinator_epoch)
+
+    def _control_record_at(self, base: int) -> tuple[int, int] | None:
+        """The control record of the chunk at ``base`` (None: a data batch), from one small
+        read of its file: a marker is about 80 bytes, and only its header decides the rest."""
+        try:
+            for chunks in (self.cold, self.chunks):
+                i = chunks.locate(base)
+                if i < len(chunks) and chunks.base_of(i) == base:
+                    head = self._chunk_prefix(chunks, i, _MARKER_READ)
+                    if len(head) < 61 or not parse_header(head).is_control:
+                        return None
+                    if len(head) < chunks.size_of(i):
+                        head = self._chunk_prefix(chunks, i, chunks.size_of(i))
+                    return control_record(head)
+            return control_record(self.batch_at(base))
+        except (OSError, CorruptBatchError, ValueError) as e:
+            log.warning("%s-%d: cannot read the batch at %d: %s", self.topic, self.index, base, e)
+            return None
+
+    def batch_at(self, base: int) -> bytes:
+        """The stored bytes of the batch at ``base`` (whatever the high watermark)."""
+        rr = self.read(base, 1, min_one=True, upto=self.next_offset)
+        try:
+            data = b"".join(p.read() if isinstance(p, FileSlice) else bytes(p) for p in rr.parts)
+        finally:
+            rr.release()
+        return data[: parse_header(data).size] if len(data) >= 61 else data
+
+    def scan_transactional(self) -> list[tuple[int, int, int, int]]:
+        """(base offset, producer id, epoch, base sequence) of every transactional producer's
+        chunk, read from the batches' headers (both tiers): what rebuilds the transaction index
+        when the chunk index entries are not at hand."""
+        out: list[tuple[int, int, int, int]] = []
+        for chunks in self._both():
+            for i in range(len(chunks)):
+                base = chunks.base_of(i)
+                if base < self.log_start_offset:
+                    continue
+                try:
+                    head = self.batch_head(chunks, i)
+                except (OSError, CorruptBatchError) as e:
+                    log.warning(
+                        "%s-%d: header at %d unreadable: %s", self.topic, self.index, base, e
+                    )
+                    continue
+                if is_transactional_producer(head.producer_id):
+                    out.append((base, head.producer_id, head.producer_epoch, head.base_sequence))
+        return out
+
+    def batch_head(self, chunks: ChunkIndex, i: int) -> BatchHeader:
+        return parse_header(self._chunk_prefix(chunks, i, 61))
+
+    def _chunk_prefix(self, chunks: ChunkIndex, i: int, size: int) -> bytes:
+        """The first ``size`` bytes (at most the chunk's) of chunk ``i`` of ``chunks`` (the
+        hot or the cold index), read from its segment file."""
+        if chunks is self.cold:
+            seg = self.cold_segments[chunks.segment_of(i)]
+        else:
+            seg = self.vlog.segment(chunks.segment_of(i))
+            if seg is None:
+                raise OSError(f"segment {chunks.segment_of(i)} is gone")
+        return seg.read(chunks[i].position, min(size, chunks.size_of(i)))
 
     def _wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -568,8 +724,11 @@ class PartitionLog:
         i = bisect_right(self.lost, (offset, 1 << 62))
         return self.lost[i][0] if i < len(self.lost) else None
 
-    def read(self, offset: int, max_bytes: int, *, min_one: bool = True) -> ReadResult:
-        """Whole batches from the one holding ``offset`` up to ``max_bytes`` below the HWM.
+    def read(
+        self, offset: int, max_bytes: int, *, min_one: bool = True, upto: int | None = None
+    ) -> ReadResult:
+        """Whole batches from the one holding ``offset`` up to ``max_bytes`` below the HWM (or
+        below ``upto``: the last stable offset of a read_committed consumer).
 
         At least one batch is returned even past ``max_bytes`` when ``min_one`` (KIP-74). A read
         may span tiers: cold chunks first (as one slice per run of contiguous chunks), then hot.
@@ -577,16 +736,18 @@ class PartitionLog:
         parts: list[bytes | memoryview | FileSlice] = []
         size = 0
         cold = self.cold
+        hwm = self.high_watermark if upto is None else upto
         if len(cold) and offset <= cold.last_of(len(cold) - 1):
-            size, offset = self._read_cold(offset, max_bytes, min_one, parts)
+            size, offset = self._read_cold(offset, max_bytes, min_one, parts, hwm)
             if size and size >= max_bytes:
-                return ReadResult(parts, size)
+                return ReadResult(parts, size, next_offset=offset)
             if offset <= cold.last_of(len(cold) - 1):
-                return ReadResult(parts, size)  # stopped inside the cold tier (budget)
+                # stopped inside the cold tier (budget, or the stable offset)
+                return ReadResult(parts, size, next_offset=offset if size else -1)
         chunks = self.chunks
         n = len(chunks)
         i = chunks.locate(offset)
-        hwm = self.high_watermark
+        nxt = offset if size else -1
         tail_get = self._tail.get
         uid = self.uid
         at_end = False
@@ -612,13 +773,15 @@ class PartitionLog:
                 loc = chunks[i]
                 parts.append(FileSlice(seg.acquire(), loc.position, loc.size))
             size += s
+            nxt = chunks.last_of(i) + 1
             i += 1
-        return ReadResult(parts, size, at_end)
+        return ReadResult(parts, size, at_end, nxt)
 
     def _read_cold(
-        self, offset: int, max_bytes: int, min_one: bool, parts: list
+        self, offset: int, max_bytes: int, min_one: bool, parts: list, upto: int
     ) -> tuple[int, int]:
-        """Append slices of cold chunks from ``offset``; return (bytes, next offset)."""
+        """Append slices of cold chunks from ``offset`` below ``upto``; return (bytes, next
+        offset)."""
         cold = self.cold
         n = len(cold)
         i = cold.locate(offset)
@@ -630,6 +793,9 @@ class PartitionLog:
             run = 0
             # Chunks of one cold segment lie back to back: one slice covers the whole run.
             while i < n and cold.segment_of(i) == seq:
+                if cold.last_of(i) >= upto:
+                    n = i  # nothing from here on (a transaction still open)
+                    break
                 s = cold.size_of(i)
                 if size + run + s > max_bytes and (size + run > 0 or not min_one):
                     break
@@ -675,6 +841,7 @@ class PartitionLog:
                 else (self.next_offset)
             )
         self.log_start_offset = max(self.log_start_offset, first)
+        self.txns.drop_before(self.log_start_offset)
         return gone
 
     @property
@@ -697,6 +864,7 @@ class PartitionLog:
         else:
             self.log_start_offset = max(self.log_start_offset, self.next_offset)
         self.chunks.drop_front(keep_from)
+        self.txns.drop_before(self.log_start_offset)
         return dropped
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

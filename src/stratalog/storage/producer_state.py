@@ -53,6 +53,8 @@ class ProducerEntry:
     # Deterministic producers only: every batch in sequence order, so a re-run's batch can be
     # checked against the records it claims to repeat (see originals()).
     history: list[BatchMeta] | None = None
+    # The coordinator epoch of its last transaction marker here (-1: none; DescribeProducers).
+    coordinator_epoch: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -137,6 +139,18 @@ class ProducerStateTable:
             if entry.history is None:
                 entry.history = []
             entry.history.append(meta)
+
+    def fence(self, producer_id: int, epoch: int, coordinator_epoch: int = -1) -> None:
+        """A transaction marker of ``producer_id`` at ``epoch`` was appended: batches of an older
+        epoch are refused from now on (a coordinator that aborted a timed-out transaction bumped
+        the epoch to fence the zombie producer). A producer with no state here stays unknown."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and epoch > entry.epoch:
+            entry = ProducerEntry(epoch)
+            entry.touched_ms = int(time.time() * 1000)
+            self.producers[producer_id] = entry
+        if entry is not None and coordinator_epoch >= 0:
+            entry.coordinator_epoch = coordinator_epoch
 
     def truncate(self, offset: int) -> None:
         """Forget batches at or past ``offset`` (a replica's log was cut there, KIP-101). A

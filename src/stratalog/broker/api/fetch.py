@@ -49,8 +49,10 @@ def _leader_endpoints(core, topics: list, conn) -> list[tuple[int, str, int]]:
     return leader_hints.endpoints(core, named, conn)
 
 
-def _gather(core, req: Request, plan, max_bytes: int):
-    """Read every requested partition once; return (topics, size, reads, partitions, errors)."""
+def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = False):
+    """Read every requested partition once; return (topics, size, reads, partitions, errors).
+    A read_committed consumer reads up to each partition's last stable offset and gets the
+    aborted transactions its records overlap."""
     topics = []
     total = 0
     reads: list[ReadResult] = []
@@ -72,7 +74,7 @@ def _gather(core, req: Request, plan, max_bytes: int):
                 continue
             logs.append(p)
             r.high_watermark = p.high_watermark
-            r.last_stable_offset = p.high_watermark
+            r.last_stable_offset = lso = p.last_stable_offset
             r.log_start_offset = p.log_start_offset
             offset = fp.fetch_offset
             if offset < p.log_start_offset or offset > p.next_offset:
@@ -99,7 +101,12 @@ def _gather(core, req: Request, plan, max_bytes: int):
             if remaining <= 0 and total > 0:
                 continue
             limit = min(fp.partition_max_bytes, remaining) if total else fp.partition_max_bytes
-            rr = p.read(offset, limit, min_one=total == 0)
+            if read_committed:
+                rr = p.read(offset, limit, min_one=total == 0, upto=lso)
+                if rr.size and p.txns.aborted_count:
+                    r.aborted = p.txns.aborted_between(offset, rr.next_offset)
+            else:
+                rr = p.read(offset, limit, min_one=total == 0)
             if rr.size:
                 reads.append(rr)
                 r.records = rr.parts
@@ -240,7 +247,7 @@ async def handle_fetch(core, req: Request, conn):
         plan.append((name, tid, t, missing if t is None else "", ft.partitions))
     deadline = time.monotonic() + max(0.0, max_wait)
     while True:
-        topics, total, reads, logs, errors = _gather(core, req, plan, max_bytes)
+        topics, total, reads, logs, errors = _gather(core, req, plan, max_bytes, read_committed)
         remaining = deadline - time.monotonic()
         if total >= min_bytes or errors or remaining <= 0 or not logs:
             break

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 from stratalog.broker.group_coordinator import DEAD, EMPTY
-from stratalog.broker.offset_records import OffsetRecordError
+from stratalog.broker.offset_records import OFFSETS_TOPIC, OffsetRecordError
 from stratalog.broker.offset_store import CommittedOffset
+from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC
 from stratalog.protocol.connection import Request
 from stratalog.storage.journal import StorageFailure
 
@@ -14,27 +15,35 @@ from .common import GROUP_OPERATIONS, NONE, authorized, err, reply, sub
 
 MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 GROUP_KEY = 0
+TRANSACTION_KEY = 1
 
 
 def handle_find_coordinator(core, req: Request, conn) -> bytes:
     body = req.body
     key_type = getattr(body, "key_type", GROUP_KEY)
-    error = NONE if key_type == GROUP_KEY else err("INVALID_REQUEST")
-    message = None if key_type == GROUP_KEY else "transactions are not supported"
-    node = core.node_id if key_type == GROUP_KEY else -1
-    host, port = core.endpoint(conn) if key_type == GROUP_KEY else ("", -1)
-    if key_type == GROUP_KEY:
-        # As Kafka: a group's coordinator is the leader of its offsets topic partition, so the
-        # first lookup creates __consumer_offsets (Kafka answers COORDINATOR_NOT_AVAILABLE
-        # while it does; here the topic exists before the answer, but in a cluster it is
-        # created through etcd and the answer waits for the next lookup).
+    known = key_type in (GROUP_KEY, TRANSACTION_KEY)
+    error = NONE if known else err("INVALID_REQUEST")
+    message = None if known else f"unknown coordinator key type {key_type}"
+    node = core.node_id if known else -1
+    host, port = core.endpoint(conn) if known else ("", -1)
+    if known:
+        # As Kafka: a group's coordinator is the leader of its offsets topic partition, a
+        # transactional id's the leader of its transaction log partition, so the first lookup
+        # creates __consumer_offsets or __transaction_state (Kafka answers
+        # COORDINATOR_NOT_AVAILABLE while it does; here the topic exists before the answer,
+        # but in a cluster it is created through etcd and the answer waits for the next
+        # lookup).
         try:
-            core.ensure_offsets_topic()
+            if key_type == GROUP_KEY:
+                core.ensure_offsets_topic()
+            else:
+                core.ensure_txn_state_topic()
         except StorageFailure:
             pass  # COORDINATOR_NOT_AVAILABLE below, until the topic exists
-    if core.cluster is not None and key_type == GROUP_KEY:
+    if core.cluster is not None and known:
+        topic = OFFSETS_TOPIC if key_type == GROUP_KEY else TRANSACTION_STATE_TOPIC
         keys = body.coordinator_keys if req.api_version >= 4 else [body.key]
-        found = {k: core.cluster_coordinator(k, conn) for k in keys}
+        found = {k: core.cluster_coordinator(k, topic, conn) for k in keys}
         if req.api_version >= 4:
             return reply(req, coordinators=tuple(_coordinator(req, k, found[k]) for k in keys))
         node, host, port = found[body.key] or (-1, "", -1)
@@ -214,10 +223,14 @@ async def handle_offset_commit(core, req: Request, conn):
 def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple[str, str]):
     topic_cls, part_cls = names
     out = []
+    # require_stable (v7+, KIP-447): an offset a transaction committed but has not settled yet
+    # is answered UNSTABLE_OFFSET_COMMIT, and the consumer asks again.
+    unstable = core.offsets.unstable(group_id) if getattr(req.body, "require_stable", False) else ()
+
     if topics is None:
         by_topic: dict[str, list] = {}
         for (t, p), c in sorted(core.offsets.group_offsets(group_id).items()):
-            by_topic.setdefault(t, []).append((p, c))
+            by_topic.setdefault(t, []).append((p, None if (t, p) in unstable else c))
         for t, entries in by_topic.items():
             out.append(
                 sub(
@@ -229,10 +242,10 @@ def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple
                             req,
                             part_cls,
                             partition_index=p,
-                            committed_offset=c.offset,
-                            committed_leader_epoch=c.leader_epoch,
-                            metadata=c.metadata,
-                            error_code=NONE,
+                            committed_offset=c.offset if c else -1,
+                            committed_leader_epoch=c.leader_epoch if c else -1,
+                            metadata=c.metadata if c else "",
+                            error_code=NONE if c else err("UNSTABLE_OFFSET_COMMIT"),
                         )
                         for p, c in entries
                     ),
@@ -242,7 +255,8 @@ def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple
     for t in topics:
         parts = []
         for p in t.partition_indexes:
-            c = core.offsets.get(group_id, t.name, p)
+            settling = (t.name, p) in unstable
+            c = None if settling else core.offsets.get(group_id, t.name, p)
             parts.append(
                 sub(
                     req,
@@ -251,7 +265,7 @@ def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple
                     committed_offset=c.offset if c else -1,
                     committed_leader_epoch=c.leader_epoch if c else -1,
                     metadata=(c.metadata if c else ""),
-                    error_code=NONE,
+                    error_code=err("UNSTABLE_OFFSET_COMMIT") if settling else NONE,
                 )
             )
         out.append(sub(req, topic_cls, name=t.name, partitions=tuple(parts)))

@@ -13,28 +13,26 @@ EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
 
 
-def _lookup(p, ts: int) -> tuple[int, int]:
-    """(timestamp, offset) answered for one partition and target timestamp."""
+def _lookup(p, ts: int, read_committed: bool = False) -> tuple[int, int]:
+    """(timestamp, offset) answered for one partition and target timestamp (the latest offset
+    of a read_committed consumer is the last stable offset)."""
     if ts == LATEST:
-        return -1, p.high_watermark
+        return -1, p.last_stable_offset if read_committed else p.high_watermark
     if ts in (EARLIEST, EARLIEST_LOCAL):
         return -1, p.log_start_offset
     if ts == LATEST_TIERED:
         return -1, -1
-    if ts == MAX_TIMESTAMP:
-        found = p.max_timestamp()
-        if found is None:
-            return -1, -1
-        offset, stamp = found
-        return stamp, offset
-    found = p.offset_for_timestamp(ts)
+    found = p.max_timestamp() if ts == MAX_TIMESTAMP else p.offset_for_timestamp(ts)
     if found is None:
         return -1, -1
     offset, stamp = found
+    if read_committed and offset >= p.last_stable_offset:
+        return -1, -1  # as Kafka: only what a read_committed consumer could fetch
     return stamp, offset
 
 
 def handle_list_offsets(core, req: Request, conn) -> bytes:
+    read_committed = getattr(req.body, "isolation_level", 0) == 1
     topics = []
     for t in req.body.topics:
         parts = []
@@ -54,7 +52,7 @@ def handle_list_offsets(core, req: Request, conn) -> bytes:
                     )
                 )
                 continue
-            stamp, offset = _lookup(p, rp.timestamp)
+            stamp, offset = _lookup(p, rp.timestamp, read_committed)
             parts.append(
                 sub(
                     req,

@@ -22,7 +22,7 @@ from stratalog.storage.replica import NotPrimary
 from stratalog.storage.virtual_log import WriteBatch
 
 from . import leader_hints
-from .common import NONE, err, reply
+from .common import NONE, reply
 from .leader_hints import NOT_LEADER
 
 
@@ -81,7 +81,7 @@ def handle_produce(core, req: Request, conn):
     writes = WriteBatch()
     appended: list[tuple[PartitionLog, AppendResult, PartitionProduceResult, int, bool]] = []
     try:
-        any_error = _append_all(core, body, now, results, appended, writes, hints)
+        any_error = _append_all(core, body, now, results, appended, writes, hints, req.api_version)
     finally:
         # Always, so no virtual log is left staging if an append raised unexpectedly.
         writes.commit()
@@ -141,7 +141,14 @@ def _leader_endpoints(core, results: list, conn=None) -> list[tuple[int, str, in
 
 
 def _append_all(
-    core, body, now: int, results: list, appended: list, writes: WriteBatch, hints: bool
+    core,
+    body,
+    now: int,
+    results: list,
+    appended: list,
+    writes: WriteBatch,
+    hints: bool,
+    version: int,
 ):
     """Validate and stage every partition of a Produce request, in request order, filling
     ``results`` and ``appended`` (what was staged, its size, whether it spilled to the cold
@@ -195,11 +202,6 @@ def _append_all(
                 r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
                 any_error = True
                 continue
-            if body.transactional_id is not None:
-                r.error_code = code("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-                r.error_message = "transactions are not supported by Stratalog"
-                any_error = True
-                continue
             try:
                 if pd.records is None:
                     raise CorruptBatchError("null records", "INVALID_RECORD")
@@ -210,6 +212,9 @@ def _append_all(
                     timestamp_check=check,
                     now_ms=now,
                     writes=writes,
+                    transactional_check=lambda h, p=p: _verify_transaction(
+                        core, body, h, p, version
+                    ),
                 )
             except (AppendError, CorruptBatchError) as e:
                 r.error_code = code(e.error)
@@ -230,6 +235,45 @@ def _append_all(
             r.log_start_offset = p.log_start_offset
             appended.append((p, res, r, len(pd.records), p.spilling))
     return any_error
+
+
+def _verify_transaction(core, body, h: BatchHeader, p: PartitionLog, version: int) -> None:
+    """A transactional batch needs the request's transactional id (Kafka answers
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED without one) and, when it opens its transaction in
+    this partition, a transaction that holds the partition (KIP-890's server-side defence,
+    checked here when this broker is the id's coordinator)."""
+    if body.transactional_id is None:
+        raise AppendError(
+            "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+            "a transactional batch needs the request's transactional id",
+        )
+    if h.producer_id < 0 or h.is_control or h.producer_id in p.txns.open:
+        return  # (control batches are refused by the partition)
+    error = core.txn.verify(
+        body.transactional_id, h.producer_id, h.producer_epoch, (p.topic, p.index)
+    )
+    if error is None:
+        return
+    if error in _RETRIABLE_VERIFY:
+        # As Kafka: the producer retries (the coordinator was busy or not found).
+        raise AppendError(
+            "NOT_ENOUGH_REPLICAS",
+            "Unable to verify the partition has been added to the transaction. "
+            f"Underlying error: {error}",
+        )
+    if error == "PRODUCER_FENCED":
+        error = "INVALID_PRODUCER_EPOCH"
+    if error == "TRANSACTION_ABORTABLE" and version < 11:
+        error = "INVALID_TXN_STATE"
+    raise AppendError(error, "the partition is not in the producer's transaction")
+
+
+_RETRIABLE_VERIFY = {
+    "CONCURRENT_TRANSACTIONS",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "NOT_COORDINATOR",
+}
 
 
 def _refuse_all(core, req: Request, results: list, acks: int, conn, error: str, message: str):
@@ -393,12 +437,9 @@ async def _visible(p: PartitionLog, last_offset: int, r: PartitionProduceResult)
 def handle_init_producer_id(core, req: Request, conn) -> bytes:
     body = req.body
     if body.transactional_id is not None:
-        return reply(
-            req,
-            error_code=err("TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
-            producer_id=-1,
-            producer_epoch=-1,
-        )
+        from .transactions import init_transactional_producer_id
+
+        return init_transactional_producer_id(core, req)
     pid = getattr(body, "producer_id", -1)
     epoch = getattr(body, "producer_epoch", -1)
     if pid >= 0 and 0 <= epoch < 32766:

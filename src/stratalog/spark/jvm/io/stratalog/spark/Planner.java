@@ -93,9 +93,9 @@ final class Planner {
   }
 
   /**
-   * The reader fetches read_uncommitted. A broker without transactions (no EndTxn, as
-   * Stratalog) has nothing for read_committed to hide, so it means the same there; on a broker
-   * with transactions it would hide aborted records, which this reader does not do: refused.
+   * The reader fetches read_uncommitted. A broker without transactions (no EndTxn) has nothing
+   * for read_committed to hide, so it means the same there; on a broker with transactions
+   * (Stratalog too) it would hide aborted records, which this reader does not do: refused.
    */
   private void checkIsolation() throws IOException {
     if (opts.readCommitted && wire.apiKeys().contains(KafkaWire.END_TXN)) {
