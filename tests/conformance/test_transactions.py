@@ -214,8 +214,10 @@ def protocol_walk(bs: str, topic: str, ts: int) -> dict[str, Any]:
     wait_stable(bs, topic, 0)
     out["aborted/committed"] = fetched(bs, topic, 0, 1, pids)
     out["aborted/latest"] = (list_latest(bs, topic, 0, 0), list_latest(bs, topic, 0, 1))
-    out["abort-again"] = end_txn(bs, txid, pid, epoch, commit=False)
-    out["commit-after-abort"] = end_txn(bs, txid, pid, epoch, commit=True)
+    # Until the coordinator has finished the abort (its markers on both partitions): before,
+    # either broker answers CONCURRENT_TRANSACTIONS, and a loaded machine slows one of them.
+    out["abort-again"] = _retry(lambda: end_txn(bs, txid, pid, epoch, commit=False), str)
+    out["commit-after-abort"] = _retry(lambda: end_txn(bs, txid, pid, epoch, commit=True), str)
     # The next transaction: sequences go on in the same epoch.
     out["add-2"] = _retry(
         lambda: add_partitions(bs, txid, pid, epoch, tps[:1]), lambda r: r[f"{topic}/0"]

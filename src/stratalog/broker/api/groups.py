@@ -158,13 +158,12 @@ def handle_leave_group(core, req: Request, conn) -> bytes:
     return reply(req, error_code=NONE, members=tuple(out))
 
 
-async def handle_offset_commit(core, req: Request, conn):
-    b = req.body
-    generation = b.generation_id_or_member_epoch
-    group_error = core.coordinator.validate_commit(b.group_id, generation, b.member_id)
+def offset_writes(core, b, group_error: str) -> tuple[list, list[tuple[str, list[list]]]]:
+    """The offsets an OffsetCommit or TxnOffsetCommit asks to store, and each partition's
+    answer so far (topic -> [[partition, error]]): ``group_error`` for all when it is one."""
     now = int(time.time() * 1000)
     writes = []
-    answers: list[tuple[str, list[list]]] = []  # topic -> [partition, error]
+    answers: list[tuple[str, list[list]]] = []
     for t in b.topics:
         parts: list[list] = []
         for p in t.partitions:
@@ -191,6 +190,22 @@ async def handle_offset_commit(core, req: Request, conn):
                     )
             parts.append([p.partition_index, error])
         answers.append((t.name, parts))
+    return writes, answers
+
+
+def fail_unwritten(answers: list[tuple[str, list[list]]], failed: str) -> None:
+    """The write of the offsets failed: every partition not refused already answers ``failed``."""
+    for _name, parts in answers:
+        for pe in parts:
+            if pe[1] == "NONE":
+                pe[1] = failed
+
+
+async def handle_offset_commit(core, req: Request, conn):
+    b = req.body
+    generation = b.generation_id_or_member_epoch
+    group_error = core.coordinator.validate_commit(b.group_id, generation, b.member_id)
+    writes, answers = offset_writes(core, b, group_error)
     if writes:
         # Durable before the answer: the offsets topic's append waits for its group commit.
         failed = None
@@ -201,10 +216,7 @@ async def handle_offset_commit(core, req: Request, conn):
         except OffsetRecordError:
             failed = "UNKNOWN_SERVER_ERROR"  # (a group id too long for Kafka's record format)
         if failed is not None:
-            for _name, parts in answers:
-                for pe in parts:
-                    if pe[1] == "NONE":
-                        pe[1] = failed
+            fail_unwritten(answers, failed)
     topics = tuple(
         sub(
             req,

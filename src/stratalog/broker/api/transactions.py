@@ -10,10 +10,8 @@ versions from before KIP-588, as Kafka does.
 from __future__ import annotations
 
 import datetime
-import time
 
 from stratalog.broker.offset_records import OFFSETS_TOPIC, OffsetRecordError, partition_for
-from stratalog.broker.offset_store import CommittedOffset
 from stratalog.broker.txn_coordinator import CoordinatorError
 from stratalog.broker.txn_markers import write_markers
 from stratalog.protocol.connection import Request
@@ -22,8 +20,8 @@ from stratalog.storage.partition import AppendError
 from stratalog.storage.txn_index import is_transactional_producer
 
 from .common import NONE, err, reply, sub
+from .groups import fail_unwritten, offset_writes
 
-MAX_METADATA_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 _STATES = {
     "Empty",
     "Ongoing",
@@ -155,35 +153,7 @@ async def handle_txn_offset_commit(core, req: Request, conn) -> bytes:
     group_error = _txn_check(core, b)
     if group_error == "NONE":
         group_error = _group_check(core, b)
-    now = int(time.time() * 1000)
-    writes = []
-    answers: list[tuple[str, list[list]]] = []
-    for t in b.topics:
-        parts: list[list] = []
-        for p in t.partitions:
-            error = group_error
-            if error == "NONE":
-                if not core.partition_exists(t.name, p.partition_index):
-                    error = "UNKNOWN_TOPIC_OR_PARTITION"
-                elif (
-                    p.committed_metadata is not None
-                    and len(p.committed_metadata.encode()) > MAX_METADATA_BYTES
-                ):
-                    error = "OFFSET_METADATA_TOO_LARGE"
-                else:
-                    writes.append(
-                        (
-                            (b.group_id, t.name, p.partition_index),
-                            CommittedOffset(
-                                p.committed_offset,
-                                getattr(p, "committed_leader_epoch", -1),
-                                p.committed_metadata or "",
-                                now,
-                            ),
-                        )
-                    )
-            parts.append([p.partition_index, error])
-        answers.append((t.name, parts))
+    writes, answers = offset_writes(core, b, group_error)
     if writes:
         failed = None
         try:
@@ -195,10 +165,7 @@ async def handle_txn_offset_commit(core, req: Request, conn) -> bytes:
         except OffsetRecordError:
             failed = "UNKNOWN_SERVER_ERROR"
         if failed is not None:
-            for _name, parts in answers:
-                for pe in parts:
-                    if pe[1] == "NONE":
-                        pe[1] = failed
+            fail_unwritten(answers, failed)
     topics = tuple(
         sub(
             req,
