@@ -14,7 +14,7 @@ from stratalog.broker.topic_config import (
     default_value,
     validate_topic_configs,
 )
-from stratalog.cluster.metadata import MetadataError, validate_topic_name
+from stratalog.cluster.metadata import MetadataError, TopicMeta, validate_topic_name
 from stratalog.config import SETTINGS
 from stratalog.protocol.connection import Request
 
@@ -444,16 +444,7 @@ def handle_incremental_alter_configs(core, req: Request, conn):
         try:
             if _clears_throttles(res):
                 raise _NothingToDo()  # Stratalog has no replication throttles
-            if res.resource_type != TOPIC_RESOURCE:
-                raise MetadataError(
-                    "INVALID_REQUEST",
-                    "only topic configs can be altered; broker settings come from its config file",
-                )
-            t = core.metadata.topics.get(res.resource_name)
-            if t is None:
-                raise MetadataError(
-                    "UNKNOWN_TOPIC_OR_PARTITION", f"Topic '{res.resource_name}' does not exist."
-                )
+            t = _altered_topic(core, res)
             changes: dict[str, str | None] = {}
             for c in res.configs:
                 if c.config_operation == SET:
@@ -479,6 +470,22 @@ def handle_incremental_alter_configs(core, req: Request, conn):
     return _altered(core, req, answers, alters)
 
 
+def _altered_topic(core, res) -> TopicMeta:
+    """The topic whose configs a resource of (Incremental)AlterConfigs names; MetadataError
+    for another resource type or a topic that does not exist."""
+    if res.resource_type != TOPIC_RESOURCE:
+        raise MetadataError(
+            "INVALID_REQUEST",
+            "only topic configs can be altered; broker settings come from its config file",
+        )
+    t = core.metadata.topics.get(res.resource_name)
+    if t is None:
+        raise MetadataError(
+            "UNKNOWN_TOPIC_OR_PARTITION", f"Topic '{res.resource_name}' does not exist."
+        )
+    return t
+
+
 def handle_alter_configs(core, req: Request, conn):
     """The legacy AlterConfigs (API 33): a resource's configs are replaced as a whole, so a
     topic override the request does not name goes back to its default (Kafka's
@@ -497,16 +504,7 @@ def handle_alter_configs(core, req: Request, conn):
                     "AlterConfigs is deprecated and does not support the resource type "
                     "BROKER_LOGGER",
                 )
-            if res.resource_type != TOPIC_RESOURCE:
-                raise MetadataError(
-                    "INVALID_REQUEST",
-                    "only topic configs can be altered; broker settings come from its config file",
-                )
-            t = core.metadata.topics.get(res.resource_name)
-            if t is None:
-                raise MetadataError(
-                    "UNKNOWN_TOPIC_OR_PARTITION", f"Topic '{res.resource_name}' does not exist."
-                )
+            t = _altered_topic(core, res)
             wanted: dict[str, str | None] = {}
             for c in res.configs:
                 if c.value is None:
