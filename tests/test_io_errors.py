@@ -292,13 +292,20 @@ def test_a_vanished_cold_segment_fails_its_range_only(env):
         assert not errors and len(done) == len(values)
         acked.update(done)
     cold_dir = env.root / "cold" / f"p{env.cold_uid}"
-    _wait_for(lambda: list(cold_dir.glob("*.log")), "a migrated cold segment")
+    # A segment's file is written before its manifest names it and before the partition's
+    # index switches to it: wait for the manifest, as reads go to the hot copy until then.
+    _wait_for(lambda: list(cold_dir.glob("manifest-*.json")), "a migrated cold segment")
     # The oldest cold segment (offset 0 on) goes, as an object lost from the store.
     first = min(cold_dir.glob("*.log"), key=lambda f: int(f.name.split("-")[0]))
     assert int(first.name.split("-")[0]) == 0
     first.unlink()
     last = max(o for _, o in acked.values())  # the newest record: still hot
-    assert _fetch_codes(env, {0: 0}, topic=COLD)[0][0] == STORAGE_ERROR
+    # The index switch follows the manifest's write within one turn of the broker's loop.
+    _wait_for(
+        lambda: _fetch_codes(env, {0: 0}, topic=COLD)[0][0] == STORAGE_ERROR,
+        "a fetch of the vanished range to fail with KAFKA_STORAGE_ERROR",
+        timeout=10,
+    )
     code, size = _fetch_codes(env, {0: last}, topic=COLD)[0]
     assert code == 0 and size > 0
     codes = _fetch_codes(env, dict.fromkeys(range(PARTITIONS), 0))

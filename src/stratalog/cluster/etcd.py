@@ -29,7 +29,14 @@ from urllib.parse import urlsplit
 
 import grpc
 import grpc.aio
-from etcd3aio import Etcd3Client, EtcdError, SortOrder, SortTarget, prefix_range_end
+from etcd3aio import (
+    Etcd3Client,
+    EtcdConnectionError,
+    EtcdError,
+    SortOrder,
+    SortTarget,
+    prefix_range_end,
+)
 from etcd3aio._protobuf import (
     Compare,
     DeleteRangeRequest,
@@ -180,14 +187,29 @@ class EtcdStore:
         client = Etcd3Client(targets)
         await client.connect()
         store = cls(client, endpoints, timeout)
+        refused: list[Exception] = []
         try:
             async with asyncio.timeout(timeout):
-                await store._kv().get(_PING_KEY, count_only=True, timeout=timeout)
+                await store._ping_until_answered(timeout, refused)
         except _FAILURES as exc:
             await client.close()
-            why = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else exc
+            why: object = exc
+            if isinstance(exc, TimeoutError):
+                why = refused[-1] if refused else f"no answer within {timeout:g} s"
             raise ClusterError(f"cannot reach etcd at {store.where}: {why}") from exc
         return store
+
+    async def _ping_until_answered(self, timeout: float, refused: list[Exception]) -> None:
+        # gRPC shares a subchannel per address across channels: one that failed while etcd was
+        # down (a restart) refuses new calls until its reconnect backoff ends, so an etcd that
+        # is back gets until ``timeout`` to answer, not etcd3aio's few quick retries.
+        while True:
+            try:
+                await self._kv().get(_PING_KEY, count_only=True, timeout=timeout)
+                return
+            except EtcdConnectionError as exc:
+                refused.append(exc)
+            await asyncio.sleep(0.1)
 
     async def close(self) -> None:
         """Stop all keep-alives (their leases will expire; revoke first to end them now)."""
