@@ -1050,6 +1050,9 @@ class VirtualLog:
     def delete_segment(self, seq: int) -> None:
         seg = self.segments.pop(seq, None)
         if seg is not None and seg is not self.active:
+            # Under fsync=never or interval it may still wait for a sync that would meet a
+            # closed descriptor (a migrated segment): its bytes need none any more.
+            self.journal.forget(seg)
             seg.delete()
         elif seg is not None:
             self.segments[seq] = seg
