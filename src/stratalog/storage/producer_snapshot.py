@@ -45,7 +45,8 @@ SUFFIX = ".snapshot"
 MAGIC = b"SLPS"
 VERSION = 1
 KEEP = 2  # snapshots kept per log
-_HEADER = struct.Struct("<4sHHqqII")  # magic, version, flags, seq, position, partitions, crc
+# magic, version, flags, seq, position, partitions, CRC-32C of what comes before it and after
+_HEADER = struct.Struct("<4sHHqqII")
 _PART = struct.Struct("<II")  # uid, producers
 _PRODUCER = struct.Struct("<qhHI")  # id, epoch, kept batches, history batches (or 0xFFFFFFFF)
 _BATCH = struct.Struct("<iiqqq")
@@ -89,7 +90,8 @@ def encode(seq: int, position: int, tables: Iterable[tuple[int, ProducerStateTab
                 body += _BATCH.pack(
                     b.first_seq, b.last_seq, b.base_offset, b.last_offset, b.timestamp
                 )
-    return _HEADER.pack(MAGIC, VERSION, 0, seq, position, n, crc32c(body)) + bytes(body)
+    head = _HEADER.pack(MAGIC, VERSION, 0, seq, position, n, 0)[:-4]
+    return head + struct.pack("<I", crc32c(body, crc32c(head))) + bytes(body)
 
 
 def decode(data: bytes, path: Path, touched_ms: int) -> Snapshot:
@@ -101,7 +103,7 @@ def decode(data: bytes, path: Path, touched_ms: int) -> Snapshot:
     if magic != MAGIC or version != VERSION:
         raise SnapshotError(f"{path}: not a producer snapshot")
     body = memoryview(data)[_HEADER.size :]
-    if crc32c(body) != crc:
+    if crc32c(body, crc32c(data[: _HEADER.size - 4])) != crc:
         raise SnapshotError(f"{path}: fails its CRC")
     tables: dict[int, ProducerStateTable] = {}
     at = 0
@@ -163,19 +165,24 @@ def write(directory: Path, data: bytes, seq: int) -> Path:
 def load_newest(directory: Path, end: tuple[int, int], touched_ms: int) -> Snapshot | None:
     """The newest snapshot of the log in ``directory`` that holds together and is not past
     ``end`` (the log's recovered end). Ones past it are removed (the bytes they covered are
-    gone); damaged ones are logged and skipped."""
+    gone), and so are damaged ones (logged; an older one or the entries stand in)."""
+    found = None
     for path in listed(directory):
         try:
             snap = decode(path.read_bytes(), path, touched_ms)
-        except (SnapshotError, OSError) as e:
-            log.error("producer snapshot %s unusable (%s): an older one, or the entries", path, e)
+        except SnapshotError as e:
+            log.error("producer snapshot %s is damaged (%s): removed", path, e)
+            path.unlink(missing_ok=True)
+            continue
+        except OSError as e:
+            log.error("producer snapshot %s unreadable (%s): an older one, or the entries", path, e)
             continue
         if snap.at > end:
             log.warning("producer snapshot %s is past the log's end %s: removed", path, end)
             path.unlink(missing_ok=True)
             continue
-        return snap
-    return None
+        found = found or snap
+    return found
 
 
 def remove_past(directory: Path, seq: int, position: int) -> None:

@@ -99,7 +99,15 @@ def _gather(core, req: Request, plan, max_bytes: int):
             if remaining <= 0 and total > 0:
                 continue
             limit = min(fp.partition_max_bytes, remaining) if total else fp.partition_max_bytes
-            rr = p.read(offset, limit, min_one=total == 0)
+            try:
+                rr = p.read(offset, limit, min_one=total == 0)
+            except OSError as e:
+                # An index run on disk that cannot be read (chunk_index.py): that partition
+                # only, as a read error of its data would be.
+                log.error("fetch of %s-%d at %d: %s", name, fp.partition, offset, e)
+                r.error_code = code("KAFKA_STORAGE_ERROR")
+                errors = True
+                continue
             if rr.size:
                 reads.append(rr)
                 r.records = rr.parts
