@@ -27,6 +27,7 @@ handled one chunk at a time held up every produce request for over 100 ms.
 from __future__ import annotations
 
 import threading
+import weakref
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -52,7 +53,7 @@ class ChunkLocation:
 class Columns:
     """The entries of one run, whole (a piece of index may skip its first ones)."""
 
-    __slots__ = ("_prefmax", "base", "last", "maxts", "pos", "size")
+    __slots__ = ("__weakref__", "_prefmax", "base", "last", "maxts", "pos", "size")
 
     def __init__(self, base: array, last: array, pos: array, size: array, maxts: array) -> None:
         n = len(base)
@@ -157,6 +158,7 @@ class ChunkIndex:
         "_base",
         "_last",
         "_maxts",
+        "_memo",
         "_pbase",
         "_pbytes",
         "_pend",
@@ -199,6 +201,10 @@ class ChunkIndex:
         self._ppref = array("q")
         self._pend = array("q")
         self._psrc: list[RunSource] = []
+        # The run looked up last: (its first chunk, the chunk after it, first chunk - skip,
+        # a weak reference to its columns), so a walk through a run does not go back to the
+        # cache for every chunk. Cleared when runs move (drop_front, drop_back, unseal_from).
+        self._memo: tuple[int, int, int, weakref.ref[Columns]] | None = None
 
     # -- runs ------------------------------------------------------------------------------
     @property
@@ -213,6 +219,11 @@ class ChunkIndex:
 
     def _where(self, i: int) -> tuple[Columns, int] | None:
         """(columns, entry) of chunk ``i`` if it lies in a run; None if it is dense."""
+        m = self._memo
+        if m is not None and m[0] <= i < m[1]:
+            c = m[3]()
+            if c is not None:
+                return c, i - m[2]
         if i < 0:
             i += len(self)
             if i < 0:
@@ -220,7 +231,10 @@ class ChunkIndex:
         if not self._pend or i >= self._pend[-1]:
             return None
         k = bisect_right(self._pend, i)
-        return self._cols(k), i - self._run_start(k) + self._pskip[k]
+        c = self._cols(k)
+        start = self._run_start(k)
+        self._memo = (start, self._pend[k], start - self._pskip[k], weakref.ref(c))
+        return c, i - start + self._pskip[k]
 
     @property
     def in_memory(self) -> int:
@@ -261,6 +275,7 @@ class ChunkIndex:
         return self._nlazy
 
     def _reindex_runs(self) -> None:
+        self._memo = None
         self._pend = array("q", accumulate(self._pn))
         self._ppref = array("q", accumulate(self._pmax, max))
 
@@ -404,17 +419,16 @@ class ChunkIndex:
     def __getitem__(self, i: int) -> ChunkLocation:
         if i < 0:
             i += len(self)
-        lazy = self._nlazy
-        if i >= lazy:
-            j = i - lazy
+        w = self._where(i)
+        if w is None:
+            j = i - self._nlazy
             return ChunkLocation(
                 self._base[j], self._last[j], self._seg[j], self._pos[j], self._size[j],
                 self._maxts[j],
             )  # fmt: skip
-        k = bisect_right(self._pend, i)
-        c = self._cols(k)
-        j = i - self._run_start(k) + self._pskip[k]
-        return ChunkLocation(c.base[j], c.last[j], self._pseg[k], c.pos[j], c.size[j], c.maxts[j])
+        c, j = w
+        seg = self._pseg[bisect_right(self._pend, i)]
+        return ChunkLocation(c.base[j], c.last[j], seg, c.pos[j], c.size[j], c.maxts[j])
 
     @property
     def first_offset(self) -> int | None:
@@ -476,9 +490,13 @@ class ChunkIndex:
         if self._ppref and self._ppref[-1] >= timestamp:
             k = bisect_left(self._ppref, timestamp)
             # Every chunk before run k is older: the first of its own that reaches it.
+            if timestamp <= self._pmin[k]:
+                return self._run_start(k)  # its first chunk already reaches it: nothing read
             c = self._cols(k)
             a = self._pskip[k]
             b = a + self._pn[k]
+            if self._pmin[k] == UNKNOWN_TIMESTAMP:
+                self._pmin[k] = min(c.maxts[a:b])
             pm = c.prefmax
             if a == 0 or pm[a - 1] < timestamp:
                 j = bisect_left(pm, timestamp, a, b)
@@ -778,6 +796,7 @@ class ChunkIndex:
         for col in self._run_columns():
             del col[k:]
         del self._psrc[k:]
+        self._memo = None
         self._rebuild_prefmax()
 
     def count_before_location(self, segment: int, position: int) -> int:
