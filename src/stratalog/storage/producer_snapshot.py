@@ -38,6 +38,7 @@ from stratalog.storage.producer_state import (
     ProducerEntry,
     ProducerStateTable,
 )
+from stratalog.storage.segment import seal_pause
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def write(directory: Path, data: bytes, seq: int) -> Path:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+    seal_pause()
     os.replace(tmp, path)
     dfd = os.open(directory, os.O_RDONLY)
     try:

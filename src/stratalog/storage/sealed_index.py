@@ -40,6 +40,7 @@ from crc32c import crc32c
 
 from stratalog.storage.chunk_index import Columns
 from stratalog.storage.noatime import open_noatime
+from stratalog.storage.segment import seal_pause
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ def write(path: Path, data: bytes) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+    seal_pause()
     os.replace(tmp, path)
 
 

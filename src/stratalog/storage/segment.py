@@ -47,6 +47,14 @@ log = logging.getLogger(__name__)
 # Tests simulate a power cut by truncating every segment to the size it had at its last fsync;
 # when STRATALOG_SYNC_LOG names a file, each fsync appends "<path> <size>" to it.
 _SYNC_LOG = os.environ.get("STRATALOG_SYNC_LOG")
+# Tests kill a broker while it seals segments: STRATALOG_SEAL_PAUSE_MS widens each step of a seal
+# (sealed index and producer snapshot written, not yet renamed) so that a kill lands inside one.
+_SEAL_PAUSE_S = float(os.environ.get("STRATALOG_SEAL_PAUSE_MS", "0")) / 1000
+
+
+def seal_pause() -> None:
+    if _SEAL_PAUSE_S:
+        time.sleep(_SEAL_PAUSE_S)
 
 
 def uid_crc(uid: int) -> int:

@@ -67,6 +67,7 @@ from stratalog.storage.segment import (
     fsync_dir,
     list_segments,
     mkdir_durable,
+    seal_pause,
     uid_crc,
 )
 
@@ -261,6 +262,9 @@ class VirtualLog:
         segment's as its sealed index (sealed_index.py), the active one's in memory."""
         mkdir_durable(self.directory)
         reaper.sweep(self.directory)
+        for d in (self.directory, self.spill_directory):
+            for tmp in (*d.glob("*.pix.tmp"), *d.glob("*.snapshot.tmp")) if d else ():
+                tmp.unlink()  # a seal a crash interrupted: written again
         seqs = list_segments(self.directory)
         spilled: dict[int, Path] = {}
         if self.spill_directory is not None and self.spill_directory.is_dir():
@@ -1207,6 +1211,7 @@ def _seal(seg: Segment, directory: Path, snapshot: bytes | None) -> SealedIndex 
     try:
         seg.sync()
         os.fdatasync(seg.index_fd)
+        seal_pause()
         si = None
         try:
             si = sealed_index.write_for_segment(seg.fd, seg.size, seg.index_fd, seg.pix_path)
