@@ -348,3 +348,69 @@ def test_truncation_into_sealed_segments_reads_their_runs_first(tmp_path):
         assert {uid: _values(p) for uid, p in store.partitions.items()} == keep
     finally:
         asyncio.run(store.close())
+
+
+def test_cold_indexes_are_read_on_demand_and_rebuilt_when_wrong(tmp_path, monkeypatch):
+    from stratalog.storage.cold_tier import ColdStore
+    from stratalog.storage.tiering import Migrator, TierSettings
+
+    cold_dir = tmp_path / "cold"
+
+    async def first():
+        store = _store(tmp_path, cold_location=str(cold_dir))
+        _fill(store, 60)
+        await _until_sealed(store)
+        migrator = Migrator(store, TierSettings(threads=1), lambda: {})
+        try:
+            vlog = store.logs["v0"]
+            for _ in range(3):
+                await migrator.migrate(vlog, vlog.oldest_sealed())
+        finally:
+            migrator.close()
+        for p in store.partitions.values():
+            assert p.cold.runs == 3 and p.cold.in_memory == 0
+        values = {uid: _values(p) for uid, p in store.partitions.items()}
+        producers = _producers(store)
+        await store.close()
+        return values, producers
+
+    values, producers = asyncio.run(first())
+    reads: list[str] = []
+    real = ColdStore.read_index_bytes
+
+    def counted(self, uid, meta):
+        reads.append(meta.name)
+        return real(self, uid, meta)
+
+    monkeypatch.setattr(ColdStore, "read_index_bytes", counted)
+    RUN_CACHE.clear()
+    store = _store(tmp_path, cold_location=str(cold_dir))
+    try:
+        assert reads == [], "a cold index was read at start-up"
+        assert all(p.cold.runs == 3 for p in store.partitions.values())
+        _check_same(store, values, producers)
+        assert len(reads) >= 3  # read when the reads reached them
+    finally:
+        asyncio.run(store.close())
+
+    # A cold index cut short, and one whose entries were shuffled: rebuilt from the batches.
+    idx = sorted(cold_dir.glob("p1/*.idx"))
+    idx[0].write_bytes(idx[0].read_bytes()[:-10])
+    raw = idx[1].read_bytes()
+    half = (len(raw) // 46 // 2) * 46
+    idx[1].write_bytes(raw[half:] + raw[:half])
+    RUN_CACHE.clear()
+    store = _store(tmp_path, cold_location=str(cold_dir))
+    try:
+        _check_same(store, values, producers)
+    finally:
+        asyncio.run(store.close())
+    assert scrub_clean(tmp_path, cold_dir)
+
+
+def scrub_clean(data: Path, cold: Path) -> bool:
+    from stratalog.storage import scrub
+
+    bad = [f for f in scrub.run(scrub.plan(data, cold=cold)) if f.status != scrub.OK]
+    assert not bad, bad[:3]
+    return True
