@@ -27,6 +27,7 @@ from stratalog.broker.topic_config import TopicConfigView
 from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.storage.backlog_loader import BacklogLoader
+from stratalog.storage.chunk_index import RUN_CACHE
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.journal import SLOWEST_SYNC, StorageFailure
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
@@ -96,6 +97,7 @@ class BrokerCore:
             max_session_ms=config["group.max.session.timeout.ms"],
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
         )
+        RUN_CACHE.capacity = config["storage.index_cache_bytes"]
         self.store = LogStore(
             StorageConfig(
                 self.data_dir,
