@@ -10,7 +10,9 @@ processes and reads their memory from ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM
 * ``serve``: ``stratalog serve`` until it answers an ApiVersions request, then SIGTERM;
 * after a crash: an append of ``--tail`` bytes past the last index checkpoint, then the process
   ends without closing anything (what ``kill -9`` leaves), then ``serve`` again, killed with
-  SIGKILL once it answers and started a second time.
+  SIGKILL once it answers and started a second time;
+* ``lookups``: random offsets and timestamps looked up in each partition's history, hot and
+  cold, with the index-run cache emptied before each: the reads each makes, and its time.
 
 ``fill`` only adds: ``run --sizes 1G,10G`` fills to 1 GB, measures, fills on to 10 GB and
 measures again. ``--drop-cache`` evicts the directory's files from the page cache before each
@@ -18,7 +20,7 @@ start (``posix_fadvise(DONTNEED)``, no root needed), so a start that reads histo
 
     python -m stratalog.bench.history_scale run --dir /tmp/hist --sizes 1G,10G [--drop-cache]
     python -m stratalog.bench.history_scale fill --dir /tmp/hist --bytes 1G
-    python -m stratalog.bench.history_scale open|serve|crash --dir /tmp/hist
+    python -m stratalog.bench.history_scale open|serve|crash|lookups --dir /tmp/hist
 
 Results go to stdout as JSON lines (and to ``--out`` with ``run``). The product never imports
 this module.
@@ -272,6 +274,79 @@ def open_store(args) -> None:
     _emit({"step": "close", "close_s": round(time.monotonic() - t1, 3)})
 
 
+def lookups(args) -> None:
+    """In this process: open the storage, then look up random offsets and timestamps in each
+    partition's history (both tiers) with the index-run cache emptied before each, counting
+    the reads each lookup makes (``os.pread`` and whole-file reads) and timing it."""
+    import builtins
+    import random
+
+    from stratalog.storage import chunk_index
+
+    core = _store(args)
+    core.metadata.load()
+    triples = [
+        (t.name, i, uid)
+        for t in core.metadata.topics.values()
+        for i, uid in enumerate(t.partitions)
+    ]
+    core.store.open(triples)
+    counts = {"preads": 0, "opens": 0}
+    real_pread, real_open = os.pread, builtins.open
+
+    def pread(fd, n, at):
+        counts["preads"] += 1
+        return real_pread(fd, n, at)
+
+    def opened(*a, **kw):
+        counts["opens"] += 1
+        return real_open(*a, **kw)
+
+    rng = random.Random(1)
+    rows = []
+    os.pread = pread
+    builtins.open = opened
+    try:
+        for p in core.store.partitions.values():
+            for tier, ix in (("cold", p.cold), ("hot", p.chunks)):
+                if not len(ix) or not getattr(ix, "runs", 1):
+                    continue
+                first, nxt = ix.first_offset, ix.next_offset
+                for _ in range(args.lookups):
+                    for kind in ("offset", "time"):
+                        o = rng.randrange(first, nxt)
+                        if kind == "time":
+                            t = ix.max_timestamp_of(ix.locate(o))
+                        chunk_index.RUN_CACHE.clear()
+                        counts["preads"] = counts["opens"] = 0
+                        t0 = time.perf_counter()
+                        i = ix.locate(o) if kind == "offset" else ix.locate_time(t)
+                        _ = ix[i]
+                        took = time.perf_counter() - t0
+                        rows.append((tier, kind, counts["preads"] + counts["opens"], took))
+    finally:
+        os.pread = real_pread
+        builtins.open = real_open
+    for tier in ("hot", "cold"):
+        for kind in ("offset", "time"):
+            mine = [r for r in rows if r[0] == tier and r[1] == kind]
+            if not mine:
+                continue
+            _emit(
+                {
+                    "step": "lookup",
+                    "tier": tier,
+                    "kind": kind,
+                    "lookups": len(mine),
+                    "reads_max": max(r[2] for r in mine),
+                    "reads_mean": round(sum(r[2] for r in mine) / len(mine), 2),
+                    "ms_mean": round(1000 * sum(r[3] for r in mine) / len(mine), 3),
+                    "ms_max": round(1000 * max(r[3] for r in mine), 3),
+                }
+            )
+    asyncio.run(core.store.close())
+
+
 def _api_versions(port: int, timeout: float) -> bool:
     """Whether a Kafka broker at 127.0.0.1:``port`` answers ApiVersions v0."""
     client = b"hist"
@@ -404,6 +479,8 @@ def _common(args) -> list[str]:
         args.tail,
         "--settle",
         str(args.settle),
+        "--lookups",
+        str(args.lookups),
     ] + (["--drop-cache"] if args.drop_cache else [])
 
 
@@ -416,6 +493,8 @@ def run(args) -> None:
         if args.drop_cache:
             drop_cache(Path(args.dir))
         row["open"] = _sub(args, "open")
+        if not args.no_lookups:
+            row["lookups"] = _sub(args, "lookups")
         row["serve_clean"] = serve_once(args, note="after a clean stop")
         row["crash"] = _sub(args, "crash")[-1]
         row["serve_after_kill"] = serve_once(args, stop=signal.SIGKILL, note="after kill -9")
@@ -429,7 +508,7 @@ def run(args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("step", choices=["run", "fill", "open", "serve", "crash"])
+    ap.add_argument("step", choices=["run", "fill", "open", "serve", "crash", "lookups"])
     ap.add_argument("--dir", required=True, help="the broker's data directory (made if needed)")
     ap.add_argument("--bytes", default="1G", help="fill: the data to reach (hot + cold)")
     ap.add_argument("--sizes", default="1G", help="run: sizes to fill to and measure, in order")
@@ -443,13 +522,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tail", default="32M", help="crash: bytes appended past the checkpoint")
     ap.add_argument("--settle", type=float, default=1.0, help="serve: seconds before RSS again")
     ap.add_argument("--drop-cache", action="store_true")
+    ap.add_argument("--no-lookups", action="store_true", help="run: skip the lookups step")
     ap.add_argument("--abandon", action="store_true", help="open: end without closing")
+    ap.add_argument("--lookups", type=int, default=20, help="lookups: per partition and tier")
     ap.add_argument("--out", help="run: write the results here as JSON")
     args = ap.parse_args(argv)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
-    {"run": run, "fill": fill, "open": open_store, "serve": serve_once, "crash": crash}[args.step](
-        args
-    )
+    steps = {
+        "run": run,
+        "fill": fill,
+        "open": open_store,
+        "serve": serve_once,
+        "crash": crash,
+        "lookups": lookups,
+    }
+    steps[args.step](args)
 
 
 if __name__ == "__main__":
