@@ -58,7 +58,7 @@ ROW = struct.Struct("<IIqqqqqqI4x")
 RUN_ENTRY = struct.Struct("<qiqiqqhi")
 # segment.ENTRY: the same with the partition uid first
 _IDX_ENTRY_SIZE = 50
-_FIRST_READ = 64 * 1024
+_FIRST_READ = 4096  # the header and a table of 60 partitions: one page
 
 
 class SealedIndexError(ValueError):
