@@ -471,7 +471,7 @@ def test_sigkill_during_seals_loses_nothing_and_their_files_are_rebuilt(tmp_path
             time.sleep(rng.uniform(0.0, 0.1))
             bp.kill()
             logs = [d for d in (data / "logs").iterdir() if d.is_dir()]
-            tmp = [f for d in logs for f in d.glob("*.tmp")]
+            tmp = [f for d in logs for f in d.glob("*.tmp-*")]
             segs = [s for d in logs for s in sorted(d.glob("*.log"))[:-1]]
             unsealed = [s for s in segs if not s.with_suffix(".pix").exists()]
             interrupted += bool(tmp or unsealed)
@@ -502,4 +502,4 @@ def test_sigkill_during_seals_loses_nothing_and_their_files_are_rebuilt(tmp_path
     assert not bad, bad[:3]
     kinds = {f.kind for f in findings}
     assert {"sealed-index", "producer-snapshot"} <= kinds
-    assert not list(data.glob("logs/*/*.tmp"))
+    assert not list(data.glob("logs/*/*.tmp-*"))

@@ -294,9 +294,7 @@ def test_a_vanished_cold_segment_fails_its_range_only(env):
     cold_dir = env.root / "cold" / f"p{env.cold_uid}"
     # Migrated: in the partition's index (what /status counts), not only written (a file that
     # appears while the copy runs would be deleted before the switch, and the range read hot).
-    _wait_for(
-        lambda: env.status()["topics"][COLD]["cold"]["chunks"] > 0, "a migrated cold segment"
-    )
+    _wait_for(lambda: env.status()["topics"][COLD]["cold"]["chunks"] > 0, "a migrated cold segment")
     # The oldest cold segment (offset 0 on) goes, as an object lost from the store.
     first = min(cold_dir.glob("*.log"), key=lambda f: int(f.name.split("-")[0]))
     assert int(first.name.split("-")[0]) == 0

@@ -208,11 +208,18 @@ class ChunkIndexMachine(RuleBasedStateMachine):
             return
         seg = self.model[k][2]
         rows = [r for r in self.model[k:] if r[2] == seg]
-        fake = [(rows[0][0] - 10 * (extra - e), rows[0][0] - 10 * (extra - e), seg, e, 7, 1)
-                for e in range(extra)]
+        fake = [
+            (rows[0][0] - 10 * (extra - e), rows[0][0] - 10 * (extra - e), seg, e, 7, 1)
+            for e in range(extra)
+        ]
         run = fake + rows
-        src = _DiskRun([r[0] for r in run], [r[1] for r in run], [r[3] for r in run],
-                       [r[4] for r in run], [r[5] for r in run])
+        src = _DiskRun(
+            [r[0] for r in run],
+            [r[1] for r in run],
+            [r[3] for r in run],
+            [r[4] for r in run],
+            [r[5] for r in run],
+        )
         assert idx.seal(seg, src, len(run), rows[-1][1])
         assert idx.lazy_chunks == k + len(rows)
         if self.data_seal_loads:

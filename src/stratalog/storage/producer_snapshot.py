@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +144,7 @@ def listed(directory: Path) -> list[Path]:
 def write(directory: Path, data: bytes, seq: int) -> Path:
     """Write a snapshot durably, then remove all but the newest ``KEEP``."""
     path = directory / name(seq)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

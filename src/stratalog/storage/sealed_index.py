@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -171,7 +172,8 @@ def build(idx_bytes: bytes | memoryview, data_size: int, first: bytes, last_at: 
 def write(path: Path, data: bytes) -> None:
     """Write the file whole: a temporary name, synced, renamed over (no directory sync: a
     missing file is rebuilt, a present one is whole)."""
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own per writer (a seal and a recovery may write the same one at once).
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

@@ -263,8 +263,8 @@ class VirtualLog:
         mkdir_durable(self.directory)
         reaper.sweep(self.directory)
         for d in (self.directory, self.spill_directory):
-            for tmp in (*d.glob("*.pix.tmp"), *d.glob("*.snapshot.tmp")) if d else ():
-                tmp.unlink()  # a seal a crash interrupted: written again
+            for tmp in (*d.glob("*.pix.tmp-*"), *d.glob("*.snapshot.tmp-*")) if d else ():
+                tmp.unlink(missing_ok=True)  # a seal a crash interrupted: written again
         seqs = list_segments(self.directory)
         spilled: dict[int, Path] = {}
         if self.spill_directory is not None and self.spill_directory.is_dir():
