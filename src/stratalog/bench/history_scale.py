@@ -488,14 +488,19 @@ def run(args) -> None:
     results = []
     out = Path(args.out) if args.out else None
     for size in args.sizes.split(","):
-        row: dict = {"size": size}
-        row["fill"] = _sub(args, "fill", "--bytes", size)[-1]
-        if args.drop_cache:
-            drop_cache(Path(args.dir))
-        row["open"] = _sub(args, "open")
+        row: dict = {"size": size, "load": os.getloadavg()}
+        if not args.no_fill:
+            row["fill"] = _sub(args, "fill", "--bytes", size)[-1]
+        row["open"] = []
+        for _ in range(args.repeat):
+            if args.drop_cache:
+                drop_cache(Path(args.dir))
+            row["open"] += _sub(args, "open")
         if not args.no_lookups:
             row["lookups"] = _sub(args, "lookups")
-        row["serve_clean"] = serve_once(args, note="after a clean stop")
+        row["serve_clean"] = [
+            serve_once(args, note="after a clean stop") for _ in range(args.repeat)
+        ]
         row["crash"] = _sub(args, "crash")[-1]
         row["serve_after_kill"] = serve_once(args, stop=signal.SIGKILL, note="after kill -9")
         row["serve_after_kill_again"] = serve_once(args, note="after kill -9 at once")
@@ -523,6 +528,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--settle", type=float, default=1.0, help="serve: seconds before RSS again")
     ap.add_argument("--drop-cache", action="store_true")
     ap.add_argument("--no-lookups", action="store_true", help="run: skip the lookups step")
+    ap.add_argument("--no-fill", action="store_true", help="run: measure the data as it is")
+    ap.add_argument("--repeat", type=int, default=3, help="run: clean start-ups per size")
     ap.add_argument("--abandon", action="store_true", help="open: end without closing")
     ap.add_argument("--lookups", type=int, default=20, help="lookups: per partition and tier")
     ap.add_argument("--out", help="run: write the results here as JSON")
