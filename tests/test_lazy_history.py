@@ -414,3 +414,42 @@ def scrub_clean(data: Path, cold: Path) -> bool:
     bad = [f for f in scrub.run(scrub.plan(data, cold=cold)) if f.status != scrub.OK]
     assert not bad, bad[:3]
     return True
+
+
+def test_what_start_up_keeps_in_memory_does_not_grow_with_history(tmp_path):
+    """Four times the history costs start-up memory per sealed segment (its handle, paths and
+    one run summary per partition in it: about 2 KiB), not per chunk: with 32 kB segments of
+    about 300 chunks that is under 12 bytes per chunk, where an index in memory costs 56 and
+    more (with 128 MiB segments, a hundredth of a byte)."""
+    import gc
+    import tracemalloc
+
+    data = tmp_path / "d"
+
+    async def fill(rounds: int, start: int) -> None:
+        store = _store(data, segment_bytes=32_000)
+        _fill(store, rounds, start)
+        for v in store.logs.values():
+            v.roll()  # the active segment empty: history is all that differs
+        await _until_sealed(store)
+        await store.close()
+
+    def measure() -> tuple[int, int]:
+        gc.collect()
+        tracemalloc.start()
+        store = _store(data, segment_bytes=32_000)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        chunks = sum(len(p.chunks) for p in store.partitions.values())
+        assert all(p.chunks.in_memory == 0 for p in store.partitions.values())
+        asyncio.run(store.close())
+        return used, chunks
+
+    asyncio.run(fill(1000, 0))
+    small, n_small = measure()
+    asyncio.run(fill(3000, 1000))
+    large, n_large = measure()
+    assert n_large == 4 * n_small
+    per_chunk = (large - small) / (n_large - n_small)
+    assert per_chunk < 12, f"{per_chunk:.1f} bytes of memory per chunk of history"
