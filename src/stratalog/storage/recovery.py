@@ -491,7 +491,11 @@ def recover_log(
         segments: list[Segment], entries_by_seq: dict
     ) -> tuple[list[Segment], dict, RecoveryReport]:
         if segments:
-            segments[-1].pix_path.unlink(missing_ok=True)  # active: written at its seal
+            last = segments[-1]
+            last.pix_path.unlink(missing_ok=True)  # active: written at its seal
+            if isinstance(entries_by_seq.get(last.seq), SealedIndex):
+                # (Never loaded for the last segment; the active one's entries stay in memory.)
+                entries_by_seq[last.seq] = index_of(last)
         if sealed:
             for seg in segments[:-1]:
                 got = entries_by_seq.get(seg.seq)
