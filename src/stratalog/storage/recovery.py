@@ -460,10 +460,9 @@ def recover_log(
 
     With ``sealed``, a sealed segment (every one but the last) is given as its sealed index
     (sealed_index.py) instead of its entries: where one holds together and describes the
-    segment, its ``.idx`` is not read at all (it is written only after the segment and its
-    ``.idx`` were synced, so it vouches for them as the checkpoint does for what lies below
-    it); where one is missing or wrong it is written from the entries. The last segment (the
-    active one) never keeps one.
+    segment, and the segment is trusted (below the checkpoint, or all after a clean stop), its
+    ``.idx`` is not read at all; where one is missing or wrong it is written from the
+    entries. The last segment (the active one) never keeps one.
     """
     elsewhere = elsewhere or {}
     holes = holes or {}
@@ -551,11 +550,10 @@ def recover_log(
         segments.append(seg)
         past = any(h < s for h in holes)  # offsets may jump past a range recorded earlier
         si = pix.get(s)
-        if si is not None and _table_follows(si, expected, past or s in holes):
-            # A sealed index is written only once its segment and the segment's .idx are
-            # synced: it vouches for them as a checkpoint past them would (the scan after a
-            # crash covers the active segment and seals a crash cut short, not every segment
-            # sealed since the last checkpoint).
+        if si is not None and s < ck_seq and _table_follows(si, expected, past or s in holes):
+            # Below the checkpoint its entries are trusted, and its sealed index holds them.
+            # (Past it the scan redoes them as for any segment: it is also where damage is
+            # found after a crash, tests/test_recovery.py.)
             for a, b in sorted(holes.get(s, {}).items()):
                 damage.met(DamagedRange(s, a, b), expected)  # in the trusted part: passed
             entries_by_seq[s] = si
