@@ -2,10 +2,11 @@
 
 Seeded trials write records to four partitions sharing one virtual log through the real storage
 API (LogStore), stop cleanly, then damage one file: a flipped bit or a cut at a random place in a
-segment, a segment index, the checkpoint or the partition state. The model says what the damage
-costs: a damaged chunk followed by valid frames is lost and fenced (its offsets answer
-CORRUPT_MESSAGE), damage at the log's very end is a torn tail and cut, a segment cut short loses
-the chunks past the cut, and damage to an index, checkpoint or the state costs nothing. Scrub
+segment, a segment index, a sealed index, a producer snapshot, the checkpoint or the partition
+state. The model says what the damage costs: a damaged chunk followed by valid frames is lost and
+fenced (its offsets answer CORRUPT_MESSAGE), damage at the log's very end is a torn tail and cut,
+a segment cut short loses the chunks past the cut, and damage to an index, a sealed index, a
+snapshot, the checkpoint or the state costs nothing. Scrub
 must name exactly the damaged file; after a restart every other record must be readable at its
 offset, and the fence must survive a second restart. One broker process then shows the same over
 the wire with confluent-kafka, and the CLI's scrub against a held and a stopped data directory.
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from stratalog.records import build_batch, iter_records
-from stratalog.storage import scrub
+from stratalog.storage import producer_snapshot, scrub
 from stratalog.storage.cold_tier import ColdStore, ColdTierError
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
@@ -46,7 +47,7 @@ from .test_recovery import (
 
 PARTS = [("t", i, 11 + i) for i in range(4)]
 UIDS = [uid for _t, _i, uid in PARTS]
-KINDS = ["segment", "index", "checkpoint", "partition-state"]
+KINDS = ["segment", "index", "checkpoint", "partition-state", "sealed-index", "producer-snapshot"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,10 @@ def _damage(
         path = rng.choice(segs).with_suffix(".idx")
     elif kind == "checkpoint":
         path = log / "checkpoint"
+    elif kind == "sealed-index":
+        path = rng.choice(sorted(log.glob("*.pix")))
+    elif kind == "producer-snapshot":
+        path = rng.choice(producer_snapshot.listed(log))
     else:
         path = root / "logs" / "partition-state.json"
     size = path.stat().st_size

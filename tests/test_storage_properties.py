@@ -27,7 +27,7 @@ from stratalog.storage.batch import (
     split_batches,
     validate_batch,
 )
-from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.chunk_index import RUN_CACHE, ChunkIndex, Columns
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
 from stratalog.storage.partition import FileSlice
@@ -197,9 +197,54 @@ class ChunkIndexMachine(RuleBasedStateMachine):
         # Appends continue after what is left (the recovered end of the log).
         self.next = self.model[-1][1] + 1 if self.model else self.next
 
+    @precondition(lambda self: self.model)
+    @rule(extra=st.integers(0, 2))
+    def seal(self, extra) -> None:
+        """The first segment in memory gets its sealed index: its chunks become a run on
+        "disk", whose first ``extra`` entries were dropped before (retention, migration)."""
+        idx = self.idx
+        k = idx.lazy_chunks
+        if k >= len(self.model):
+            return
+        seg = self.model[k][2]
+        rows = [r for r in self.model[k:] if r[2] == seg]
+        fake = [
+            (rows[0][0] - 10 * (extra - e), rows[0][0] - 10 * (extra - e), seg, e, 7, 1)
+            for e in range(extra)
+        ]
+        run = fake + rows
+        src = _DiskRun(
+            [r[0] for r in run],
+            [r[1] for r in run],
+            [r[3] for r in run],
+            [r[4] for r in run],
+            [r[5] for r in run],
+        )
+        assert idx.seal(seg, src, len(run), rows[-1][1])
+        assert idx.lazy_chunks == k + len(rows)
+        if self.data_seal_loads:
+            RUN_CACHE.clear()  # every lookup in a run reads it again
+
+    @precondition(lambda self: self.idx.runs)
+    @rule(data=st.data())
+    def unseal_from(self, data) -> None:
+        segs = sorted({r[2] for r in self.model})
+        self.idx.unseal_from(data.draw(st.sampled_from(segs)))
+
+    data_seal_loads = False
+
     @invariant()
     def consistent(self) -> None:
         _check_index(self.idx, self.model)
+        rng = self.idx.timestamp_range()
+        if self.model:
+            assert rng == (min(r[5] for r in self.model), max(r[5] for r in self.model))
+            for below in {r[1] for r in self.model} | {self.model[-1][1] + 1}:
+                cands = [(r[5], -i) for i, r in enumerate(self.model) if r[1] < below]
+                want = -max(cands)[1] if cands else -1
+                assert self.idx.argmax_timestamp(below) == want
+        else:
+            assert rng is None
         assert self.idx.segments() == {r[2] for r in self.model}
         counts: dict[int, int] = {}
         for r in self.model:
@@ -225,9 +270,33 @@ class ChunkIndexMachine(RuleBasedStateMachine):
             assert self.idx.count_before(o) == sum(1 for r in m if r[1] < o)
 
 
+class _DiskRun:
+    """A run "on disk": its columns are built afresh at each load, as a read would."""
+
+    def __init__(self, *cols) -> None:
+        self.raw = cols
+        self.loads = 0
+
+    def load(self) -> Columns:
+        self.loads += 1
+        from array import array
+
+        return Columns(*(array("q", c) for c in self.raw))
+
+
+class ColdCacheChunkIndexMachine(ChunkIndexMachine):
+    """The same, with the run cache emptied at every seal."""
+
+    data_seal_loads = True
+
+
 TestChunkIndexMachine = ChunkIndexMachine.TestCase
 TestChunkIndexMachine.settings = settings(
     max_examples=60, stateful_step_count=25, deadline=None, database=None
+)
+TestColdCacheChunkIndexMachine = ColdCacheChunkIndexMachine.TestCase
+TestColdCacheChunkIndexMachine.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, database=None
 )
 
 

@@ -10,6 +10,7 @@ tested in tests/conformance/test_transactions.py and tests/test_transactions_cra
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,107 @@ def test_a_marker_fences_the_older_epoch(tmp_path):
         p.append(_txn(P1, 0, epoch=5))
     finally:
         asyncio.run(store.close())
+
+
+@pytest.mark.parametrize("where", ["sealed", "cold"])
+def test_transactions_in_sealed_and_cold_history_are_rebuilt_at_start(tmp_path, where, monkeypatch):
+    """Start-up indexes sealed segments by their sealed index's table and cold ones by their
+    manifest, reading no chunk entries (storage/sealed_index.py): it still finds every chunk of a
+    transactional producer there, reading only the runs and cold indexes that count some."""
+    from stratalog.storage import sealed_index
+    from stratalog.storage.chunk_index import RUN_CACHE
+    from stratalog.storage.cold_tier import ColdStore
+    from stratalog.storage.tiering import Migrator, TierSettings
+
+    cold_dir = tmp_path / "cold"
+    config = StorageConfig(
+        tmp_path / "data",
+        fsync=FsyncPolicy.parse("never"),
+        virtual_logs=1,
+        segment_bytes=600,
+        cold_location=str(cold_dir) if where == "cold" else None,
+    )
+
+    async def fill() -> int:
+        store = LogStore(config)
+        store.open([("t", 0, 1), ("t", 1, 2)])
+        p = store.partitions[1]
+        _history(p)
+        store.partitions[2].append(_txn(P1, 0, tag=b"other"))
+        for k in range(40):  # plain history after it: segments with no transactional chunk
+            p.append(_plain(b"filler-%03d" % k))
+        _expect_history_through(p, 52)
+        vlog = store.logs["v0"]
+        deadline = asyncio.get_running_loop().time() + 20
+        while any(not s.pix_path.exists() for s in vlog.segments.values() if s is not vlog.active):
+            assert asyncio.get_running_loop().time() < deadline, "segments were not sealed"
+            await asyncio.sleep(0.02)
+        if where == "cold":
+            migrator = Migrator(store, TierSettings(threads=1), lambda: {})
+            try:
+                for _ in range(3):
+                    await migrator.migrate(vlog, vlog.oldest_sealed())
+            finally:
+                migrator.close()
+            assert p.cold.first_offset == 0 and p.cold.next_offset > 12  # the history is cold
+        sealed = [s for s in vlog.segments.values() if s is not vlog.active]
+        await store.close()
+        return len(sealed)
+
+    sealed = asyncio.run(fill())
+    assert sealed >= 3
+    rows = [
+        (pix, row)
+        for pix in sorted((tmp_path / "data" / "logs" / "v0").glob("*.pix"))
+        for row in sealed_index.load(pix).rows.values()
+    ]
+    with_txn = {(pix, row.at) for pix, row in rows if row.txn}
+    cold_metas = [
+        m
+        for f in cold_dir.glob("p*/manifest-*.json")
+        for m in json.loads(f.read_text())["segments"]
+    ]
+    cold_txn = {m["name"] for m in cold_metas if m["txn"]}
+    if where == "sealed":
+        assert with_txn and len(with_txn) < len(rows)  # some runs hold none
+    else:
+        assert cold_txn and len(cold_txn) < len(cold_metas)
+    reads: list[tuple[Path, int]] = []
+    cold_reads: list[str] = []
+    real = sealed_index.read_run
+    real_cold = ColdStore.read_index_bytes
+
+    def counted(path, at, count, crc):
+        reads.append((Path(path), at))
+        return real(path, at, count, crc)
+
+    def counted_cold(self, uid, meta):
+        cold_reads.append(meta.name)
+        return real_cold(self, uid, meta)
+
+    monkeypatch.setattr(sealed_index, "read_run", counted)
+    monkeypatch.setattr(ColdStore, "read_index_bytes", counted_cold)
+    RUN_CACHE.clear()
+    store = LogStore(config)
+    store.open([("t", 0, 1), ("t", 1, 2)])
+    try:
+        assert set(reads) <= with_txn, "start-up read runs with no transactional chunk"
+        assert set(cold_reads) <= cold_txn, "start-up read cold indexes with none"
+        assert set(cold_reads) == cold_txn  # and every one that has some
+        p = store.partitions[1]
+        _expect_history_through(p, 52)
+        assert store.partitions[2].txns.open == {P1: 0}
+        if where == "cold":
+            assert p.cold.first_offset == 0 and p.cold.next_offset > 12
+    finally:
+        asyncio.run(store.close())
+
+
+def _expect_history_through(p: PartitionLog, end: int) -> None:
+    """_history's transactions, then plain records up to ``end``: P1's second one still open."""
+    assert p.next_offset == p.high_watermark == end
+    assert p.last_stable_offset == 10
+    assert p.txns.open == {P1: 10}
+    assert p.txns.aborted() == [(P1, 1, 6)]
+    assert p.txns.aborted_between(0, 10) == [(P1, 1)]
+    assert [o for o, _ in _values(p, upto=p.last_stable_offset)] == [0, 1, 2, 3, 4, 5, 7, 8]

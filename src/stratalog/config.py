@@ -250,6 +250,14 @@ SETTINGS: dict[str, Setting] = {
             "entries that disagree with their frames rebuilt. Reads the whole hot tier at start.",
         ),
         _S(
+            "storage.index_cache_bytes",
+            int,
+            64 * 1024 * 1024,
+            "Memory for the sealed segments' index runs read lately (lookups in history read "
+            "one run from disk and keep it here, least recently used out), for the whole "
+            "broker.",
+        ),
+        _S(
             "storage.read_threads",
             int,
             2,

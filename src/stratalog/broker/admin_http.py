@@ -25,13 +25,14 @@ log = logging.getLogger(__name__)
 
 def _tier_summary(indexes, segments: int) -> dict[str, Any]:
     nbytes = sum(ix.total_bytes() for ix in indexes)
-    stamps = [ix.max_timestamp_of(i) for ix in indexes for i in range(len(ix))]
+    # From the summaries the chunk index keeps of its runs on disk: no chunk is read.
+    ranges = [r for ix in indexes if (r := ix.timestamp_range()) is not None]
     return {
         "bytes": nbytes,
         "chunks": sum(len(ix) for ix in indexes),
         "segments": segments,
-        "oldest_timestamp": min(stamps) if stamps else None,
-        "newest_timestamp": max(stamps) if stamps else None,
+        "oldest_timestamp": min(r[0] for r in ranges) if ranges else None,
+        "newest_timestamp": max(r[1] for r in ranges) if ranges else None,
     }
 
 

@@ -33,6 +33,7 @@ from stratalog.config import BrokerConfig
 from stratalog.security.credentials import CredentialStore, read_plain_users
 from stratalog.security.listeners import Listener
 from stratalog.storage.backlog_loader import BacklogLoader
+from stratalog.storage.chunk_index import RUN_CACHE
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.journal import SLOWEST_SYNC, StorageFailure
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
@@ -114,6 +115,7 @@ class BrokerCore:
             max_session_ms=config["group.max.session.timeout.ms"],
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
         )
+        RUN_CACHE.capacity = config["storage.index_cache_bytes"]
         self.store = LogStore(
             StorageConfig(
                 self.data_dir,

@@ -7,11 +7,17 @@ beside it, and each partition a manifest naming its segments. Files are written 
 and only then named in a new manifest generation (``manifest-<gen>.json``, the highest readable
 one wins), which works the same on a local directory and on an object store, where there is no
 rename. Files no manifest names are leftovers of an interrupted migration and are removed.
+
+A cold segment's index is read on demand (``ColdRun``, a run of the partition's two-level chunk
+index): at start-up the manifest's description of each segment (offsets, chunks, bytes, max
+timestamp) is the summary kept in memory. An index file that does not agree with its manifest
+entry and its own positions is rebuilt from the segment's batches when read.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import threading
@@ -20,8 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stratalog.storage import gentle_write
-from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.chunk_index import ChunkIndex, Columns
 from stratalog.storage.noatime import open_noatime
+from stratalog.storage.txn_index import is_transactional_producer
+
+log = logging.getLogger(__name__)
 
 # base offset, last delta, position, size, max timestamp, producer id, epoch, base sequence
 COLD_ENTRY = struct.Struct("<qiqiqqhi")
@@ -44,6 +53,101 @@ class ColdTierError(OSError):
     """The cold tier cannot be read or written (missing, read-only, unreachable)."""
 
 
+def entries_of(data: bytes | memoryview) -> list[ColdEntry]:
+    """The entries of batches laid back to back (a cold segment's data)."""
+    from stratalog.storage.batch import parse_header
+
+    entries: list[ColdEntry] = []
+    pos = 0
+    while pos < len(data):
+        h = parse_header(data, pos)
+        entries.append(
+            (
+                h.base_offset,
+                h.last_offset_delta,
+                pos,
+                h.size,
+                h.max_timestamp,
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
+            )
+        )
+        pos += h.size
+    return entries
+
+
+class ColdRun:
+    """A cold segment's entries as a run of the chunk index, read when needed (one read of its
+    index file). An index that disagrees with the manifest's description of its segment or
+    does not tile the segment is rebuilt from the segment's batches (and, on a local tier,
+    written again)."""
+
+    __slots__ = ("segment",)
+
+    def __init__(self, segment: ColdSegment) -> None:
+        self.segment = segment
+
+    def entries(self):
+        """Every entry (a numpy record array of COLD_ENTRY fields)."""
+        import numpy as np
+
+        from stratalog.storage.sealed_index import run_dtype
+
+        seg = self.segment
+        meta = seg.meta
+        try:
+            raw = seg.store.read_index_bytes(seg.uid, meta)
+            problem = _index_problem(raw, meta)
+        except ColdTierError as e:
+            problem = str(e)
+        if problem:
+            log.error("cold segment %s: %s; rebuilding its index from its batches", seg, problem)
+            data = seg.read(0, meta.size)
+            if len(data) != meta.size:
+                raise ColdTierError(f"cold segment {seg}: short read ({len(data)} B)")
+            raw = b"".join(COLD_ENTRY.pack(*e) for e in entries_of(data))
+            problem = _index_problem(raw, meta)
+            if problem:
+                raise ColdTierError(f"cold segment {seg}: its batches disagree: {problem}")
+            if seg.store.local:
+                try:
+                    seg.store._write(seg.store._index_path(seg.uid, meta), raw)
+                except ColdTierError as e:
+                    log.warning("cannot write the rebuilt index of %s: %s", seg, e)
+        return np.frombuffer(raw, dtype=run_dtype())
+
+    def load(self) -> Columns:
+        from stratalog.storage.sealed_index import columns_of
+
+        return columns_of(self.entries())
+
+
+def _index_problem(raw: bytes, meta: ColdSegmentMeta) -> str:
+    """What is wrong with a cold index file's bytes for the segment ``meta`` describes."""
+    if len(raw) != meta.entries * COLD_ENTRY.size:
+        return f"{len(raw)} index bytes for {meta.entries} entries"
+    if not meta.entries:
+        return ""
+    first = COLD_ENTRY.unpack_from(raw, 0)
+    last = COLD_ENTRY.unpack_from(raw, len(raw) - COLD_ENTRY.size)
+    if first[0] != meta.base or last[0] + last[1] != meta.last or first[2] != 0:
+        return "its first or last entry is not the segment's"
+    if last[2] + last[3] != meta.size:
+        return "its entries do not end where the segment does"
+    import numpy as np
+
+    from stratalog.storage.sealed_index import run_dtype
+
+    a = np.frombuffer(raw, dtype=run_dtype())
+    if len(a) > 1 and (
+        (a["pos"][1:] != a["pos"][:-1] + a["size"][:-1]).any()
+        or (a["base"][1:] <= a["base"][:-1] + a["delta"][:-1]).any()
+    ):
+        return "its entries do not tile the segment in offset order"
+    return ""
+
+
 @dataclass(frozen=True)
 class ColdSegmentMeta:
     name: str
@@ -52,6 +156,9 @@ class ColdSegmentMeta:
     size: int
     entries: int
     max_timestamp: int
+    # Chunks of transactional producers (start-up reads the index of a segment that has some);
+    # None in a manifest written before it was counted: unknown, so read.
+    txn: int | None = None
 
 
 class ColdSegment:
@@ -275,7 +382,7 @@ class ColdStore:
         entries: list[ColdEntry] = []
         pos = 0
         for data in batches:
-            h = parse_header(data)
+            h = parse_header(data)  # (entries_of, for batches in one buffer)
             entries.append(
                 (
                     h.base_offset,
@@ -292,14 +399,18 @@ class ColdStore:
         base = entries[0][0]
         name = f"{base:020d}-{uuid.uuid4().hex[:8]}"
         last = entries[-1][0] + entries[-1][1]
-        meta = ColdSegmentMeta(name, base, last, pos, len(entries), max(e[4] for e in entries))
+        txn = sum(is_transactional_producer(e[5]) for e in entries)
+        meta = ColdSegmentMeta(name, base, last, pos, len(entries), max(e[4] for e in entries), txn)
         self._write(self.data_path(uid, meta), batches, gentle=True, rate=rate)
         self._write(self._index_path(uid, meta), b"".join(COLD_ENTRY.pack(*e) for e in entries))
         return meta, entries
 
     def read_entries(self, uid: int, meta: ColdSegmentMeta) -> list[ColdEntry]:
-        raw = self._read(self._index_path(uid, meta))
+        raw = self.read_index_bytes(uid, meta)
         return [COLD_ENTRY.unpack_from(raw, i) for i in range(0, len(raw), COLD_ENTRY.size)]
+
+    def read_index_bytes(self, uid: int, meta: ColdSegmentMeta) -> bytes:
+        return self._read(self._index_path(uid, meta))
 
     def remove_files(self, uid: int, meta: ColdSegmentMeta) -> None:
         for p in (self.data_path(uid, meta), self._index_path(uid, meta)):

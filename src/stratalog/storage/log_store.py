@@ -29,12 +29,14 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from stratalog.storage import commit_checkpoint, reaper
-from stratalog.storage.cold_tier import ColdSegment, ColdStore, ColdTierError, entries_index
+from stratalog.storage import commit_checkpoint, producer_snapshot, reaper
+from stratalog.storage.cold_tier import ColdRun, ColdSegment, ColdStore, ColdTierError
 from stratalog.storage.fsync_ring import open_ring
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
+from stratalog.storage.producer_state import ProducerStateTable
 from stratalog.storage.recovery import RecoveryReport
+from stratalog.storage.sealed_index import PixRun, Row, SealedIndex
 from stratalog.storage.segment import (
     DIRECT_MIN_BYTES,
     FRAME_SIZE,
@@ -184,6 +186,9 @@ class LogStore:
         self._orphans: dict[int, list[tuple[str, int, IndexEntry]]] = {}
         self._lock_fd: int | None = None
         self.state_damaged = False  # partition-state.json was unreadable at open
+        # Per log: sealed indexes written whose segments' chunks some partition still holds in
+        # memory (waiting for an earlier segment's seal): seq -> (segment, sealed index).
+        self._sealing: dict[str, dict[int, tuple[Segment, SealedIndex]]] = {}
 
     # -- start and stop ------------------------------------------------------------------------
     def open(self, partitions: Iterable[PartitionSpec]) -> None:
@@ -211,9 +216,14 @@ class LogStore:
         names = {p.name for p in self.root.iterdir() if p.is_dir()}
         for uid in wanted:
             names.add(self._log_name(uid))
-        entries_by_uid: dict[int, list[tuple[str, int, IndexEntry]]] = {}
+        # Per partition, what each log holds of it, segment by segment: an entry in memory (the
+        # active segment's, or a sealed one's whose sealed index could not be written), or
+        # a run of a sealed index (one row of its table: nothing more is read for it here).
+        entries_by_uid: dict[int, list[tuple[str, int, IndexEntry | tuple[Segment, Row]]]] = {}
         commits = commit_checkpoint.load(self.root) if self.config.replicated else None
         lost_by_uid: dict[int, list[tuple[str, tuple[int, int]]]] = {}
+        snapshots: dict[str, producer_snapshot.Snapshot | None] = {}
+        now_ms = int(time.time() * 1000)
         for name in sorted(names):
             if name.startswith("p") and name[1:].isdigit() and int(name[1:]) not in wanted:
                 shutil.rmtree(self.root / name, ignore_errors=True)  # a deleted topic's log
@@ -221,6 +231,7 @@ class LogStore:
             vlog = self._make_log(name)
             by_seq = vlog.open()
             self.recovery[name] = vlog.report
+            snapshots[name] = producer_snapshot.load_newest(vlog.directory, vlog.end, now_ms)
             live = self._live[name]
             # A log the caller named (cluster mode) holds replicated chunks of partitions this
             # broker may not know of yet: kept for add_partition, not collected as garbage.
@@ -232,6 +243,16 @@ class LogStore:
                     lost_by_uid.setdefault(uid, []).append((name, span))
             for seq, entries in by_seq.items():
                 live.setdefault(seq, 0)
+                if isinstance(entries, SealedIndex):
+                    seg = vlog.segments[seq]
+                    for uid, row in entries.rows.items():
+                        if uid in wanted:
+                            entries_by_uid.setdefault(uid, []).append((name, seq, (seg, row)))
+                        elif named:
+                            run = self._run_entries(vlog, seg, uid, row)
+                            self._orphans.setdefault(uid, []).extend((name, seq, e) for e in run)
+                            live[seq] += len(run)
+                    continue
                 for e in entries:
                     if e.uid in wanted:
                         entries_by_uid.setdefault(e.uid, []).append((name, seq, e))
@@ -255,23 +276,15 @@ class LogStore:
             # Chunks of transactional producers: (base, producer id, epoch, sequence).
             txn: list[tuple[int, int, int, int]] = []
             cold_last = self._load_cold(p, txn) if self.cold is not None else -1
-            for name, seq, e in entries_by_uid.get(uid, []):
-                if name != p.vlog.name or e.last_offset < start or e.last_offset <= cold_last:
-                    continue  # another log's stale copy, removed by retention, or migrated
-                p.chunks.append(
-                    e.base_offset, e.last_offset, seq, e.position, e.size, e.max_timestamp
-                )
-                p.producers.record(
-                    e.producer_id,
-                    e.producer_epoch,
-                    e.base_sequence,
-                    e.last_offset_delta + 1,
-                    e.base_offset,
-                    e.max_timestamp,
-                )
-                if is_transactional_producer(e.producer_id):
-                    txn.append((e.base_offset, e.producer_id, e.producer_epoch, e.base_sequence))
-                self._live[name][seq] += 1
+            held = [(seq, e) for name, seq, e in entries_by_uid.get(uid, []) if name == p.vlog.name]
+            floor = max(start, cold_last + 1)
+            self._load_hot(p, held, floor)
+            txn.extend(self._hot_txn_chunks(p, held, floor))
+            snap = snapshots.get(p.vlog.name)
+            if snap is not None:
+                self._replay_after(p, snap, held)
+            else:
+                self._rebuild_producers(p, held)
             first = p.cold.first_offset if len(p.cold) else p.chunks.first_offset
             p.log_start_offset = start if first is None else max(start, first)
             floor = p.cold.next_offset if len(p.cold) else start
@@ -304,33 +317,170 @@ class LogStore:
                 _hold_uncommitted(p)
             if txn:
                 # Derived from the log, never stored apart from it (storage/txn_index.py).
-                p.rebuild_txns([t for t in txn if t[0] >= p.log_start_offset])
+                # Once per chunk (tiers may overlap on an interrupted switch), in offset order.
+                kept = {t[0]: t for t in txn if t[0] >= p.log_start_offset}
+                p.rebuild_txns(sorted(kept.values()))
         self._collect_garbage()
         self.save_state()
+        # Producer state as of where each log ends now, so the next start replays nothing
+        # read here again (and rebuilds from every entry at most once).
+        for name, snap in snapshots.items():
+            vlog = self.logs[name]
+            if snap is None or snap.at != vlog.end:
+                try:
+                    vlog.snapshot_producers()
+                except OSError as e:
+                    log.warning("%s: cannot write a producer snapshot: %s", name, e)
         if commits is not None:
             self._saved_commits = commits
 
+    def _run_entries(self, vlog: VirtualLog, seg: Segment, uid: int, row: Row) -> list[IndexEntry]:
+        """A partition's entries in a sealed segment (its run of the sealed index, read)."""
+        run = PixRun(seg, uid, row, vlog.rebuild_sealed_index).entries()
+        return [
+            IndexEntry(uid, int(b), int(d), int(pos), int(sz), int(t), int(pid), int(ep), int(sq))
+            for b, d, pos, sz, t, pid, ep, sq in run.tolist()
+        ]
+
+    def _load_hot(
+        self, p: PartitionLog, held: list[tuple[int, IndexEntry | tuple[Segment, Row]]], floor: int
+    ) -> None:
+        """Index the partition's hot chunks from ``floor`` on: sealed segments' as runs (their
+        summary only), the others' entries in memory."""
+        chunks = p.chunks
+        live = self._live[p.vlog.name]
+        rebuild = p.vlog.rebuild_sealed_index
+        for seq, e in held:
+            if isinstance(e, IndexEntry):
+                if e.last_offset >= floor:
+                    chunks.append(
+                        e.base_offset, e.last_offset, seq, e.position, e.size, e.max_timestamp
+                    )
+                    live[seq] += 1
+                continue
+            seg, row = e
+            if row.last < floor:
+                continue  # removed by retention, or migrated
+            if chunks.in_memory:
+                # After a sealed segment whose sealed index could not be written: in memory too.
+                for x in self._run_entries(p.vlog, seg, p.uid, row):
+                    if x.last_offset >= floor:
+                        chunks.append(
+                            x.base_offset, x.last_offset, seq, x.position, x.size, x.max_timestamp
+                        )
+                        live[seq] += 1
+                continue
+            chunks.add_run(
+                seq, PixRun(seg, p.uid, row, rebuild), row.count, row.first, row.last,
+                row.max_ts, row.min_ts, row.nbytes,
+            )  # fmt: skip
+            live[seq] += row.count
+        k = chunks.count_before(floor)  # a run that starts below it (one read)
+        if k:
+            for seq, n in chunks.count_by_segment_of_first(k).items():
+                live[seq] -= n
+            chunks.drop_front(k)
+
+    def _replay_after(
+        self,
+        p: PartitionLog,
+        snap: producer_snapshot.Snapshot,
+        held: list[tuple[int, IndexEntry | tuple[Segment, Row]]],
+    ) -> None:
+        """Producer state: the snapshot's, then every entry of the partition written after it
+        (normally those of the active segment, already in memory)."""
+        table = snap.tables.get(p.uid)
+        if table is not None:
+            p.producers = table
+        after = snap.at
+        for seq, e in held:
+            if isinstance(e, IndexEntry):
+                if (seq, e.position - FRAME_SIZE) >= after:
+                    _record(p.producers, e)
+                continue
+            seg, row = e
+            if (seq, seg.size) <= after:
+                continue
+            for x in self._run_entries(p.vlog, seg, p.uid, row):
+                if (seq, x.position - FRAME_SIZE) >= after:
+                    _record(p.producers, x)
+
+    def _rebuild_producers(
+        self, p: PartitionLog, held: list[tuple[int, IndexEntry | tuple[Segment, Row]]]
+    ) -> None:
+        """Producer state from every entry kept, cold and hot (a log with no snapshot: a data
+        directory from before them; once)."""
+        p.producers = ProducerStateTable()
+        record = p.producers.record
+        for seq in sorted(p.cold_segments):
+            try:
+                run = ColdRun(p.cold_segments[seq]).entries()
+            except ColdTierError as e:
+                log.error("producer state of %s-%d: %s", p.topic, p.index, e)
+                continue
+            for b, d, _pos, _sz, t, pid, ep, sq in run.tolist():
+                if b + d >= p.log_start_offset:
+                    record(pid, ep, sq, d + 1, b, t)
+        floor = p.chunks.first_offset
+        for _seq, e in held:
+            entries = (
+                [e] if isinstance(e, IndexEntry) else self._run_entries(p.vlog, e[0], p.uid, e[1])
+            )
+            for x in entries:
+                if floor is not None and x.last_offset >= floor:
+                    _record(p.producers, x)
+
+    def _hot_txn_chunks(
+        self, p: PartitionLog, held: list[tuple[int, IndexEntry | tuple[Segment, Row]]], floor: int
+    ) -> list[tuple[int, int, int, int]]:
+        """(base, producer id, epoch, sequence) of the partition's hot chunks of transactional
+        producers from ``floor`` on: a sealed segment's run is read only if its row counts some."""
+        out = []
+        for _seq, e in held:
+            if isinstance(e, IndexEntry):
+                entries = [e]
+            elif e[1].txn and e[1].last >= floor:
+                entries = self._run_entries(p.vlog, e[0], p.uid, e[1])
+            else:
+                continue
+            for x in entries:
+                if x.last_offset >= floor and is_transactional_producer(x.producer_id):
+                    out.append((x.base_offset, x.producer_id, x.producer_epoch, x.base_sequence))
+        return out
+
     def _load_cold(self, p: PartitionLog, txn: list[tuple[int, int, int, int]]) -> int:
-        """Attach the partition's cold segments; return the last offset they hold (or -1).
-        The chunks of transactional producers go to ``txn``."""
+        """Attach the partition's cold segments (their manifest's description: their indexes
+        are read when needed); return the last offset they hold (or -1). The chunks of
+        transactional producers go to ``txn`` (read from the segments whose description counts
+        some, or does not say: a manifest written before it did)."""
         assert self.cold is not None
         try:
             metas = sorted(self.cold.load(p.uid), key=lambda m: m.base)
-            loaded = [(m, self.cold.read_entries(p.uid, m)) for m in metas]
         except ColdTierError as e:
             self.cold_error = str(e)
             log.error("cold tier unavailable for partition %s-%d: %s", p.topic, p.index, e)
             return -1
         last = -1
-        for seq, (m, entries) in enumerate(loaded):
-            keep = [e for e in entries if e[0] + e[1] >= p.log_start_offset and e[0] > last]
-            p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), entries_index(keep))
-            for e in keep:
-                p.producers.record(e[5], e[6], e[7], e[1] + 1, e[0], e[4])
-                if is_transactional_producer(e[5]):
-                    txn.append((e[0], e[5], e[6], e[7]))
-            if keep:
-                last = keep[-1][0] + keep[-1][1]
+        for seq, m in enumerate(metas):
+            try:
+                p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), after=last)
+            except ColdTierError as e:
+                self.cold_error = str(e)
+                log.error("cold segment %s of %s-%d unreadable: %s", m.name, p.topic, p.index, e)
+                continue
+            if len(p.cold):
+                last = p.cold.next_offset - 1
+        for seg in p.cold_segments.values():
+            if seg.meta.txn == 0:
+                continue
+            try:
+                run = ColdRun(seg).entries()
+            except ColdTierError as e:
+                log.error("transactions of %s-%d in %s: %s", p.topic, p.index, seg, e)
+                continue
+            for b, d, _pos, _sz, _t, pid, ep, sq in run.tolist():
+                if b + d >= p.log_start_offset and is_transactional_producer(pid):
+                    txn.append((b, pid, ep, sq))
         return last
 
     async def close(self) -> None:
@@ -338,6 +488,11 @@ class LogStore:
         if self.config.replicated:
             commit_checkpoint.save(self.root, self._commit_points())
         for vlog in self.logs.values():
+            if vlog.opened and vlog.journal.failed is None:
+                try:
+                    vlog.snapshot_producers()  # the next start replays nothing
+                except OSError as e:
+                    log.warning("%s: cannot write a producer snapshot: %s", vlog.name, e)
             await vlog.close()
         if self.fsync_ring is not None:
             self.fsync_ring.close()
@@ -400,6 +555,12 @@ class LogStore:
         if self.cold is not None and self.cold.local and not self.cold.shared:
             vlog.spill_directory = Path(self.cold.root) / "spill" / name
         vlog.on_replica_entries = lambda seg, entries: self._replica_entries(name, seg, entries)
+        vlog.on_sealed = lambda seg, si: self._sealed(name, seg, si)
+        vlog.producer_state = lambda seq, position: producer_snapshot.encode(
+            seq,
+            position,
+            ((p.uid, p.producers) for p in self.partitions.values() if p.vlog.name == name),
+        )
         vlog.leading = not c.replicated
         self.logs[name] = vlog
         self._live[name] = {}
@@ -489,6 +650,10 @@ class LogStore:
         """Cut log ``name`` at (seq, position) (VirtualLog.truncate_to) and every partition in
         it with it: their chunks past the cut, next offsets, high watermarks, producer state."""
         vlog = self.logs[name]
+        for p in self.partitions.values():
+            if p.vlog is vlog:
+                p.chunks.unseal_from(seq)  # read while the sealed indexes are there
+        self._sealing.get(name, {}).clear()
         vlog.truncate_to(seq, position)
         live = self._live[name]
         for p in self.partitions.values():
@@ -540,6 +705,39 @@ class LogStore:
                 shutil.rmtree(vlog.spill_directory, ignore_errors=True)
         else:
             self._collect_garbage()
+
+    def _sealed(self, name: str, seg: Segment, si: SealedIndex) -> None:
+        """A sealed segment's sealed index is written (VirtualLog.on_sealed): its chunks leave
+        memory, partition by partition, in segment order (seals may finish out of order)."""
+        vlog = self.logs.get(name)
+        if vlog is None:
+            return
+        pending = self._sealing.setdefault(name, {})
+        pending[seg.seq] = (seg, si)
+        rebuild = vlog.rebuild_sealed_index
+        firsts = []
+        for p in self.partitions.values():
+            if p.vlog is not vlog:
+                continue
+            chunks = p.chunks
+            while (first := chunks.dense_first_segment) in pending:
+                s, sx = pending[first]
+                row = sx.rows.get(p.uid)
+                if row is None or not chunks.seal(
+                    first, PixRun(s, p.uid, row, rebuild), row.count, row.last
+                ):
+                    log.warning(
+                        "%s-%d: its chunks in %s disagree with the sealed index: kept in memory",
+                        p.topic,
+                        p.index,
+                        s,
+                    )
+                    break
+            if chunks.dense_first_segment is not None:
+                firsts.append(chunks.dense_first_segment)
+        low = min(firsts, default=None)
+        for q in [q for q in pending if low is None or q < low]:
+            del pending[q]
 
     def _note_append(self, p: PartitionLog, seq: int, n: int) -> None:
         live = self._live[p.vlog.name]
@@ -728,15 +926,23 @@ def _expired(p: PartitionLog, policy: RetentionPolicy, now: int) -> tuple[int, i
         size = p.cold_bytes + p.size_bytes
         size -= sum(tiers[t].bytes_of_first(counts[t]) for t in (0, 1))
         for t, chunks in enumerate(tiers):
-            k = counts[t]
-            while (
-                k < len(chunks)
-                and chunks.last_of(k) < p.high_watermark
-                and size - chunks.size_of(k) >= policy.retention_bytes
-            ):
-                size -= chunks.size_of(k)
-                k += 1
+            # Chunks go while what is left stays at least retention.bytes.
+            k, excess = chunks.advance_while_bytes(
+                counts[t], p.high_watermark, size - policy.retention_bytes
+            )
+            size = policy.retention_bytes + excess
             counts[t] = k
             if k < len(chunks):
                 break
     return counts[0], counts[1]
+
+
+def _record(table: ProducerStateTable, e: IndexEntry) -> None:
+    table.record(
+        e.producer_id,
+        e.producer_epoch,
+        e.base_sequence,
+        e.last_offset_delta + 1,
+        e.base_offset,
+        e.max_timestamp,
+    )

@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import logging
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +30,8 @@ from stratalog.storage.batch import (
     split_batches,
     stamp_log_append_time,
 )
-from stratalog.storage.chunk_index import ChunkIndex
+from stratalog.storage.chunk_index import RUN_CACHE, UNKNOWN_TIMESTAMP, ChunkIndex
+from stratalog.storage.cold_tier import ColdRun
 from stratalog.storage.journal import StorageFailure
 from stratalog.storage.producer_state import (
     DETERMINISTIC_PRODUCER_IDS,
@@ -734,14 +735,31 @@ class PartitionLog:
         may span tiers: cold chunks first (as one slice per run of contiguous chunks), then hot.
         """
         parts: list[bytes | memoryview | FileSlice] = []
+        try:
+            return self._read(offset, max_bytes, min_one, parts, upto)
+        except BaseException:
+            # An index run that cannot be read (OSError): give back what was taken so far.
+            for p in parts:
+                if isinstance(p, FileSlice):
+                    p.release()
+            raise
+
+    def _read(
+        self,
+        offset: int,
+        max_bytes: int,
+        min_one: bool,
+        parts: list[bytes | memoryview | FileSlice],
+        upto: int | None,
+    ) -> ReadResult:
         size = 0
         cold = self.cold
         hwm = self.high_watermark if upto is None else upto
-        if len(cold) and offset <= cold.last_of(len(cold) - 1):
+        if len(cold) and offset <= cold.next_offset - 1:
             size, offset = self._read_cold(offset, max_bytes, min_one, parts, hwm)
             if size and size >= max_bytes:
                 return ReadResult(parts, size, next_offset=offset)
-            if offset <= cold.last_of(len(cold) - 1):
+            if offset <= cold.next_offset - 1:
                 # stopped inside the cold tier (budget, or the stable offset)
                 return ReadResult(parts, size, next_offset=offset if size else -1)
         chunks = self.chunks
@@ -810,11 +828,39 @@ class PartitionLog:
         return size, nxt
 
     # -- the cold tier -------------------------------------------------------------------------
-    def add_cold_segment(self, seg, piece: ChunkIndex) -> None:
-        """Take a migrated (or loaded) cold segment into the index: ``piece`` (its entries,
-        built off the event loop) from the first chunk not below the log start on."""
+    def add_cold_segment(self, seg, piece: ChunkIndex | None = None, after: int = -1) -> None:
+        """Take a migrated (or loaded) cold segment into the index, from its first chunk that
+        is past offset ``after`` and not below the log start on. Its entries stay in its index
+        file (a run, read when needed: ColdRun); ``piece``, if given, is the segment's last
+        entries, built off the event loop (a fresh migration's: kept in the run cache)."""
         self.cold_segments[seg.seq] = seg
-        self.cold.extend(piece, seg.seq, piece.count_before(self.log_start_offset))
+        meta = seg.meta
+        source = ColdRun(seg)
+        start = self.log_start_offset
+        if piece is None and meta.base > after and meta.base >= start:
+            # All of it: the manifest's description is the summary; nothing is read.
+            self.cold.add_run(
+                seg.seq, source, meta.entries, meta.base, meta.last, meta.max_timestamp,
+                UNKNOWN_TIMESTAMP, meta.size,
+            )  # fmt: skip
+            return
+        if piece is not None:
+            cols = piece.columns()
+            first = meta.entries - len(cols)  # where the piece starts in the segment's entries
+            if first == 0:
+                RUN_CACHE.put(source, cols)
+        else:
+            cols = RUN_CACHE.get(source)
+            first = 0
+        n = len(cols)
+        j = max(bisect_right(cols.base, after), bisect_left(cols.last, start))
+        if j >= n:
+            return
+        maxts = cols.maxts[j:]
+        self.cold.add_run(
+            seg.seq, source, n - j, cols.base[j], cols.last[n - 1], max(maxts), min(maxts),
+            sum(cols.size[j:]), skip=first + j,
+        )  # fmt: skip
 
     def migrate_front(self, count: int) -> None:
         """Forget the first ``count`` hot chunks: they now live in the cold tier. Unlike
@@ -902,12 +948,12 @@ class PartitionLog:
 
         best, best_base, best_last = -1, -1, -1
         for chunks in self._both():
-            for i in range(len(chunks)):
-                if chunks.last_of(i) >= self.high_watermark:
-                    break
-                t = chunks.max_timestamp_of(i)
-                if t > best:
-                    best, best_base, best_last = t, chunks.base_of(i), chunks.last_of(i)
+            # The summaries of the runs on disk say which run holds it: that one is read.
+            i = chunks.argmax_timestamp(self.high_watermark)
+            if i >= 0 and chunks.max_timestamp_of(i) > best:
+                best, best_base, best_last = (
+                    chunks.max_timestamp_of(i), chunks.base_of(i), chunks.last_of(i)
+                )  # fmt: skip
         if best_base < 0:
             return None
         for rec in iter_records(self._chunk_bytes(best_base)):

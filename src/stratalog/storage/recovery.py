@@ -27,8 +27,10 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from stratalog.storage import sealed_index
 from stratalog.storage.batch import CorruptBatchError, validate_batch
 from stratalog.storage.damage import DamagedRange
+from stratalog.storage.sealed_index import SealedIndex, SealedIndexError
 from stratalog.storage.segment import (
     BLOCK,
     FRAME,
@@ -397,6 +399,47 @@ def _direct_padding(seg: Segment, end: int) -> bool:
     return not any(seg.read(end, seg.size - end))
 
 
+def _table_follows(si: SealedIndex, expected: dict[int, int], relaxed: bool) -> bool:
+    """Whether each partition's chunks in a sealed index continue its offsets in ``expected``
+    (past damage, with ``relaxed``, they may jump forward); if so ``expected`` moves on."""
+    for uid, row in si.rows.items():
+        want = expected.get(uid)
+        if want is not None and row.first != want and not (relaxed and row.first > want):
+            return False
+    for uid, row in si.rows.items():
+        expected[uid] = row.last + 1
+    return True
+
+
+def _load_sealed(seg: Segment) -> SealedIndex | None:
+    """A sealed segment's sealed index if it holds together and describes it; else None (it is
+    rebuilt from the segment's entries)."""
+    try:
+        si = sealed_index.load(seg.pix_path)
+        if si is not None:
+            si.check_segment(seg.fd, seg.size)
+        return si
+    except (SealedIndexError, OSError) as e:
+        log.warning("%s: rebuilding it", e)
+        return None
+
+
+def pack_entries(entries: list[IndexEntry]) -> bytes:
+    return b"".join(e.pack() for e in entries)
+
+
+def write_sealed(seg: Segment, entries: list[IndexEntry]) -> SealedIndex | None:
+    """Write a sealed segment's sealed index from its entries; None if it cannot be written
+    (the segment's chunks then stay in memory; the next start tries again)."""
+    try:
+        return sealed_index.write_from_entries(
+            seg.fd, seg.size, pack_entries(entries), seg.pix_path
+        )
+    except OSError as e:
+        log.warning("%s: cannot write its sealed index: %s", seg, e)
+        return None
+
+
 def recover_log(
     directory: Path,
     seqs: list[int],
@@ -404,7 +447,8 @@ def recover_log(
     *,
     holes: dict[int, dict[int, int]] | None = None,
     verify: bool = False,
-) -> tuple[list[Segment], dict[int, list[IndexEntry]], RecoveryReport]:
+    sealed: bool = False,
+) -> tuple[list[Segment], dict[int, list[IndexEntry] | SealedIndex], RecoveryReport]:
     """Open the segments of one log, repairing a torn tail and stepping over damage; return
     segments and their entries (the report lists the damaged ranges met).
 
@@ -413,6 +457,12 @@ def recover_log(
     ranges recorded at earlier starts (seq -> start -> end). ``verify`` checks every frame's
     CRCs, trusting neither the checkpoint nor a clean-shutdown marker (and rebuilds index
     entries that disagree with their frames).
+
+    With ``sealed``, a sealed segment (every one but the last) is given as its sealed index
+    (sealed_index.py) instead of its entries: where one holds together and describes the
+    segment, and the segment is trusted (below the checkpoint, or all after a clean stop), its
+    ``.idx`` is not read at all; where one is missing or wrong it is written from the
+    entries. The last segment (the active one) never keeps one.
     """
     elsewhere = elsewhere or {}
     holes = holes or {}
@@ -421,24 +471,61 @@ def recover_log(
     ckpt = None if verify else read_checkpoint(directory)
     ck_seq, ck_pos = ckpt if ckpt else (-1, 0)
     opened = [Segment(elsewhere.get(s, directory), s) for s in seqs]
-    indexes = {seg.seq: seg.read_index() for seg in opened}
+    indexes: dict[int, list[IndexEntry]] = {}
+
+    def index_of(seg: Segment) -> list[IndexEntry]:
+        got = indexes.get(seg.seq)
+        if got is None:
+            got = indexes[seg.seq] = seg.read_index()
+        return got
+
+    pix: dict[int, SealedIndex] = {}
+    if sealed and not verify:
+        for seg in opened[:-1]:
+            si = _load_sealed(seg)
+            if si is not None:
+                pix[seg.seq] = si
+
+    def finish(
+        segments: list[Segment], entries_by_seq: dict
+    ) -> tuple[list[Segment], dict, RecoveryReport]:
+        if segments:
+            last = segments[-1]
+            last.pix_path.unlink(missing_ok=True)  # active: written at its seal
+            if isinstance(entries_by_seq.get(last.seq), SealedIndex):
+                # (Never loaded for the last segment; the active one's entries stay in memory.)
+                entries_by_seq[last.seq] = index_of(last)
+        if sealed:
+            for seg in segments[:-1]:
+                got = entries_by_seq.get(seg.seq)
+                if isinstance(got, list):
+                    si = write_sealed(seg, got)
+                    if si is not None:
+                        entries_by_seq[seg.seq] = si
+        return segments, entries_by_seq, report
 
     if marker.exists():
         ok = not verify
-        entries_by_seq = {}
+        entries_by_seq: dict[int, list[IndexEntry] | SealedIndex] = {}
         if ok:
             # Trust the index, but only if it accounts for every byte of every segment.
             expected: dict[int, int] = {}
             for seg in opened:
                 past = any(h <= seg.seq for h in holes)
-                chain, end = _chain(indexes[seg.seq], seg.size, expected, holes.get(seg.seq), past)
-                ok &= len(chain) == len(indexes[seg.seq]) and end == seg.size
+                si = pix.get(seg.seq)
+                if si is not None:
+                    ok &= _table_follows(si, expected, past)
+                    entries_by_seq[seg.seq] = si
+                    continue
+                indexed = index_of(seg)
+                chain, end = _chain(indexed, seg.size, expected, holes.get(seg.seq), past)
+                ok &= len(chain) == len(indexed) and end == seg.size
                 entries_by_seq[seg.seq] = chain
         marker.unlink()
         fsync_dir(directory)
         if ok:
             report.clean = True
-            return opened, entries_by_seq, report
+            return finish(opened, entries_by_seq)
         if not verify:
             log.warning("%s: clean-shutdown marker but the index disagrees; scanning", directory)
 
@@ -461,10 +548,19 @@ def recover_log(
             seg.delete(background=False)  # its name may be taken again by the next roll
             continue
         segments.append(seg)
-        indexed = indexes[s]
+        past = any(h < s for h in holes)  # offsets may jump past a range recorded earlier
+        si = pix.get(s)
+        if si is not None and s < ck_seq and _table_follows(si, expected, past or s in holes):
+            # Below the checkpoint its entries are trusted, and its sealed index holds them.
+            # (Past it the scan redoes them as for any segment: it is also where damage is
+            # found after a crash, tests/test_recovery.py.)
+            for a, b in sorted(holes.get(s, {}).items()):
+                damage.met(DamagedRange(s, a, b), expected)  # in the trusted part: passed
+            entries_by_seq[s] = si
+            continue
+        indexed = index_of(seg)
         # Entries below the checkpoint are known complete; past it, the scan redoes them.
         limit = seg.size if s < ck_seq else (ck_pos if s == ck_seq else 0)
-        past = any(h < s for h in holes)  # offsets may jump past a range recorded earlier
         trusted, start = _chain(indexed, min(limit, seg.size), expected, holes.get(s), past)
         for a, b in sorted(holes.get(s, {}).items()):
             if b <= start or (a < start and b >= seg.size):
@@ -505,10 +601,19 @@ def recover_log(
         all_entries = trusted + scanned
         if all_entries != indexed:
             seg.rewrite_index(all_entries)
+            pix.pop(s, None)
+            seg.pix_path.unlink(missing_ok=True)
         entries_by_seq[s] = all_entries
     damage.settle()
-    damage.hint(indexes)
+    kept = {seg.seq: seg for seg in segments}
+    damage.hint(
+        {
+            r.seq: indexes[r.seq] if r.seq in indexes else index_of(kept[r.seq])
+            for r in damage.ranges
+            if r.seq in kept or r.seq in indexes
+        }
+    )
     report.damaged = damage.ranges
     for r in damage.ranges:
         log.error("%s: damaged range: %s", directory, r.describe())
-    return segments, entries_by_seq, report
+    return finish(segments, entries_by_seq)

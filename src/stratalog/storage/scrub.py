@@ -10,6 +10,9 @@ refused it):
   does. Ranges already in the log's ``damaged.json`` are damage too, but fenced (``recorded``).
 * segment indexes (``.idx``): whole entries, each equal to the frame at its position, and none
   missing below the checkpoint (or anywhere after a clean shutdown);
+* sealed indexes (``.pix``, sealed_index.py): the table's and every run's CRC, that it describes
+  its segment (size, first and last frame), and every entry against the segment's frames;
+* producer snapshots (``.snapshot``, producer_snapshot.py): their CRCs;
 * checkpoints, ``damaged.json``, ``epochs.json``, ``partition-state.json``: their CRCs (files
   from before the CRCs: that they parse), and that a checkpoint points at a frame boundary;
 * ``meta/cluster.json``: that it parses and holds its fields (it carries no CRC);
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratalog.storage import damage as damage_record
+from stratalog.storage import producer_snapshot, sealed_index
 from stratalog.storage.batch import CorruptBatchError, validate_batch
 from stratalog.storage.cold_tier import COLD_ENTRY
 from stratalog.storage.log_store import STATE_FILE, parse_state
@@ -51,8 +55,9 @@ OK, DAMAGED, UNREADABLE = "ok", "damaged", "unreadable"
 @dataclass
 class Finding:
     path: str
-    kind: str  # segment, index, checkpoint, damage-record, epochs, partition-state, metadata,
-    #            cold-segment, cold-index, cold-manifest
+    kind: str  # segment, index, sealed-index, checkpoint, damage-record, epochs,
+    #            producer-snapshot, partition-state, metadata, cold-segment, cold-index,
+    #            cold-manifest
     status: str = OK
     detail: str = ""
     ranges: list[tuple[int, int]] = field(default_factory=list)  # damaged bytes [start, end)
@@ -110,6 +115,7 @@ class Plan:
     def files(self) -> int:
         return (
             sum(2 * len(lg.segments) for lg in self.logs)
+            + sum(p.with_suffix(".pix").exists() for lg in self.logs for _, p in lg.segments)
             + len(self.singles)
             + len(self.cold_partitions)
         )
@@ -117,7 +123,10 @@ class Plan:
     def total_bytes(self) -> int:
         n = 0
         for lg in self.logs:
-            n += sum(_size(p) + _size(p.with_suffix(".idx")) for _, p in lg.segments)
+            n += sum(
+                _size(p) + _size(p.with_suffix(".idx")) + _size(p.with_suffix(".pix"))
+                for _, p in lg.segments
+            )
         n += sum(_size(p) for _, p in self.singles)
         for d in self.cold_partitions:
             n += sum(_size(f) for f in d.iterdir() if f.is_file())
@@ -153,6 +162,7 @@ def plan(data_dir: Path, hot: Path | None = None, cold: Path | None = None) -> P
         ):
             if (d / name).exists():
                 singles.append((kind, d / name))
+        singles += [("producer-snapshot", s) for s in producer_snapshot.listed(d)]
     if (hot / STATE_FILE).exists():
         singles.append(("partition-state", hot / STATE_FILE))
     if (data_dir / "meta" / "cluster.json").exists():
@@ -276,7 +286,48 @@ def _check_log(
         fi = _check_index(idx, seq, frames.get(seq, []), f.ranges, ck, clean)
         tick(str(idx), fi.size)
         out.append(fi)
+        pix = path.with_suffix(".pix")
+        if pix.exists():
+            tick(str(pix), 0)
+            fp = _check_sealed_index(pix, path, frames.get(seq, []), bool(f.ranges))
+            tick(str(pix), fp.size)
+            out.append(fp)
     return out
+
+
+def _check_sealed_index(
+    pix: Path, data: Path, frames: list[IndexEntry], segment_damaged: bool
+) -> Finding:
+    """A sealed index: its table's and runs' CRCs, that it describes its segment, and every
+    entry against the frames the scan found (recovery rebuilds one that fails). Beside a
+    damaged segment only its own CRCs are checked: it describes the frames as they were, and
+    is rebuilt when the damage is fenced (reported with the segment)."""
+    f = Finding(str(pix), "sealed-index", size=_size(pix))
+    try:
+        si = sealed_index.load(pix)
+        assert si is not None
+        if segment_damaged:
+            for uid in si.rows:
+                si.read_run(uid)
+            f.detail = f"{len(si.rows)} partitions (its segment is damaged: not compared)"
+            return f
+        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            si.check_segment(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    except sealed_index.SealedIndexError as e:
+        f.damaged(f"{e} (rebuilt at the next start)")
+        return f
+    except OSError as e:
+        return _unreadable(pix, "sealed-index", e)
+    problems = sealed_index.verify(pix, frames)
+    if problems:
+        f.damaged("; ".join(problems[:3]) + " (rebuilt when read)")
+    else:
+        entries = si.entries_bytes() // sealed_index.RUN_ENTRY.size
+        f.detail = f"{len(si.rows)} partitions, {entries} entries"
+    return f
 
 
 def _indexed_end(path: Path, end: int, size: int) -> int:
@@ -372,6 +423,12 @@ def _check_single(
             f.detail = f"promised epoch {promised}, {len(starts)} epochs"
         elif kind == "partition-state":
             f.detail = f"{len(parse_state(raw))} partitions"
+        elif kind == "producer-snapshot":
+            snap = producer_snapshot.decode(raw, path, 0)
+            f.detail = (
+                f"as of segment {snap.seq} position {snap.position}, "
+                f"{len(snap.tables)} partitions (an older one, or the entries, if damaged)"
+            )
         elif kind == "metadata":
             doc = json.loads(raw)
             _require(doc, ("cluster_id", "next_uid", "producer_id_limit", "topics"))

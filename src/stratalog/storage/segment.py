@@ -47,6 +47,14 @@ log = logging.getLogger(__name__)
 # Tests simulate a power cut by truncating every segment to the size it had at its last fsync;
 # when STRATALOG_SYNC_LOG names a file, each fsync appends "<path> <size>" to it.
 _SYNC_LOG = os.environ.get("STRATALOG_SYNC_LOG")
+# Tests kill a broker while it seals segments: STRATALOG_SEAL_PAUSE_MS widens each step of a seal
+# (sealed index and producer snapshot written, not yet renamed) so that a kill lands inside one.
+_SEAL_PAUSE_S = float(os.environ.get("STRATALOG_SEAL_PAUSE_MS", "0")) / 1000
+
+
+def seal_pause() -> None:
+    if _SEAL_PAUSE_S:
+        time.sleep(_SEAL_PAUSE_S)
 
 
 def uid_crc(uid: int) -> int:
@@ -134,6 +142,11 @@ class Segment:
         self.seq = seq
         self.data_path = directory / f"{segment_name(seq)}.log"
         self.index_path = directory / f"{segment_name(seq)}.idx"
+        # Its sealed index (sealed_index.py): written when it is sealed, read lazily.
+        self.pix_path = directory / f"{segment_name(seq)}.pix"
+        if create:
+            # One left by an earlier segment of this number (a crash between deletions).
+            self.pix_path.unlink(missing_ok=True)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self.fd = open_noatime(self.data_path, flags)
         self.index_fd = open_noatime(self.index_path, os.O_RDWR | os.O_CREAT)
@@ -323,6 +336,7 @@ class Segment:
                 f.write(f"{self.data_path} {size}\n")
 
     def truncate(self, size: int) -> None:
+        self.pix_path.unlink(missing_ok=True)  # describes the bytes being cut
         os.ftruncate(self.fd, size)
         self.size = size
         os.fsync(self.fd)
@@ -373,10 +387,14 @@ class Segment:
         the way at once, so a new segment may take the name and recovery never finds them,
         and go once no reader holds the segment."""
         self._index_buf.clear()
-        for attr in ("data_path", "index_path"):
+        for attr in ("data_path", "index_path", "pix_path"):
             path = getattr(self, attr)
             gone = path.with_name(path.name + reaper.DELETING)
-            os.rename(path, gone)
+            try:
+                os.rename(path, gone)
+            except FileNotFoundError:
+                if attr != "pix_path":  # (a segment not sealed has none)
+                    raise
             setattr(self, attr, gone)
         self.delete()
 
@@ -395,6 +413,9 @@ class Segment:
                 pass
 
     def _unlink(self) -> None:
+        # The sealed index first: one that outlived its segment is never believed (its frame
+        # check fails), but goes with it anyway.
+        self.pix_path.unlink(missing_ok=True)
         if self._reap:
             # Off the loop, and a step at a time (no descriptor is left): see reaper.py.
             reaper.unlink(self.data_path, self.index_path)

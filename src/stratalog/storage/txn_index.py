@@ -41,7 +41,7 @@ from stratalog.storage.batch import HEADER_SIZE, CorruptBatchError, parse_header
 # Producer ids handed to transactional producers: [2^61, 2^62). Below: idempotent producers
 # (from 0); from 2^62: writers that derive their own ids (producer_state.py).
 TRANSACTIONAL_PRODUCER_IDS = 1 << 61
-_TRANSACTIONAL_END = 1 << 62
+TRANSACTIONAL_END = 1 << 62
 
 # Control record types (ControlRecordType): the key is int16 version (0), int16 type.
 ABORT = 0
@@ -53,7 +53,7 @@ _MARKER_VALUE = struct.Struct(">hi")
 
 
 def is_transactional_producer(producer_id: int) -> bool:
-    return TRANSACTIONAL_PRODUCER_IDS <= producer_id < _TRANSACTIONAL_END
+    return TRANSACTIONAL_PRODUCER_IDS <= producer_id < TRANSACTIONAL_END
 
 
 def marker_key(commit: bool) -> bytes:

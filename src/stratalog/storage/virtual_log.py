@@ -32,17 +32,21 @@ from pathlib import Path
 from crc32c import crc32c
 from prometheus_client import Counter
 
-from stratalog.storage import damage, reaper
+from stratalog.storage import damage, producer_snapshot, reaper, sealed_index
 from stratalog.storage.batch import LOG_OVERHEAD, BatchHeader
 from stratalog.storage.fsync_ring import FsyncRing
 from stratalog.storage.journal import FsyncPolicy, GroupCommit, StorageFailure
 from stratalog.storage.recovery import (
     CLEAN_SHUTDOWN,
     RecoveryReport,
+    _chain,
+    _Damage,
     frame_size,
+    pack_entries,
     parse_frames,
     read_checkpoint,
     recover_log,
+    scan,
     write_checkpoint,
 )
 from stratalog.storage.replica import (
@@ -53,6 +57,7 @@ from stratalog.storage.replica import (
     ReplicaGap,
     StaleEpoch,
 )
+from stratalog.storage.sealed_index import SealedIndex
 from stratalog.storage.segment import (
     DIRECT_MIN_BYTES,
     FRAME,
@@ -62,6 +67,7 @@ from stratalog.storage.segment import (
     fsync_dir,
     list_segments,
     mkdir_durable,
+    seal_pause,
     uid_crc,
 )
 
@@ -114,6 +120,10 @@ OnWritten = Callable[[Segment, list[int], int], None]
 OnWrite = Callable[[int, int, list[bytes | memoryview], int], None]
 # VirtualLog.on_replica_entries: (segment, index entries of the frames a backup appended).
 OnReplicaEntries = Callable[[Segment, list[IndexEntry]], None]
+# VirtualLog.on_sealed: (a sealed segment, its sealed index, written and synced), on the loop.
+OnSealed = Callable[[Segment, SealedIndex], None]
+# What a segment's entries are at open: in memory, or its sealed index (sealed_index.py).
+SegmentEntries = list[IndexEntry] | SealedIndex
 
 
 class WriteBatch:
@@ -215,6 +225,13 @@ class VirtualLog:
         # Backup: called with the entries of every replicated write (LogStore routes them to
         # the partitions).
         self.on_replica_entries: OnReplicaEntries | None = None
+        # Called (on the loop) once a sealed segment's sealed index is written: its chunks'
+        # entries may leave memory (LogStore turns them into runs of the chunk index).
+        self.on_sealed: OnSealed | None = None
+        # Called at each roll, before the next segment takes a byte: the producer state of
+        # this log's partitions as of the end of the segment being sealed, encoded
+        # (producer_snapshot.py), written with the seal.
+        self.producer_state: Callable[[int, int], bytes] | None = None
         # Next offset of each partition whose frames this log holds (what recovery checks):
         # a replicated frame must continue it.
         self._next_offsets: dict[int, int] = {}
@@ -240,10 +257,14 @@ class VirtualLog:
         self._staged: list[_Staged] = []
 
     # -- opening and closing -------------------------------------------------------------------
-    def open(self) -> dict[int, list[IndexEntry]]:
-        """Open (recovering if needed) and return the index entries of every segment."""
+    def open(self) -> dict[int, SegmentEntries]:
+        """Open (recovering if needed) and return the index entries of every segment: a sealed
+        segment's as its sealed index (sealed_index.py), the active one's in memory."""
         mkdir_durable(self.directory)
         reaper.sweep(self.directory)
+        for d in (self.directory, self.spill_directory):
+            for tmp in (*d.glob("*.pix.tmp-*"), *d.glob("*.snapshot.tmp-*")) if d else ():
+                tmp.unlink(missing_ok=True)  # a seal a crash interrupted: written again
         seqs = list_segments(self.directory)
         spilled: dict[int, Path] = {}
         if self.spill_directory is not None and self.spill_directory.is_dir():
@@ -263,6 +284,7 @@ class VirtualLog:
             spilled,
             holes=damage.holes_by_segment(known),
             verify=verify,
+            sealed=True,
         )
         # Segments a tear cut off take their recorded ranges along. A segment deleted because
         # no chunk lived in it any more (all were lost, or retention took them) leaves them:
@@ -291,7 +313,12 @@ class VirtualLog:
         self._checkpointed = (self.active.seq, self.active.size)
         nxt = self._next_offsets
         for seq in sorted(entries):
-            for e in entries[seq]:
+            got = entries[seq]
+            if isinstance(got, SealedIndex):
+                for uid, row in got.rows.items():
+                    nxt[uid] = row.last + 1
+                continue
+            for e in got:
                 nxt[e.uid] = e.last_offset + 1
         for r in self.damaged:  # a lost offset is never given out again
             for uid, (_first, last) in r.lost.items():
@@ -660,9 +687,11 @@ class VirtualLog:
         self.segments[new.seq] = new
         self.active = new
         self._runs.append((self.lsn, new.seq, 0))
+        # The producer state as of the sealed segment's end (nothing more is written to it).
+        snapshot = self.producer_state(old.seq, old.size) if self.producer_state else None
         # The sealed segment's index must be durable before a checkpoint can point past it.
         old.acquire()
-        sealing = self._executor.submit(_seal, old)
+        sealing = self._executor.submit(_seal, old, self.directory, snapshot)
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # a roll outside the broker's loop (tools, tests)
@@ -671,16 +700,46 @@ class VirtualLog:
         return new
 
     def _sealed(self, loop: asyncio.AbstractEventLoop | None, seg: Segment, fut) -> None:
-        """A seal's fsync failed: its pages may be gone, so no later fsync may vouch for them
-        (the rule of journal.py); the log stops, on the loop if there is one."""
+        """A seal ended: its sealed index goes to ``on_sealed`` (on the loop; without one, in
+        tools and tests, the chunks stay in memory). A seal's fsync failed: its pages may be
+        gone, so no later fsync may vouch for them (the rule of journal.py); the log stops, on
+        the loop if there is one."""
         exc = fut.exception()
         if exc is None:
+            si = fut.result()
+            if si is not None and loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._sealed_index_written, seg, si)
             return
         failure = StorageFailure(f"virtual log {self.name}: fsync of {seg} failed: {exc}")
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self.journal.fail, failure)
         else:
             self.journal.fail(failure)
+
+    def _sealed_index_written(self, seg: Segment, si: SealedIndex) -> None:
+        if self.segments.get(seg.seq) is not seg or not seg.sealed or si.data_size != seg.size:
+            return  # deleted, cut or reopened meanwhile
+        if self.on_sealed is not None:
+            self.on_sealed(seg, si)
+
+    def snapshot_producers(self) -> None:
+        """Write the producer snapshot as of the log's end now (a clean stop, an open)."""
+        if self.producer_state is not None:
+            seq, position = self.end
+            producer_snapshot.write(self.directory, self.producer_state(seq, position), seq)
+
+    def rebuild_sealed_index(self, seg: Segment) -> SealedIndex:
+        """Write a sealed segment's sealed index again (one found damaged or gone when read):
+        from its ``.idx`` if that accounts for every byte of it, else from its frames. Runs on
+        the caller's thread (the loop: a rare repair, a read of the segment)."""
+        holes = damage.holes_by_segment(self.damaged).get(seg.seq, {})
+        entries, end = _chain(seg.read_index(), seg.size, {}, holes, relaxed=True)
+        if end != seg.size:
+            log.error("%s: its index does not cover it either: scanning its frames", seg)
+            entries, end = scan(seg, 0, {}, _Damage({seg.seq: holes}))
+        return sealed_index.write_from_entries(
+            seg.fd, seg.size, pack_entries(entries), seg.pix_path
+        )
 
     # -- replication ---------------------------------------------------------------------------
     @property
@@ -880,6 +939,12 @@ class VirtualLog:
             else:
                 nxt.pop(uid, None)
 
+        # Producer state past the cut must not be believed at the next start; the cut segment's
+        # sealed index no longer describes it (the partitions read their runs of it first:
+        # LogStore.truncate_log).
+        producer_snapshot.remove_past(self.directory, seq, position)
+        if seg is not None:
+            seg.pix_path.unlink(missing_ok=True)
         # Later segments first, newest first, so a crash midway leaves a prefix of the log.
         directories = set()
         for s in reversed(later):
@@ -1050,6 +1115,9 @@ class VirtualLog:
     def delete_segment(self, seq: int) -> None:
         seg = self.segments.pop(seq, None)
         if seg is not None and seg is not self.active:
+            # Under fsync=never or interval it may still wait for a sync that would meet a
+            # closed descriptor (a migrated segment): its bytes need none any more.
+            self.journal.forget(seg)
             seg.delete()
         elif seg is not None:
             self.segments[seq] = seg
@@ -1136,10 +1204,25 @@ def _read_exactly(seg: Segment, position: int, size: int) -> bytes:
     return data
 
 
-def _seal(seg: Segment) -> None:
+def _seal(seg: Segment, directory: Path, snapshot: bytes | None) -> SealedIndex | None:
+    """Make a sealed segment durable (data, then index), then write its sealed index and the
+    producer snapshot as of its end; returns the sealed index (None if it could not be
+    written: the chunks stay in memory, the next start writes it). A failed fsync raises."""
     try:
         seg.sync()
         os.fdatasync(seg.index_fd)
+        seal_pause()
+        si = None
+        try:
+            si = sealed_index.write_for_segment(seg.fd, seg.size, seg.index_fd, seg.pix_path)
+        except (OSError, ValueError) as e:
+            log.warning("%s: cannot write its sealed index: %s", seg, e)
+        if snapshot is not None:
+            try:
+                producer_snapshot.write(directory, snapshot, seg.seq)
+            except OSError as e:
+                log.warning("%s: cannot write the producer snapshot: %s", seg, e)
+        return si
     finally:
         seg.release()
 

@@ -101,12 +101,20 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
             if remaining <= 0 and total > 0:
                 continue
             limit = min(fp.partition_max_bytes, remaining) if total else fp.partition_max_bytes
-            if read_committed:
-                rr = p.read(offset, limit, min_one=total == 0, upto=lso)
-                if rr.size and p.txns.aborted_count:
-                    r.aborted = p.txns.aborted_between(offset, rr.next_offset)
-            else:
-                rr = p.read(offset, limit, min_one=total == 0)
+            try:
+                if read_committed:
+                    rr = p.read(offset, limit, min_one=total == 0, upto=lso)
+                    if rr.size and p.txns.aborted_count:
+                        r.aborted = p.txns.aborted_between(offset, rr.next_offset)
+                else:
+                    rr = p.read(offset, limit, min_one=total == 0)
+            except OSError as e:
+                # An index run on disk that cannot be read (chunk_index.py): that partition
+                # only, as a read error of its data would be.
+                log.error("fetch of %s-%d at %d: %s", name, fp.partition, offset, e)
+                r.error_code = code("KAFKA_STORAGE_ERROR")
+                errors = True
+                continue
             if rr.size:
                 reads.append(rr)
                 r.records = rr.parts
