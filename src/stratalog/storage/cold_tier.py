@@ -61,20 +61,23 @@ def entries_of(data: bytes | memoryview) -> list[ColdEntry]:
     pos = 0
     while pos < len(data):
         h = parse_header(data, pos)
-        entries.append(
-            (
-                h.base_offset,
-                h.last_offset_delta,
-                pos,
-                h.size,
-                h.max_timestamp,
-                h.producer_id,
-                h.producer_epoch,
-                h.base_sequence,
-            )
-        )
+        entries.append(entry_of(h, pos, h.size))
         pos += h.size
     return entries
+
+
+def entry_of(h, position: int, size: int) -> ColdEntry:
+    """The cold index entry of the batch whose header is ``h``, stored at ``position``."""
+    return (
+        h.base_offset,
+        h.last_offset_delta,
+        position,
+        size,
+        h.max_timestamp,
+        h.producer_id,
+        h.producer_epoch,
+        h.base_sequence,
+    )
 
 
 class ColdRun:
@@ -383,18 +386,7 @@ class ColdStore:
         pos = 0
         for data in batches:
             h = parse_header(data)  # (entries_of, for batches in one buffer)
-            entries.append(
-                (
-                    h.base_offset,
-                    h.last_offset_delta,
-                    pos,
-                    len(data),
-                    h.max_timestamp,
-                    h.producer_id,
-                    h.producer_epoch,
-                    h.base_sequence,
-                )
-            )
+            entries.append(entry_of(h, pos, len(data)))
             pos += len(data)
         base = entries[0][0]
         name = f"{base:020d}-{uuid.uuid4().hex[:8]}"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from stratalog.storage.producer_state import (
     ProducerEntry,
     ProducerStateTable,
 )
-from stratalog.storage.segment import seal_pause
+from stratalog.storage.segment import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -144,17 +143,7 @@ def listed(directory: Path) -> list[Path]:
 def write(directory: Path, data: bytes, seq: int) -> Path:
     """Write a snapshot durably, then remove all but the newest ``KEEP``."""
     path = directory / name(seq)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    seal_pause()
-    os.replace(tmp, path)
+    write_whole(path, data)
     dfd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dfd)

@@ -34,7 +34,7 @@ from pathlib import Path
 from stratalog.storage import damage as damage_record
 from stratalog.storage import producer_snapshot, sealed_index
 from stratalog.storage.batch import CorruptBatchError, validate_batch
-from stratalog.storage.cold_tier import COLD_ENTRY
+from stratalog.storage.cold_tier import COLD_ENTRY, entry_of
 from stratalog.storage.log_store import STATE_FILE, parse_state
 from stratalog.storage.recovery import (
     CHECKPOINT,
@@ -498,16 +498,7 @@ def _check_cold_segment(path: Path) -> tuple[Finding, dict[int, tuple]]:
             h = None if not ranges or ranges[-1][1] != pos else h
         if h is not None:
             nxt_offset = h.base_offset + h.last_offset_delta + 1
-            batches[pos] = (
-                h.base_offset,
-                h.last_offset_delta,
-                pos,
-                h.size,
-                h.max_timestamp,
-                h.producer_id,
-                h.producer_epoch,
-                h.base_sequence,
-            )
+            batches[pos] = entry_of(h, pos, h.size)
             pos += h.size
             continue
         nxt = pos + 1

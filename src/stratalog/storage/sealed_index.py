@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import threading
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from crc32c import crc32c
 
 from stratalog.storage.chunk_index import Columns
 from stratalog.storage.noatime import open_noatime
-from stratalog.storage.segment import seal_pause
+from stratalog.storage.segment import write_whole
 from stratalog.storage.txn_index import (
     TRANSACTIONAL_END,
     TRANSACTIONAL_PRODUCER_IDS,
@@ -96,37 +95,25 @@ def _np():
     return numpy
 
 
+# RUN_ENTRY's fields as numpy sees them; an .idx entry is the same after its partition uid.
+_RUN_FIELDS = [
+    ("base", "<i8"),
+    ("delta", "<i4"),
+    ("pos", "<i8"),
+    ("size", "<i4"),
+    ("maxts", "<i8"),
+    ("pid", "<i8"),
+    ("epoch", "<i2"),
+    ("seq", "<i4"),
+]
+
+
 def _idx_dtype():
-    np = _np()
-    return np.dtype(
-        [
-            ("uid", "<u4"),
-            ("base", "<i8"),
-            ("delta", "<i4"),
-            ("pos", "<i8"),
-            ("size", "<i4"),
-            ("maxts", "<i8"),
-            ("pid", "<i8"),
-            ("epoch", "<i2"),
-            ("seq", "<i4"),
-        ]
-    )
+    return _np().dtype([("uid", "<u4"), *_RUN_FIELDS])
 
 
 def run_dtype():
-    np = _np()
-    return np.dtype(
-        [
-            ("base", "<i8"),
-            ("delta", "<i4"),
-            ("pos", "<i8"),
-            ("size", "<i4"),
-            ("maxts", "<i8"),
-            ("pid", "<i8"),
-            ("epoch", "<i2"),
-            ("seq", "<i4"),
-        ]
-    )
+    return _np().dtype(_RUN_FIELDS)
 
 
 def build(idx_bytes: bytes | memoryview, data_size: int, first: bytes, last_at: int, last: bytes):
@@ -185,18 +172,7 @@ def build(idx_bytes: bytes | memoryview, data_size: int, first: bytes, last_at: 
 def write(path: Path, data: bytes) -> None:
     """Write the file whole: a temporary name, synced, renamed over (no directory sync: a
     missing file is rebuilt, a present one is whole)."""
-    # A name of its own per writer (a seal and a recovery may write the same one at once).
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    seal_pause()
-    os.replace(tmp, path)
+    write_whole(path, data)
 
 
 def frame_heads(data_fd: int, data_size: int, last_at: int) -> tuple[bytes, bytes]:

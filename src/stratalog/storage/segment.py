@@ -17,6 +17,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,23 @@ _SEAL_PAUSE_S = float(os.environ.get("STRATALOG_SEAL_PAUSE_MS", "0")) / 1000
 def seal_pause() -> None:
     if _SEAL_PAUSE_S:
         time.sleep(_SEAL_PAUSE_S)
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write a file of a seal whole: a temporary name, synced, renamed over (no directory sync:
+    the caller's). The temporary name is its writer's own (a seal and a recovery may write the
+    same file at once); start-up sweeps those a kill left."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    seal_pause()
+    os.replace(tmp, path)
 
 
 def uid_crc(uid: int) -> int:
