@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from stratalog import Broker
 from stratalog.faults.crash_oracle import durability
@@ -145,13 +145,24 @@ def _read_back(bootstrap: str) -> dict[int, list[tuple[int, bytes]]]:
         consumer.assign([TopicPartition(TOPIC, p, ends[p][0]) for p in range(PARTITIONS)])
         want = sum(hi - lo for lo, hi in ends.values())
         got = 0
+        unreadable: set[tuple[int, int]] = set()
         deadline = time.monotonic() + 20
-        while got < want and time.monotonic() < deadline:
+        while got + len(unreadable) < want and time.monotonic() < deadline:
             for m in consumer.consume(10000, 0.2):
                 if m.error() is None:
                     out[m.partition()].append((m.offset(), m.value()))
                     got += 1
-        assert got == want, f"read {got} of {want} records below the high watermarks"
+                elif m.error().code() == KafkaError.INVALID_MSG and m.offset() >= 0:
+                    # A torn image may keep an unsynced write after one it lost: recovery steps
+                    # over the hole (storage/recovery.py) and the broker answers CORRUPT_MESSAGE
+                    # for its offsets, as a Kafka application would, the oracle seeks past them.
+                    # Nothing acknowledged may be there: the checks below find it missing.
+                    unreadable.add((m.partition(), m.offset()))
+                    consumer.seek(TopicPartition(TOPIC, m.partition(), m.offset() + 1))
+        assert got + len(unreadable) == want, (
+            f"read {got} of {want} records below the high watermarks ({len(unreadable)} "
+            "offsets lost to a hole)"
+        )
     finally:
         consumer.close()
     return out
