@@ -43,16 +43,19 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stratalog.storage.chunk_index import ChunkIndex
 from stratalog.storage.cold_tier import ColdSegment, ColdSegmentMeta, ColdTierError
 from stratalog.storage.compaction import Job, Result, Source, clean
 from stratalog.storage.migration_worker import _plain_main, _start_worker
 from stratalog.storage.partition import PartitionLog
+from stratalog.storage.segment import mkdir_durable
 
 log = logging.getLogger(__name__)
 
 NEVER = (1 << 63) - 1
+_NO_META = ColdSegmentMeta("", 0, 0, 0, 0, 0)  # (for a partition's directory name)
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,11 @@ class Cleaner:
         seg_store = store.segment_store
         held: list = []
         sources: list[Source] = []
+        if seg_store.local:
+            # Made on the first cleaning only (a broker with no compacted topic has none), and
+            # durably: a manifest in a directory a crash forgets would be lost with it.
+            mkdir_durable(Path(seg_store.root))
+            mkdir_durable(Path(seg_store.data_path(p.uid, _NO_META)).parent)
         try:
             for s in _cold_in_order(p):
                 held.append(s.acquire())

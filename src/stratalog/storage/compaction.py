@@ -61,6 +61,9 @@ READ_SPAN = 1 << 20  # bytes read in one request at most
 READ_GAP = 4096  # chunks at most this far apart share one read
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_BLOCK = 32 * 1024
+# Tests kill a broker in the middle of a cleaning: STRATALOG_COMPACTION_PAUSE_MS holds the worker
+# that long once its segments are written, before the broker commits them.
+_PAUSE_S = float(os.environ.get("STRATALOG_COMPACTION_PAUSE_MS", "0")) / 1000
 
 
 def key_digest(key: bytes) -> bytes:
@@ -112,11 +115,11 @@ def records_of(h: BatchHeader, batch: bytes | memoryview) -> list[RawRecord]:
     return out
 
 
-def keyless_record(h: BatchHeader, batch: bytes | memoryview) -> bool:
-    """Whether the batch holds a record without a key (refused by a compacted topic)."""
+def keyless_records(h: BatchHeader, batch: bytes | memoryview) -> list[int]:
+    """The indexes in the batch of its records without a key (refused by a compacted topic)."""
     if h.attributes & CONTROL_MASK:
-        return False
-    return any(r.key is None for r in records_of(h, batch))
+        return []
+    return [i for i, r in enumerate(records_of(h, batch)) if r.key is None]
 
 
 def _frame_xerial(raw: bytes) -> bytes:
@@ -425,6 +428,8 @@ def clean(job: Job) -> Result:
             if out_bytes >= job.segment_bytes:
                 flush()
     flush()
+    if _PAUSE_S:
+        time.sleep(_PAUSE_S)  # (tests kill the broker here: segments written, none committed)
     return result
 
 

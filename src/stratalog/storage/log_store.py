@@ -216,8 +216,6 @@ class LogStore:
         if self.cold is not None and not (self.root / STATE_FILE).exists():
             self.cold.create()  # a new broker; later a missing cold directory is an error
         self._lock_fd = data_dir_lock(self.root)
-        if self.cold is None:
-            self.segment_store.create()
         self._state, self.state_damaged = load_state(self.root / STATE_FILE)
         wanted: dict[int, tuple[str, int]] = {}
         for topic, idx, uid, *named in partitions:
