@@ -17,6 +17,7 @@ from stratalog.records import GZIP, build_batch, iter_records
 from stratalog.storage import compaction
 from stratalog.storage.batch import parse_header
 from stratalog.storage.cleaner import Cleaner, CleanerSettings, CompactionPolicy, plan
+from stratalog.storage.cold_tier import ColdTierError
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
 from stratalog.storage.partition import FileSlice
@@ -392,6 +393,9 @@ def test_leftovers_of_an_interrupted_compaction_are_removed(tmp_path):
             assert not (d / "00000000000000000003-deadbeef.log").exists()
         finally:
             await store.close()
+        # A cold tier added later would not hold them: refused rather than lost.
+        with pytest.raises(ColdTierError, match="compacted partitions"):
+            _store(tmp_path, cold_location=str(tmp_path / "cold"))
 
     asyncio.run(run())
 

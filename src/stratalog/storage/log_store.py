@@ -216,6 +216,14 @@ class LogStore:
         if self.cold is not None and not (self.root / STATE_FILE).exists():
             self.cold.create()  # a new broker; later a missing cold directory is an error
         self._lock_fd = data_dir_lock(self.root)
+        compacted = self.root / COMPACTED_DIR
+        if self.cold is not None and compacted.is_dir() and any(compacted.glob("p*/manifest-*")):
+            # Cleaned segments written before the cold tier was configured: loading only the
+            # cold tier would lose them (the hot chunks they replaced are gone).
+            raise ColdTierError(
+                f"{compacted} holds compacted partitions written without a cold tier; a cold "
+                "tier cannot be added to this data directory yet (remove tiers.cold.*)"
+            )
         self._state, self.state_damaged = load_state(self.root / STATE_FILE)
         wanted: dict[int, tuple[str, int]] = {}
         for topic, idx, uid, *named in partitions:
