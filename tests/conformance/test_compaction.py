@@ -2,7 +2,7 @@
 
 A Kafka and a Stratalog of this module's own, both cleaning eagerly (``log.cleaner.backoff.ms``
 200 ms, ``min.cleanable.dirty.ratio`` 0.01; Kafka's active segment rolls by the topic's
-``segment.ms``, Stratalog's by its small ``segment.bytes``). The same keyed records, tombstones
+``segment.ms``, Stratalog's by the broker's). The same keyed records, tombstones
 and a null-key record go to both; once each key appears once, a consumer from the beginning
 reads the same (offset, key, value) rows from both: each key's latest value at its original
 offset, the tombstone kept (``delete.retention.ms`` a day), the null-key record refused alike.
@@ -30,7 +30,7 @@ KEYS = 20
 def cleaning_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     kafka = start_kafka(lambda: KafkaBroker({**KAFKA_PROPERTIES, "log.cleaner.backoff.ms": "200"}))
     try:
-        config = {"log.cleaner.backoff.ms": 200, "segment.bytes": 16000}
+        config = {"log.cleaner.backoff.ms": 200, "segment.ms": 300}
         with Broker(tmp_path_factory.mktemp("stratalog") / "data", config=config) as strat:
             warm_up(kafka.bootstrap)
             warm_up(strat.bootstrap)
@@ -47,9 +47,11 @@ def _produce(bs: str, topic: str, rows: list[tuple[bytes | None, bytes | None]])
         results.append((msg.key(), msg.offset()) if err is None else (msg.key(), err.name()))
 
     for key, value in rows:
-        p.produce(topic, key=key, value=value, partition=0, on_delivery=done)
         if key is None:
             p.flush(20)  # a batch of its own: Kafka refuses the whole batch
+        p.produce(topic, key=key, value=value, partition=0, on_delivery=done)
+        if key is None:
+            p.flush(20)
     assert p.flush(30) == 0
     return results
 
@@ -88,9 +90,12 @@ def compacted_scenario(bs: str, topic: str) -> dict[str, Any]:
     rows += [(b"k03", None), (None, b"no key"), (b"k07", b"last")]
     out["produced"] = _produce(bs, topic, rows)
     time.sleep(0.5)
-    # Records of keys of their own after the workload: Kafka rolls its active segment at the
-    # first of them (segment.ms), Stratalog once they fill its segment.bytes.
-    _produce(bs, topic, [(b"f%03d" % i, b"y" * 120) for i in range(150)])
+    # Records of keys of their own after the workload, twice, 0.5 s apart: both brokers roll
+    # their active segment at an append 300 ms after the segment began (the topic's segment.ms
+    # for Kafka, the broker's for Stratalog, whose segments are shared by partitions).
+    _produce(bs, topic, [(b"f%03d" % i, b"y" * 120) for i in range(100)])
+    time.sleep(0.5)
+    _produce(bs, topic, [(b"g", b"z")])
     deadline = time.monotonic() + 90
     while True:
         got = _read(bs, topic)

@@ -131,10 +131,13 @@ def plan(p: PartitionLog, policy: CompactionPolicy, cleaned: int, now_ms: int) -
         limit = min(limit, hot.base_of(k))  # (a chunk boundary)
     if not len(cold) and not k:
         return None
-    total = cold.total_bytes() + hot.bytes_of_first(k)
+    # (Sums the runs' summaries and the chunks in memory: nothing is read from disk while the
+    # clean part is cold and the hot chunks past the limit are the active segment's.)
+    hot_bytes = hot.total_bytes() - hot.bytes_from(k)
+    total = cold.total_bytes() + hot_bytes
     clean_cold = cold.count_before(cleaned) if cleaned > 0 else 0
     clean_hot = min(k, hot.count_before(cleaned)) if cleaned > 0 else 0
-    dirty = cold.bytes_from(clean_cold) + hot.bytes_of_first(k) - hot.bytes_of_first(clean_hot)
+    dirty = cold.bytes_from(clean_cold) + hot_bytes - hot.bytes_of_first(clean_hot)
     if dirty <= 0 or limit <= cleaned:
         return None
     names = [s.meta.name for s in _cold_in_order(p)]
