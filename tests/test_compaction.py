@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stratalog.records import GZIP, build_batch, iter_records
-from stratalog.storage import compaction
+from stratalog.storage import compaction, scrub
 from stratalog.storage.batch import parse_header
 from stratalog.storage.cleaner import Cleaner, CleanerSettings, CompactionPolicy, plan
 from stratalog.storage.cold_tier import ColdTierError
@@ -156,6 +156,10 @@ def test_compaction_keeps_each_keys_latest_value_at_its_offset(tmp_path, layout)
             assert store.partitions[1].next_offset == tail[-1][0] + 1
         finally:
             await store.close()
+        # The offline scrub finds the compacted segments sound (gaps and all).
+        found = scrub.run(scrub.plan(tmp_path))
+        assert any("compacted" in f.path and f.kind == "cold-segment" for f in found)
+        assert [f for f in found if f.status != scrub.OK] == []
 
     asyncio.run(run())
 
