@@ -282,8 +282,9 @@ class Cleaner:
         seg_store = store.segment_store
         held: list = []
         sources: list[Source] = []
-        if seg_store.local:
-            # Made on the first cleaning only (a broker with no compacted topic has none), and
+        if store.cold is None:
+            # The local store (never a cold tier's directory: a missing mount stays missing),
+            # made on the first cleaning only (a broker with no compacted topic has none), and
             # durably: a manifest in a directory a crash forgets would be lost with it.
             mkdir_durable(Path(seg_store.root))
             mkdir_durable(Path(seg_store.data_path(p.uid, _NO_META)).parent)
