@@ -423,3 +423,19 @@ def test_rewritten_batch_keeps_offsets_and_timestamps():
         eh = parse_header(empty)
         assert (eh.record_count, eh.last_offset_delta, eh.compression) == (0, 2, 0)
         assert list(iter_records(empty)) == []
+
+
+def test_java_framed_snappy_stays_java_framed():
+    """A Java producer's snappy batches use SnappyOutputStream's framing: kept in it."""
+    recs = [(b"a", b"1" * 50, T0), (b"b", b"2" * 50, T0 + 1)]
+    plain = build_batch(recs, base_offset=7)
+    h = parse_header(plain)
+    framed = compaction._frame_xerial(plain[61:])
+    batch = compaction._assemble(
+        h, h.attributes | 2, h.base_timestamp, h.max_timestamp, h.record_count, framed
+    )
+    h = parse_header(batch)
+    raw = compaction.records_of(h, batch)
+    out = compaction.rebuild_batch(h, batch, [raw[1]], horizon=None)
+    assert out[61 : 61 + 8] == b"\x82SNAPPY\x00"
+    assert [(r.offset, r.key) for r in iter_records(out)] == [(8, b"b")]
