@@ -439,3 +439,32 @@ def test_java_framed_snappy_stays_java_framed():
     out = compaction.rebuild_batch(h, batch, [raw[1]], horizon=None)
     assert out[61 : 61 + 8] == b"\x82SNAPPY\x00"
     assert [(r.offset, r.key) for r in iter_records(out)] == [(8, b"b")]
+
+
+def test_a_partition_changed_during_a_cleaning_keeps_its_data(tmp_path, monkeypatch):
+    """DeleteRecords drops the first chunks while the worker runs: the result is dropped (its
+    files too), nothing is lost, and the next cleaning goes through."""
+    monkeypatch.setenv("STRATALOG_COMPACTION_PAUSE_MS", "1500")  # read by the spawned worker
+
+    async def run():
+        store = _store(tmp_path)
+        cleaner = _cleaner(store)
+        try:
+            p = store.partitions[1]
+            written = _write(p, 10, 3)
+            await _roll(store)
+            job = asyncio.ensure_future(cleaner.clean(p, EAGER, T0))
+            await asyncio.sleep(1.0)
+            start = written[6][0]
+            assert store.delete_records(1, start) > 0
+            assert await job is False
+            assert cleaner.stats.discarded == 1
+            assert not list((tmp_path / "logs" / "compacted" / "p1").glob("*.log"))
+            assert _read(p) == [r for r in written if r[0] >= start]
+            assert await cleaner.clean(p, EAGER, T0)
+            assert _read(p) == _compacted([r for r in written if r[0] >= start], 1 << 40)
+        finally:
+            cleaner.close()
+            await store.close()
+
+    asyncio.run(run())
