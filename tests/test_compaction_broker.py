@@ -241,5 +241,12 @@ def test_bad_input_to_a_compacted_topic(tmp_path):
         assert configs["min.cleanable.dirty.ratio"].value == "0.2"
         assert configs["delete.retention.ms"].value == "86400000"
         assert configs["cleanup.policy"].value == "compact,delete"
+        # DeleteRecords: refused on a compacted topic without the delete policy, as Kafka does.
+        create_topic(bp.bootstrap, "only", 1, **{"cleanup.policy": "compact"})
+        produce(bp.bootstrap, "only", [(b"a", b"1"), (b"b", b"2")])
+        tp = TopicPartition("only", 0, 1)
+        with pytest.raises(KafkaException) as e:
+            admin.delete_records([tp])[tp].result(timeout=15)
+        assert e.value.args[0].code() == KafkaError.POLICY_VIOLATION
     finally:
         bp.kill()
