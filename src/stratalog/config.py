@@ -396,6 +396,56 @@ SETTINGS: dict[str, Setting] = {
         ),
         _S("retention.check.interval.ms", int, 10000, "How often retention runs."),
         _S(
+            "log.cleaner.enable",
+            bool,
+            True,
+            "Compact the partitions of topics with cleanup.policy=compact (storage/cleaner.py).",
+        ),
+        _S(
+            "log.cleaner.backoff.ms",
+            int,
+            15000,
+            "How often the cleaner looks for compacted partitions due for a cleaning.",
+        ),
+        _S(
+            "log.cleaner.io.max.bytes.per.second",
+            int,
+            0,
+            "Bytes per second the cleaner's worker reads and writes at most; 0: no limit (it "
+            "runs at a lower CPU priority either way).",
+        ),
+        _S(
+            "log.cleaner.dedupe.buffer.size",
+            int,
+            128 * 1024 * 1024,
+            "Memory for one cleaning's key map (about 128 bytes a key): a partition with more "
+            "dirty keys is cleaned in several steps.",
+        ),
+        _S(
+            "log.cleaner.min.cleanable.ratio",
+            float,
+            0.5,
+            "Default min.cleanable.dirty.ratio of compacted topics.",
+        ),
+        _S(
+            "log.cleaner.min.compaction.lag.ms",
+            int,
+            0,
+            "Default min.compaction.lag.ms of compacted topics.",
+        ),
+        _S(
+            "log.cleaner.max.compaction.lag.ms",
+            int,
+            (1 << 63) - 1,
+            "Default max.compaction.lag.ms of compacted topics.",
+        ),
+        _S(
+            "log.cleaner.delete.retention.ms",
+            int,
+            24 * 3600 * 1000,
+            "Default delete.retention.ms of compacted topics (how long tombstones stay).",
+        ),
+        _S(
             "retention.ms",
             int,
             7 * 24 * 3600 * 1000,
@@ -715,6 +765,13 @@ class BrokerConfig:
         "cache.tail_bytes": -1,
         "index.checkpoint.interval.ms": 1,
         "retention.check.interval.ms": 1,
+        "log.cleaner.backoff.ms": 1,
+        "log.cleaner.io.max.bytes.per.second": 0,
+        "log.cleaner.dedupe.buffer.size": 1024,
+        "log.cleaner.min.cleanable.ratio": 0,
+        "log.cleaner.min.compaction.lag.ms": 0,
+        "log.cleaner.max.compaction.lag.ms": 1,
+        "log.cleaner.delete.retention.ms": 0,
         "retention.ms": -1,
         "retention.bytes": -1,
         "local.retention.ms": -2,
@@ -754,6 +811,8 @@ class BrokerConfig:
                 raise ConfigError(
                     f"setting {name!r} must be a port (at most 65535), not {self[name]}"
                 )
+        if self["log.cleaner.min.cleanable.ratio"] > 1:
+            raise ConfigError("log.cleaner.min.cleanable.ratio must be between 0 and 1")
         for name, s in SETTINGS.items():
             if s.type is float and not math.isfinite(self[name]):
                 raise ConfigError(f"setting {name!r} must be a finite number, not {self[name]}")

@@ -13,10 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 DELIBERATE: dict[str, str] = {
-    "configs.compaction-rejected": (
-        "Stratalog has no log compaction: cleanup.policy=compact (or compact,delete) is rejected "
-        "with INVALID_CONFIG."
-    ),
     "configs.compression-type-rejected": (
         "Stratalog stores batches as the producer compressed them and never recompresses: a topic "
         "compression.type other than 'producer' is rejected with INVALID_CONFIG."

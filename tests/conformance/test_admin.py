@@ -171,6 +171,10 @@ OVERRIDES = {
     "message.timestamp.after.max.ms": "60000",
     "local.retention.ms": "600000",
     "local.retention.bytes": "1048576",
+    "min.cleanable.dirty.ratio": "0.25",
+    "min.compaction.lag.ms": "1000",
+    "max.compaction.lag.ms": "3600000",
+    "delete.retention.ms": "60000",
 }
 assert set(OVERRIDES) == set(SUPPORTED_CONFIGS)
 

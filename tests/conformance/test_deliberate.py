@@ -104,18 +104,6 @@ def rejected_configs(bs: str, topic: str, values: dict[str, list[str]]) -> dict[
     return out
 
 
-def test_compaction_rejected(pair, name):
-    values = {"cleanup.policy": ["compact", "compact,delete"]}
-    strat, kafka = both(pair, rejected_configs, name, values)
-    check_deliberate(
-        "configs.compaction-rejected",
-        strat,
-        kafka,
-        documented={k: "INVALID_CONFIG" for k in strat},
-    )
-    assert set(kafka.values()) == {"NONE"}
-
-
 def test_compression_type_rejected(pair, name):
     values = {"compression.type": ["gzip", "zstd", "uncompressed"]}
     strat, kafka = both(pair, rejected_configs, name, values)

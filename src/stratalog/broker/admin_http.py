@@ -128,6 +128,15 @@ def status(core) -> dict[str, Any]:
             "spilling_to_cold": m.stats.spilling,
             "last_error": m.stats.last_error,
         },
+        "compaction": {
+            "enabled": core.config["log.cleaner.enable"],
+            "cleanings": core.cleaner.stats.cleanings,
+            "read_bytes": core.cleaner.stats.read_bytes,
+            "written_bytes": core.cleaner.stats.written_bytes,
+            "records_removed": core.cleaner.stats.records_removed,
+            "discarded": core.cleaner.stats.discarded,
+            "last_error": core.cleaner.stats.last_error,
+        },
         "topics": topics,
     }
 

@@ -28,12 +28,13 @@ from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.broker.txn_coordinator import TransactionCoordinator
 from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC
-from stratalog.cluster.metadata import MetadataError, MetadataStore, TopicMeta
+from stratalog.cluster.metadata import INTERNAL_TOPICS, MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
 from stratalog.security.credentials import CredentialStore, read_plain_users
 from stratalog.security.listeners import Listener
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.chunk_index import RUN_CACHE
+from stratalog.storage.cleaner import Cleaner, CleanerSettings, CompactionPolicy
 from stratalog.storage.direct_read import DirectReader
 from stratalog.storage.journal import SLOWEST_SYNC, StorageFailure
 from stratalog.storage.log_store import LogStore, RetentionPolicy, StorageConfig
@@ -155,6 +156,18 @@ class BrokerCore:
             ),
             self.local_retention,
         )
+        # Log compaction of cleanup.policy=compact topics (storage/cleaner.py), in a worker
+        # process of its own with the same CPUs as migration's.
+        self.cleaner = Cleaner(
+            self.store,
+            CleanerSettings(
+                io_bytes_per_sec=config["log.cleaner.io.max.bytes.per.second"],
+                max_keys=max(1, config["log.cleaner.dedupe.buffer.size"] // 128),
+                segment_bytes=min(config["segment.bytes"], 64 << 20),
+                backoff_ms=config["log.cleaner.backoff.ms"],
+                cpus=self._broker_cpus | sender_cpus,
+            ),
+        )
         # Backlog reads (from segment files) share one budget, so catch-up consumers cannot
         # take the CPU and the disk the tail's producers need (BookKeeper's isolation).
         self.backlog_rate = ByteRate(config["fetch.backlog.max_bytes_per_sec"])
@@ -272,6 +285,8 @@ class BrokerCore:
             self.backlog_sender.start()
         if self.store.cold is not None:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
+        if self.config["log.cleaner.enable"]:
+            self._tasks.append(asyncio.ensure_future(self.cleaner.run(self.compaction_policies)))
         self.txn.start()  # finishes the transactions found prepared, checks timeouts
 
     async def close(self, bound_s: float = 30.0) -> bool:
@@ -299,6 +314,7 @@ class BrokerCore:
         if self.backlog_sender is not None:
             self.backlog_sender.close()
         self.migrator.close()
+        self.cleaner.close()
         self.coordinator.shutdown()
         await stop.step("the transaction coordinator", self.txn.close())
         await stop.step("the offsets topic's last commits", self.offsets.close())
@@ -315,6 +331,7 @@ class BrokerCore:
         if self.backlog_sender is not None:
             self.backlog_sender.close()
         self.migrator.close()
+        self.cleaner.close()
         self.coordinator.shutdown()
         self.txn.abandon()
         self.offsets.abandon()
@@ -372,6 +389,27 @@ class BrokerCore:
             for uid in t.partitions:
                 policies[uid] = policy
         return self.store.apply_retention(policies, now_ms)
+
+    def compaction_policies(self) -> dict[int, CompactionPolicy]:
+        """uid -> compaction settings of every partition of a compacted topic. The internal
+        topics are left out: they keep themselves short by rewriting (offset_store.py,
+        txn_log.py)."""
+        out: dict[int, CompactionPolicy] = {}
+        for t in self.metadata.topics.values():
+            if t.name in INTERNAL_TOPICS:
+                continue
+            view = self.topic_config(t)
+            if "compact" not in view.policies():
+                continue
+            policy = CompactionPolicy(
+                view.get_float("min.cleanable.dirty.ratio"),
+                view.get_int("min.compaction.lag.ms"),
+                view.get_int("max.compaction.lag.ms"),
+                view.get_int("delete.retention.ms"),
+            )
+            for uid in t.partitions:
+                out[uid] = policy
+        return out
 
     def local_retention(self) -> dict[int, tuple[int, int]]:
         """uid -> (ms, bytes) data may stay hot (-1: no limit), from local.retention.* configs."""

@@ -23,6 +23,8 @@ class TopicSetting:
     broker_default: str | None = None  # the broker setting that supplies the default
     default: str | None = None
     choices: tuple[str, ...] = ()
+    low: float | None = None  # Kafka's Range validator: at least
+    high: float | None = None  # ... and at most
 
 
 _T = TopicSetting
@@ -32,10 +34,43 @@ TOPIC_SETTINGS: dict[str, TopicSetting] = {
         _T(
             "cleanup.policy",
             LIST,
-            "'delete' drops old data by retention.ms/bytes; an empty list keeps everything. "
-            "No compaction.",
+            "'delete' drops old data by retention.ms/bytes; 'compact' keeps each key's latest "
+            "record (docs/architecture.md, Compaction); both may be listed; an empty list keeps "
+            "everything.",
             default="delete",
-            choices=("delete",),
+            choices=("compact", "delete"),
+        ),
+        _T(
+            "min.cleanable.dirty.ratio",
+            DOUBLE,
+            "A compacted partition is cleaned once this share of its cleanable bytes was "
+            "written since its last cleaning.",
+            broker_default="log.cleaner.min.cleanable.ratio",
+            low=0,
+            high=1,
+        ),
+        _T(
+            "min.compaction.lag.ms",
+            LONG,
+            "Records younger than this are never compacted.",
+            broker_default="log.cleaner.min.compaction.lag.ms",
+            low=0,
+        ),
+        _T(
+            "max.compaction.lag.ms",
+            LONG,
+            "A partition whose oldest uncleaned record is older than this is cleaned whatever "
+            "its dirty ratio.",
+            broker_default="log.cleaner.max.compaction.lag.ms",
+            low=1,
+        ),
+        _T(
+            "delete.retention.ms",
+            LONG,
+            "How long a tombstone stays in a compacted partition after the cleaning that first "
+            "kept it.",
+            broker_default="log.cleaner.delete.retention.ms",
+            low=0,
         ),
         _T(
             "compression.type",
@@ -151,14 +186,35 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str | No
             out[name] = None
             continue
         value = str(value)
+        number: float | None = None
         if setting.kind in _INTS:
             try:
-                int(value)
+                number = int(value)
             except ValueError:
                 raise TopicConfigError(
                     f"Invalid value {value} for configuration {name}: Not a number of type "
                     f"{'INT' if setting.kind == INT else 'LONG'}"
                 ) from None
+        elif setting.kind == DOUBLE:
+            try:
+                number = float(value)
+            except ValueError:
+                raise TopicConfigError(
+                    f"Invalid value {value} for configuration {name}: Not a number of type DOUBLE"
+                ) from None
+            if number != number or number in (float("inf"), float("-inf")):
+                raise TopicConfigError(f"Invalid value {value} for configuration {name}")
+        if number is not None:
+            if setting.low is not None and number < setting.low:
+                raise TopicConfigError(
+                    f"Invalid value {value} for configuration {name}: Value must be at least "
+                    f"{_bound(setting.low)}"
+                )
+            if setting.high is not None and number > setting.high:
+                raise TopicConfigError(
+                    f"Invalid value {value} for configuration {name}: Value must be no more "
+                    f"than {_bound(setting.high)}"
+                )
         if setting.kind == LIST and setting.choices:
             bad = [v for v in value.split(",") if v.strip() and v.strip() not in setting.choices]
             if bad:
@@ -173,6 +229,10 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str | No
             )
         out[name] = value
     return out
+
+
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def default_value(setting: TopicSetting, broker: BrokerConfig) -> str:
@@ -195,6 +255,13 @@ class TopicConfigView:
 
     def get_int(self, name: str) -> int:
         return int(self.get(name))
+
+    def get_float(self, name: str) -> float:
+        return float(self.get(name))
+
+    def policies(self) -> set[str]:
+        """The cleanup policies (``cleanup.policy`` as a set)."""
+        return {v.strip() for v in self.get("cleanup.policy").split(",") if v.strip()}
 
     def describe(self) -> list[dict[str, Any]]:
         out = []

@@ -113,12 +113,15 @@ def pack_header(h: BatchHeader) -> bytes:
     return _HEADER.pack(*h)
 
 
-def validate_batch(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True) -> BatchHeader:
+def validate_batch(
+    buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True, compacted: bool = False
+) -> BatchHeader:
     """Validate one complete batch starting at ``pos`` and return its header.
 
     Checks the magic byte, that ``batchLength`` fits the buffer, that the record count agrees
     with ``lastOffsetDelta`` (offsets are assigned from it, so a client may not lie), and the
-    CRC-32C over attributes..end.
+    CRC-32C over attributes..end. ``compacted``: a stored batch log compaction may have
+    rewritten (storage/compaction.py), with fewer records than offsets, or none.
     """
     h = parse_header(buf, pos)
     if h.magic != 2:
@@ -132,9 +135,15 @@ def validate_batch(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = T
         raise CorruptBatchError(
             f"batchLength {h.batch_length} runs past the end of the data", "INVALID_RECORD"
         )
-    if h.record_count < 1 and not h.attributes & CONTROL_MASK:
+    if compacted:
+        if not 0 <= h.record_count <= h.last_offset_delta + 1:
+            raise CorruptBatchError(
+                f"recordCount {h.record_count} past lastOffsetDelta {h.last_offset_delta} + 1",
+                "INVALID_RECORD",
+            )
+    elif h.record_count < 1 and not h.attributes & CONTROL_MASK:
         raise CorruptBatchError(f"record count {h.record_count} must be positive", "INVALID_RECORD")
-    if h.record_count != h.last_offset_delta + 1:
+    elif h.record_count != h.last_offset_delta + 1:
         raise CorruptBatchError(
             f"recordCount {h.record_count} != lastOffsetDelta {h.last_offset_delta} + 1",
             "INVALID_RECORD",
@@ -146,7 +155,9 @@ def validate_batch(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = T
     return h
 
 
-def split_batches(records: bytes | memoryview) -> list[tuple[int, BatchHeader]]:
+def split_batches(
+    records: bytes | memoryview, *, compacted: bool = False
+) -> list[tuple[int, BatchHeader]]:
     """Validate every batch in a Produce ``records`` field; return (position, header) pairs.
 
     The whole field must be made of complete batches: a trailing partial batch is an error (a
@@ -158,7 +169,7 @@ def split_batches(records: bytes | memoryview) -> list[tuple[int, BatchHeader]]:
     if n == 0:
         raise CorruptBatchError("empty records field", "INVALID_RECORD")
     while pos < n:
-        h = validate_batch(records, pos)
+        h = validate_batch(records, pos, compacted=compacted)
         out.append((pos, h))
         pos += h.batch_length + LOG_OVERHEAD
     return out

@@ -267,6 +267,10 @@ class ColdStore:
             self.root = location.removeprefix("file://")
             self.local = True
         self._gen: dict[int, int] = {}
+        # Per partition, the offset below which log compaction has cleaned it (cleaner.py):
+        # in the manifest, so it changes atomically with the segments it describes.
+        self.cleaned: dict[int, int] = {}
+        self._commit_lock = threading.Lock()
         # Cluster mode with one cold tier for every broker (tiers.cold.shared): only a log's
         # primary writes here, and other brokers read what it wrote. A broker's view of the
         # manifests may be stale then, and files it does not know of may be another's upload
@@ -420,6 +424,8 @@ class ColdStore:
                 doc = json.loads(self._read(f"{self._dir(uid)}/{m}"))
                 metas = [ColdSegmentMeta(**s) for s in doc["segments"]]
                 gen = int(m[len("manifest-") : -len(".json")])
+                if "cleaned" in doc:
+                    self.cleaned[uid] = int(doc["cleaned"])
                 break
             except (ValueError, KeyError, TypeError):
                 continue  # a torn manifest write: the previous generation stands
@@ -450,16 +456,28 @@ class ColdStore:
         ]
         return max(gens, default=0)
 
-    def commit(self, uid: int, metas: list[ColdSegmentMeta]) -> None:
-        """Make ``metas`` the partition's segment list (a new manifest generation)."""
+    def commit(self, uid: int, metas: list[ColdSegmentMeta], cleaned: int | None = None) -> None:
+        """Make ``metas`` the partition's segment list (a new manifest generation); with
+        ``cleaned``, log compaction's new clean point goes with it (else the last one stays)."""
+        with self._commit_lock:  # (two writers of one generation would overwrite each other)
+            self._commit(uid, metas, cleaned)
+
+    def _commit(self, uid: int, metas: list[ColdSegmentMeta], cleaned: int | None) -> None:
         names = self._list(uid) if self.shared else []
         # Shared: another broker (an earlier primary) may have committed newer generations.
         old = max(self._gen.get(uid, 0), self._newest_gen(uid, names))
         gen = old + 1
-        doc = json.dumps({"segments": [asdict(m) for m in metas]}).encode()
+        body: dict = {"segments": [asdict(m) for m in metas]}
+        if cleaned is None:
+            cleaned = self.cleaned.get(uid)
+        if cleaned is not None:
+            body["cleaned"] = cleaned
+        doc = json.dumps(body).encode()
         self._write(f"{self._dir(uid)}/manifest-{gen:012d}.json", doc)
         self._sync_dir(uid)
         self._gen[uid] = gen
+        if cleaned is not None:
+            self.cleaned[uid] = cleaned
         if self.shared:
             self._tidy(uid, names, metas, gen)  # older manifests and killed uploads
         elif old:
@@ -469,3 +487,4 @@ class ColdStore:
         for n in self._list(uid):
             self._remove(f"{self._dir(uid)}/{n}")
         self._gen.pop(uid, None)
+        self.cleaned.pop(uid, None)

@@ -55,7 +55,10 @@ STATE_FILE = "partition-state.json"
 # A log named by the caller is a directory of the hot tier: a plain name, and not one the
 # engine gives itself (p<uid> logs of deleted partitions are removed at start) or uses.
 _LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-_RESERVED = re.compile(r"p[0-9]+|promoted")
+_RESERVED = re.compile(r"p[0-9]+|promoted|compacted")
+# Without a cold tier, compacted partitions' segments (cold_tier.py's per-partition format) live
+# here, under the hot tier (cleaner.py); with one, in the cold tier.
+COMPACTED_DIR = "compacted"
 _LAYOUT_NAME = re.compile(r"[vp][0-9]+")  # the logs storage.layout names itself
 
 # (topic, partition, uid) or (topic, partition, uid, log name or None)
@@ -171,6 +174,12 @@ class LogStore:
         )
         if self.cold is not None:
             self.cold.shared = config.cold_shared
+        # Where a partition's per-partition segments live (migrated or compacted): the cold
+        # tier, or without one a local store of the same format for compaction's output.
+        self.segment_store: ColdStore = self.cold or ColdStore(str(self.root / COMPACTED_DIR))
+        # Partitions whose cold manifest a migration is committing (an await): compaction,
+        # which switches synchronously, waits for them (cleaner.py).
+        self.cold_committing: set[int] = set()
         self.cold_error: str | None = None  # why the cold tier is unusable right now
         self._saved_commits: dict[str, tuple[int, int]] = {}
         self.executor = ThreadPoolExecutor(config.io_threads, thread_name_prefix="stratalog-io")
@@ -207,13 +216,21 @@ class LogStore:
         if self.cold is not None and not (self.root / STATE_FILE).exists():
             self.cold.create()  # a new broker; later a missing cold directory is an error
         self._lock_fd = data_dir_lock(self.root)
+        compacted = self.root / COMPACTED_DIR
+        if self.cold is not None and compacted.is_dir() and any(compacted.glob("p*/manifest-*")):
+            # Cleaned segments written before the cold tier was configured: loading only the
+            # cold tier would lose them (the hot chunks they replaced are gone).
+            raise ColdTierError(
+                f"{compacted} holds compacted partitions written without a cold tier; a cold "
+                "tier cannot be added to this data directory yet (remove tiers.cold.*)"
+            )
         self._state, self.state_damaged = load_state(self.root / STATE_FILE)
         wanted: dict[int, tuple[str, int]] = {}
         for topic, idx, uid, *named in partitions:
             wanted[uid] = (topic, idx)
             if named and named[0] is not None:
                 self._assign_log(uid, named[0])
-        names = {p.name for p in self.root.iterdir() if p.is_dir()}
+        names = {p.name for p in self.root.iterdir() if p.is_dir() and p.name != COMPACTED_DIR}
         for uid in wanted:
             names.add(self._log_name(uid))
         # Per partition, what each log holds of it, segment by segment: an entry in memory (the
@@ -275,9 +292,12 @@ class LogStore:
             # copies of an interrupted migration's switch and are skipped.
             # Chunks of transactional producers: (base, producer id, epoch, sequence).
             txn: list[tuple[int, int, int, int]] = []
-            cold_last = self._load_cold(p, txn) if self.cold is not None else -1
+            cold_last = self._load_cold(p, txn)
             held = [(seq, e) for name, seq, e in entries_by_uid.get(uid, []) if name == p.vlog.name]
-            floor = max(start, cold_last + 1)
+            # Compaction replaced the hot chunks below its clean point, also those it removed
+            # whole after the last batch it kept: they stay gone.
+            cleaned = self.segment_store.cleaned.get(uid, -1)
+            floor = max(start, cold_last + 1, cleaned)
             self._load_hot(p, held, floor)
             txn.extend(self._hot_txn_chunks(p, held, floor))
             snap = snapshots.get(p.vlog.name)
@@ -286,6 +306,8 @@ class LogStore:
             else:
                 self._rebuild_producers(p, held)
             first = p.cold.first_offset if len(p.cold) else p.chunks.first_offset
+            if cleaned >= 0 and first is not None and start <= first:
+                first = start  # a gap compaction left at the front: the start stays
             p.log_start_offset = start if first is None else max(start, first)
             floor = p.cold.next_offset if len(p.cold) else start
             hot_first = p.chunks.first_offset
@@ -309,6 +331,8 @@ class LogStore:
                 p.next_offset = max(p.cold.next_offset, end)
             else:
                 p.next_offset = max(end, p.log_start_offset)
+            # (Compaction may have removed the last batches below its clean point: never reused.)
+            p.next_offset = max(p.next_offset, cleaned)
             if p.lost:  # a lost offset is never given out again
                 p.next_offset = max(p.next_offset, max(last for _first, last in p.lost) + 1)
             p.high_watermark = p.next_offset
@@ -453,9 +477,9 @@ class LogStore:
         are read when needed); return the last offset they hold (or -1). The chunks of
         transactional producers go to ``txn`` (read from the segments whose description counts
         some, or does not say: a manifest written before it did)."""
-        assert self.cold is not None
+        store = self.segment_store
         try:
-            metas = sorted(self.cold.load(p.uid), key=lambda m: m.base)
+            metas = sorted(store.load(p.uid), key=lambda m: m.base)
         except ColdTierError as e:
             self.cold_error = str(e)
             log.error("cold tier unavailable for partition %s-%d: %s", p.topic, p.index, e)
@@ -463,7 +487,7 @@ class LogStore:
         last = -1
         for seq, m in enumerate(metas):
             try:
-                p.add_cold_segment(ColdSegment(self.cold, p.uid, m, seq), after=last)
+                p.add_cold_segment(ColdSegment(store, p.uid, m, seq), after=last)
             except ColdTierError as e:
                 self.cold_error = str(e)
                 log.error("cold segment %s of %s-%d unreadable: %s", m.name, p.topic, p.index, e)
@@ -688,12 +712,12 @@ class LogStore:
         p._wake()
         self._state.pop(str(uid), None)
         self.save_state()
-        if self.cold is not None:
+        if self.cold is not None or p.cold_segments or uid in self.segment_store.cleaned:
             for seg in list(p.cold_segments.values()):
                 seg.release()
             p.cold_segments.clear()
             try:
-                self.cold.drop_partition(uid)
+                self.segment_store.drop_partition(uid)
             except ColdTierError as e:
                 log.error("cannot remove the cold data of deleted partition %d: %s", uid, e)
         if self.config.layout == "per-partition" and p.vlog.name == f"p{uid}":
@@ -830,14 +854,14 @@ class LogStore:
         return dropped_total
 
     def _forget_cold(self, p: PartitionLog, gone: list) -> None:
-        assert self.cold is not None
-        if self.cold.shared and not p.vlog.leading:
+        store = self.segment_store
+        if store.shared and not p.vlog.leading:
             # A shared cold tier is its primary's to change: a backup only forgets them.
             for s in gone:
                 s.release()
             return
         try:
-            self.cold.commit(p.uid, [s.meta for s in p.cold_segments.values()])
+            store.commit(p.uid, [s.meta for s in p.cold_segments.values()])
         except ColdTierError as e:
             self.cold_error = str(e)
             log.error("cannot update the cold manifest of %s-%d: %s", p.topic, p.index, e)

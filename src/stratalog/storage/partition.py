@@ -334,7 +334,8 @@ class PartitionLog:
         mv = memoryview(records)
         items: list[tuple[bytes, memoryview, BatchHeader, int]] = []
         nxt = self.next_offset
-        for pos, h in split_batches(mv):
+        # (Stored batches: compaction may have left fewer records than offsets.)
+        for pos, h in split_batches(mv, compacted=True):
             if h.base_offset < nxt:
                 continue
             batch = mv[pos : pos + h.batch_length + LOG_OVERHEAD]
@@ -356,7 +357,7 @@ class PartitionLog:
                         h.producer_id,
                         h.producer_epoch,
                         h.base_sequence,
-                        h.record_count,
+                        h.last_offset_delta + 1,  # (the sequences it took, whatever is left)
                         b,
                         h.max_timestamp,
                     )

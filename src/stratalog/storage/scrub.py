@@ -153,6 +153,8 @@ def plan(data_dir: Path, hot: Path | None = None, cold: Path | None = None) -> P
     for d in sorted(p for p in hot.iterdir() if p.is_dir()) if hot.is_dir() else []:
         if d.name == "promoted":
             continue  # a cache of cold segments, dropped at every start
+        if d.name == "compacted":
+            continue  # compacted partitions' segments: checked as a cold tier's, below
         spilled = _segments(cold / "spill" / d.name) if cold is not None else []
         logs.append(_Log(d.name, d, sorted(_segments(d) + spilled)))
         for kind, name in (
@@ -168,10 +170,13 @@ def plan(data_dir: Path, hot: Path | None = None, cold: Path | None = None) -> P
     if (data_dir / "meta" / "cluster.json").exists():
         singles.append(("metadata", data_dir / "meta" / "cluster.json"))
     cold_parts = []
-    if cold is not None and cold.is_dir():
-        cold_parts = sorted(
-            p for p in cold.iterdir() if p.is_dir() and p.name[:1] == "p" and p.name[1:].isdigit()
-        )
+    for tier in (cold, hot / "compacted"):
+        if tier is not None and tier.is_dir():
+            cold_parts += sorted(
+                p
+                for p in tier.iterdir()
+                if p.is_dir() and p.name[:1] == "p" and p.name[1:].isdigit()
+            )
     return Plan(logs, singles, cold_parts)
 
 
@@ -449,6 +454,7 @@ def _require(doc: object, keys: tuple[str, ...]) -> None:
 def _check_cold_partition(d: Path, tick: Progress) -> Iterator[Finding]:
     names = sorted(p.name for p in d.iterdir() if p.is_file())
     manifests = [n for n in names if n.startswith("manifest-") and n.endswith(".json")]
+    compacted = False  # a manifest with a clean point: log compaction leaves offset gaps
     for m in manifests:
         path = d / m
         tick(str(path), 0)
@@ -458,6 +464,7 @@ def _check_cold_partition(d: Path, tick: Progress) -> Iterator[Finding]:
             for s in doc["segments"]:
                 _require(s, ("name", "base", "last", "size", "entries", "max_timestamp"))
             f.detail = f"{len(doc['segments'])} segments"
+            compacted = compacted or "cleaned" in doc
         except OSError as e:
             f = _unreadable(path, "cold-manifest", e)
         except (ValueError, KeyError, TypeError) as e:
@@ -469,7 +476,7 @@ def _check_cold_partition(d: Path, tick: Progress) -> Iterator[Finding]:
             continue
         path = d / n
         tick(str(path), 0)
-        f, batches = _check_cold_segment(path)
+        f, batches = _check_cold_segment(path, compacted)
         tick(str(path), f.size)
         yield f
         idx = path.with_suffix(".idx")
@@ -480,7 +487,7 @@ def _check_cold_partition(d: Path, tick: Progress) -> Iterator[Finding]:
             yield fi
 
 
-def _check_cold_segment(path: Path) -> tuple[Finding, dict[int, tuple]]:
+def _check_cold_segment(path: Path, compacted: bool = False) -> tuple[Finding, dict[int, tuple]]:
     """Batches back to back; a damaged one is stepped over to the next valid batch."""
     f = Finding(str(path), "cold-segment", size=_size(path))
     try:
@@ -493,7 +500,12 @@ def _check_cold_segment(path: Path) -> tuple[Finding, dict[int, tuple]]:
     nxt_offset = None  # a partition's batches lie back to back: offsets continue
     while pos < len(data):
         h = _batch_at(data, pos)
-        if h is not None and nxt_offset is not None and h.base_offset != nxt_offset:
+        # (Compaction leaves gaps between batches: there offsets only go up.)
+        if (
+            h is not None
+            and nxt_offset is not None
+            and (h.base_offset < nxt_offset if compacted else h.base_offset != nxt_offset)
+        ):
             # The base offset is outside the batch CRC (the hot tier's frame CRC covers it).
             h = None if not ranges or ranges[-1][1] != pos else h
         if h is not None:
@@ -527,7 +539,7 @@ def _batch_at(data: bytes, pos: int):
     if length < 49 or pos + 12 + length > len(data):
         return None
     try:
-        return validate_batch(memoryview(data)[pos : pos + 12 + length])
+        return validate_batch(memoryview(data)[pos : pos + 12 + length], compacted=True)
     except CorruptBatchError:
         return None
 

@@ -354,7 +354,7 @@ class Migrator:
             if p.vlog is vlog:
                 k = p.chunks.leading(seg.seq)
                 if k:
-                    plan.append((p, p.chunks.locations(k)))
+                    plan.append((p, p.chunks.locations(k), p.chunks.base_of(0)))
         seg.acquire()
         try:
             workers = max(1, self.settings.threads)
@@ -366,7 +366,7 @@ class Migrator:
             share = min(workers, max(1, len(plan)))
             rate = self.settings.max_bytes_per_sec / share if cold.local else 0.0
 
-            async def copy(p: PartitionLog, locs):
+            async def copy(p: PartitionLog, locs, first: int):
                 async with gate:
                     assert self._copier is not None
                     meta, piece = await self._copier.copy_down(
@@ -376,18 +376,24 @@ class Migrator:
                         self._rate.admit(0 if rate else meta.size),
                         self.cold_rate.admit(meta.size),
                     )
-                    return p, meta, piece
+                    return p, meta, piece, first
 
-            copied = await asyncio.gather(*(copy(p, locs) for p, locs in plan))
+            copied = await asyncio.gather(*(copy(p, *rest) for p, *rest in plan))
             moved = 0
-            for p, meta, piece in copied:
+            for p, meta, piece, first in copied:
                 # (A shared tier is its primary's alone: one deposed meanwhile commits nothing.)
                 gone = p.deleted or store.partitions.get(p.uid) is not p
-                if gone or (cold.shared and not vlog.leading):
+                # Compaction (cleaner.py) replaced the chunks copied meanwhile: the copy is stale.
+                stale = not len(p.chunks) or p.chunks.base_of(0) != first
+                if gone or stale or (cold.shared and not vlog.leading):
                     cold.remove_files(p.uid, meta)
                     continue
                 metas = [s.meta for s in p.cold_segments.values()] + [meta]
-                await loop.run_in_executor(store.executor, cold.commit, p.uid, metas)
+                store.cold_committing.add(p.uid)
+                try:
+                    await loop.run_in_executor(store.executor, cold.commit, p.uid, metas)
+                finally:
+                    store.cold_committing.discard(p.uid)
                 # The manifest is durable: switch the index (no await from here on).
                 seq = max(p.cold_segments, default=-1) + 1
                 p.add_cold_segment(ColdSegment(cold, p.uid, meta, seq), piece)

@@ -108,7 +108,7 @@ def _check(core, topic: str, index: int) -> str | None:
     p = core.partition(topic, index)
     if p is None:
         return "UNKNOWN_TOPIC_OR_PARTITION"
-    policy = core.topic_config(core.metadata.topics[topic]).get("cleanup.policy").split(",")
+    policy = core.topic_config(core.metadata.topics[topic]).policies()
     if "compact" in policy and "delete" not in policy:
-        return "POLICY_VIOLATION"  # (Stratalog has no compaction yet: never, for now)
+        return "POLICY_VIOLATION"  # as Kafka: a compacted topic without the delete policy
     return None

@@ -15,7 +15,8 @@ from stratalog.broker import metrics
 from stratalog.protocol.connection import Request
 from stratalog.protocol.errors import code
 from stratalog.protocol.produce import PartitionProduceResult, encode_produce_response
-from stratalog.storage.batch import BatchHeader, CorruptBatchError
+from stratalog.storage.batch import HEADER_SIZE, BatchHeader, CorruptBatchError, parse_header
+from stratalog.storage.compaction import keyless_records
 from stratalog.storage.journal import StorageFailure
 from stratalog.storage.partition import AppendError, AppendResult, PartitionLog
 from stratalog.storage.replica import NotPrimary
@@ -166,6 +167,7 @@ def _append_all(
             stamped = view.get("message.timestamp.type") == "LogAppendTime"
             log_append_time = now if stamped else -1
             max_batch_bytes = view.get_int("max.message.bytes")
+            compacted = "compact" in view.policies()
             check = _timestamp_checker(
                 view.get_int("message.timestamp.before.max.ms"),
                 view.get_int("message.timestamp.after.max.ms"),
@@ -205,6 +207,8 @@ def _append_all(
             try:
                 if pd.records is None:
                     raise CorruptBatchError("null records", "INVALID_RECORD")
+                if compacted:
+                    _require_keys(pd.records, p)
                 res = p.append(
                     pd.records,
                     log_append_time_ms=log_append_time,
@@ -235,6 +239,35 @@ def _append_all(
             r.log_start_offset = p.log_start_offset
             appended.append((p, res, r, len(pd.records), p.spilling))
     return any_error
+
+
+def _require_keys(records, p: PartitionLog) -> None:
+    """A compacted topic keeps each key's latest record: a record without a key is refused
+    (INVALID_RECORD, with Kafka's message), the whole request of this partition with it.
+    Damaged batches are left to the append's own checks."""
+    mv = memoryview(records)
+    errors: list[int] = []
+    pos = 0
+    try:
+        while pos + HEADER_SIZE <= len(mv):
+            h = parse_header(mv, pos)
+            if h.size < HEADER_SIZE or pos + h.size > len(mv):
+                return
+            errors += keyless_records(h, mv[pos : pos + h.size])
+            pos += h.size
+    except CorruptBatchError:
+        return
+    if errors:
+        shown = ", ".join(
+            f"RecordError(batchIndex={i}, message='Compacted topic cannot accept message "
+            f"without key in topic partition {p.topic}-{p.index}.')"
+            for i in errors[:3]
+        )
+        raise AppendError(
+            "INVALID_RECORD",
+            f"One or more records have been rejected due to {len(errors)} record errors in "
+            f"total, and only showing the first three errors at most: [{shown}]",
+        )
 
 
 def _verify_transaction(core, body, h: BatchHeader, p: PartitionLog, version: int) -> None:
