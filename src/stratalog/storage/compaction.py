@@ -55,10 +55,9 @@ from stratalog.storage.batch import (
     pack_header,
     parse_header,
 )
+from stratalog.storage.migration_worker import spans
 
 DELETE_HORIZON_MASK = 0x40  # KIP-534: the base timestamp is the batch's delete horizon
-READ_SPAN = 1 << 20  # bytes read in one request at most
-READ_GAP = 4096  # chunks at most this far apart share one read
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_BLOCK = 32 * 1024
 # Tests kill a broker in the middle of a cleaning: STRATALOG_COMPACTION_PAUSE_MS holds the worker
@@ -252,26 +251,6 @@ class _Pace:
             time.sleep(ahead)
 
 
-def _spans(
-    read: Callable[[int, int], bytes], pos: array, size: array, pace: _Pace
-) -> Iterator[memoryview]:
-    """The ranges (pos[i], size[i]), ascending, each as its own view, read in spans of at most
-    READ_SPAN bytes (neighbouring chunks share a read)."""
-    i, n = 0, len(pos)
-    while i < n:
-        start, end, j = pos[i], pos[i] + size[i], i + 1
-        while j < n and pos[j] - end <= READ_GAP and pos[j] + size[j] - start <= READ_SPAN:
-            end = pos[j] + size[j]
-            j += 1
-        span = memoryview(read(start, end - start))
-        if len(span) != end - start:
-            raise OSError(f"short read at {start}: {len(span)} of {end - start} B")
-        pace(len(span))
-        for k in range(i, j):
-            yield span[pos[k] - start : pos[k] - start + size[k]]
-        i = j
-
-
 class _Reader:
     """Opens a job's sources and iterates their batches."""
 
@@ -311,7 +290,7 @@ class _Reader:
             fd = os.open(src.path, os.O_RDONLY)
             read = lambda p, n: os.pread(fd, n, p)  # noqa: E731
         try:
-            for view in _spans(read, pos, size, self.pace):
+            for view in spans(read, pos, size, "compaction", self.pace):
                 h = parse_header(view)
                 if h.size != len(view) or crc32c(view[CRC_START:]) != h.crc:
                     raise CorruptBatchError(f"batch at {h.base_offset} is damaged")

@@ -24,6 +24,7 @@ import os
 import sys
 import types
 from array import array
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -81,23 +82,36 @@ def copy_down(
 
 
 def read_ranges(fd: int, pos: array, size: array, name: str) -> list[memoryview]:
-    """The byte ranges (``pos[i]``, ``size[i]``), ascending, read in as few requests as
-    possible: ranges at most ``READ_GAP`` apart share one read of up to ``READ_SPAN`` bytes (a
-    partition's chunks in a virtual log are back to back but for frame headers when it has the
-    log to itself; thousands of small reads become a few large ones)."""
-    out: list[memoryview] = []
+    """The byte ranges (``pos[i]``, ``size[i]``) of the file ``fd``, ascending (``spans``)."""
+    return list(spans(lambda at, n: os.pread(fd, n, at), pos, size, name))
+
+
+def spans(
+    read: Callable[[int, int], bytes],
+    pos: array,
+    size: array,
+    name: str,
+    paced: Callable[[int], None] | None = None,
+) -> Iterator[memoryview]:
+    """The byte ranges (``pos[i]``, ``size[i]``), ascending, each as its own view, read with
+    ``read(position, size)`` in as few requests as possible: ranges at most ``READ_GAP`` apart
+    share one read of up to ``READ_SPAN`` bytes (a partition's chunks in a virtual log are back
+    to back but for frame headers when it has the log to itself; thousands of small reads
+    become a few large ones). ``paced`` is told the bytes of each read."""
     i, n = 0, len(pos)
     while i < n:
         start, end, j = pos[i], pos[i] + size[i], i + 1
         while j < n and pos[j] - end <= READ_GAP and pos[j] + size[j] - start <= READ_SPAN:
             end = pos[j] + size[j]
             j += 1
-        span = memoryview(os.pread(fd, end - start, start))
+        span = memoryview(read(start, end - start))
         if len(span) != end - start:
-            raise OSError(f"{name}: short read while migrating")
-        out.extend(span[pos[k] - start : pos[k] - start + size[k]] for k in range(i, j))
+            raise OSError(f"{name}: short read at {start}: {len(span)} of {end - start} B")
+        if paced is not None:
+            paced(len(span))
+        for k in range(i, j):
+            yield span[pos[k] - start : pos[k] - start + size[k]]
         i = j
-    return out
 
 
 @contextlib.contextmanager
