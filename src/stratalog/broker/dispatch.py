@@ -11,6 +11,7 @@ from stratalog.protocol import versions as v
 from stratalog.protocol.fetch import encode_fetch_response
 
 from .api import (
+    acls,
     admin,
     delete_records,
     elections,
@@ -76,6 +77,9 @@ HANDLERS = {
     v.LIST_TRANSACTIONS: transactions.handle_list_transactions,
     v.DESCRIBE_TRANSACTIONS: transactions.handle_describe_transactions,
     v.DESCRIBE_PRODUCERS: transactions.handle_describe_producers,
+    v.DESCRIBE_ACLS: acls.handle_describe_acls,
+    v.CREATE_ACLS: acls.handle_create_acls,
+    v.DELETE_ACLS: acls.handle_delete_acls,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)
