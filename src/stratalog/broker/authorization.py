@@ -40,6 +40,7 @@ from stratalog.security.acls import Operation as Op
 from stratalog.security.acls import ResourceType as R
 from stratalog.security.authorizer import Authorizer
 from stratalog.security.tls import ANONYMOUS
+from stratalog.storage.batch import TRANSACTIONAL_MASK
 
 from .api import internal_topics
 from .api.common import AUTHORIZED_OPS_OMITTED, err, reply, sub
@@ -191,10 +192,19 @@ def _per_topic(
 
 
 # -- data -------------------------------------------------------------------------------------
+def _transactional(records) -> bool:
+    """Whether a partition's records begin with a transactional batch (its attributes' bit 4,
+    at byte 22 of a RecordBatch v2), as Kafka's ProduceRequest looks at its first batch."""
+    return records is not None and len(records) > 22 and bool(records[22] & TRANSACTIONAL_MASK)
+
+
 def check_produce(core, req: Request, conn, handler: Handler, a: Access):
     body = req.body
     tid = body.transactional_id
-    if tid is not None and not a.txn(Op.WRITE, tid):
+    # Transactional records need WRITE on the transactional id (refused without one, too).
+    if any(_transactional(pd.records) for td in body.topic_data for pd in td.partition_data) and (
+        tid is None or not a.txn(Op.WRITE, tid)
+    ):
         return _produce_refused(req, conn, body.topic_data, [], TXN_DENIED)
     kept, denied = _split(body.topic_data, lambda td: a.topic(Op.WRITE, td.name))
     if not denied:
