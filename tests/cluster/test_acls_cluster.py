@@ -78,17 +78,25 @@ def _acl(topic: str, operation: int) -> dict:
             "permission_type": 3}  # fmt: skip
 
 
-def _create_topic(broker: Broker, name: str) -> None:
-    def created() -> bool:
-        return wire.create_topic(broker.bootstrap, name) in (0, 36)  # (36: already there)
+def _create_topic(brokers: list[Broker], name: str) -> None:
+    """Created through the first broker; known to every broker (the leader may be either)."""
+    out = wire.call(brokers[0].bootstrap, 19, 7, timeout=10000, validate_only=False, topics=[
+        {"name": name, "num_partitions": 1, "replication_factor": 1, "assignments": [],
+         "configs": []}])  # fmt: skip
+    assert out["topics"][0]["error_code"] == 0, out
 
-    assert _wait(created)
+    def known_everywhere() -> bool:
+        return all(
+            wire.metadata(b.bootstrap, name)["topics"][0]["error_code"] == 0 for b in brokers
+        )
+
+    assert _wait(known_everywhere)
 
 
 def test_an_acl_made_on_one_broker_is_enforced_by_the_other(brokers):
     first, second = brokers
     topic = f"acl-topic-{uuid.uuid4().hex[:6]}"
-    _create_topic(first, topic)
+    _create_topic(brokers, topic)
     assert _wait(lambda: _metadata_error(second, topic) == TOPIC_AUTHORIZATION_FAILED)
     out = wire.call(first.bootstrap, 30, 3, creations=[_acl(topic, 8)])  # DESCRIBE
     assert out["results"][0]["error_code"] == 0
@@ -106,7 +114,7 @@ def test_an_acl_made_on_one_broker_is_enforced_by_the_other(brokers):
 def test_a_client_of_either_broker_is_allowed_once_granted(brokers):
     first, second = brokers
     topic = f"acl-produce-{uuid.uuid4().hex[:6]}"
-    _create_topic(first, topic)
+    _create_topic(brokers, topic)
     conf = {"bootstrap.servers": second.bootstraps["SASL_PLAINTEXT"],
             "security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-256",
             "sasl.username": USER, "sasl.password": PASSWORD,
