@@ -396,3 +396,76 @@ def test_kafka_acls_lists_the_same(pair):
     strat, kafka = pair.both(_acls_list)
     assert strat == kafka
     assert any("principal=User:alice, host=*, operation=ALL" in line for line in strat)
+
+
+# -- CreateAcls' checks, as a super user --------------------------------------------------------
+INVALID = {
+    "empty-name": [(TOPIC, "", LITERAL, ALICE, READ, ALLOW)],
+    "cluster-other-name": [(4, "other", LITERAL, ALICE, 7, ALLOW)],
+    "principal-without-type": [(TOPIC, T_OPEN, LITERAL, "alice", READ, ALLOW)],
+    "pattern-match": [(TOPIC, T_OPEN, 2, ALICE, READ, ALLOW)],
+    "pattern-any": [(TOPIC, T_OPEN, 1, ALICE, READ, ALLOW)],
+    "resource-any": [(1, T_OPEN, LITERAL, ALICE, READ, ALLOW)],
+    "operation-any": [(TOPIC, T_OPEN, LITERAL, ALICE, 1, ALLOW)],
+    "permission-any": [(TOPIC, T_OPEN, LITERAL, ALICE, READ, 1)],
+    "valid-prefixed-wildcard-user": [(TOPIC, f"{P}-any-", PREFIXED, "User:*", READ, ALLOW)],
+    "valid-and-empty-name": [(TOPIC, f"{P}-v1", LITERAL, ALICE, READ, ALLOW),
+                             (TOPIC, "", LITERAL, ALICE, READ, ALLOW)],
+    "valid-and-operation-any": [(TOPIC, f"{P}-v2", LITERAL, ALICE, READ, ALLOW),
+                                (TOPIC, T_OPEN, LITERAL, ALICE, 1, ALLOW)],
+}  # fmt: skip
+
+
+def _create(bs: dict[str, str], case: str) -> dict[str, Any]:
+    out = wire.call(bs["PLAINTEXT"], 30, 3, creations=[
+        {"resource_type": rt, "resource_name": name, "resource_pattern_type": pt,
+         "principal": who, "host": "*", "operation": op, "permission_type": perm}
+        for rt, name, pt, who, op, perm in INVALID[case]])  # fmt: skip
+    results = out.get("results", [])
+    made = {c[1] for c, r in zip(INVALID[case], results, strict=False) if r["error_code"] == 0}
+    deadline = time.monotonic() + 15
+    while True:  # (Kafka applies what it made through its metadata log, a moment later)
+        listed = wire.call(bs["PLAINTEXT"], 29, 3, **dict(_ACL_FILTER, resource_type_filter=2))
+        names = {r["resource_name"] for r in listed["resources"]} & {
+            f"{P}-v1", f"{P}-v2", f"{P}-any-"}  # fmt: skip
+        if names >= made or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return {"results": out.get("results", out), "made": sorted(names)}
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_create_acls_checks_as_kafka(pair, case):
+    strat, kafka = pair.both(_create, case)
+    print(case, "stratalog:", strat, "kafka:", kafka)
+    assert strat == kafka
+
+
+def _describe_and_delete(bs: dict[str, str]) -> dict[str, Any]:
+    """As a super user: two ACLs made, described and deleted, the answers whole."""
+    name = f"{P}-whole"
+    plain = bs["PLAINTEXT"]
+    made = wire.call(plain, 30, 3, creations=[
+        {"resource_type": TOPIC, "resource_name": name, "resource_pattern_type": pt,
+         "principal": ALICE, "host": "*", "operation": READ, "permission_type": ALLOW}
+        for pt in (LITERAL, PREFIXED)])  # fmt: skip
+    flt = dict(_ACL_FILTER, resource_type_filter=TOPIC, resource_name_filter=name)
+    deadline = time.monotonic() + 15
+    while True:
+        described = wire.call(plain, 29, 3, **flt)
+        if len(described["resources"]) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    deleted = wire.call(plain, 31, 3, filters=[flt, dict(flt, pattern_type_filter=PREFIXED)])
+    for answer in (made, described, deleted):
+        answer.pop("throttle_time", None)
+    # (The order of resources and of matching ACLs is a hash map's in Kafka.)
+    described["resources"].sort(key=lambda r: r["pattern_type"])
+    for r in deleted["filter_results"]:
+        r["matching_acls"].sort(key=lambda m: m["pattern_type"])
+    return {"made": made, "described": described, "deleted": deleted}
+
+
+def test_acl_answers_as_kafka(pair):
+    strat, kafka = pair.both(_describe_and_delete)
+    assert strat == kafka, wire.differences(strat, kafka)

@@ -224,7 +224,7 @@ def test_unknown_codes_in_a_filter():
         ((2, "t", 3, ALICE, "*", 1, 3), "Invalid operation ANY"),
         ((2, "t", 3, ALICE, "*", 3, 1), "Invalid permissionType ANY"),
         ((4, "other", 3, ALICE, "*", 7, 3), "The only valid name for the CLUSTER resource"),
-        ((2, "", 3, ALICE, "*", 3, 3), "Resource name should not be empty"),
+        ((2, "", 3, ALICE, "*", 3, 3), "Invalid empty resource name"),
         ((2, "t", 3, "alice", "*", 3, 3), "Could not parse principal"),
     ],
 )

@@ -192,7 +192,9 @@ def binding(
     operation: int,
     permission: int,
 ) -> AclBinding:
-    """A new ACL from a CreateAcls entry, checked as Kafka checks it, or InvalidAcl."""
+    """A new ACL from a CreateAcls entry, checked as Kafka checks it, or InvalidAcl. (An entry
+    that is not ``concrete`` fails the whole CreateAcls in Kafka: the handler checks that
+    first.)"""
     if _unknown(ResourceType, resource_type) or resource_type == ResourceType.ANY:
         raise InvalidAcl(f"Invalid resourceType {_name(ResourceType, resource_type)}")
     if pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
@@ -204,7 +206,7 @@ def binding(
     if resource_type == ResourceType.CLUSTER and name != CLUSTER_NAME:
         raise InvalidAcl(f"The only valid name for the CLUSTER resource is {CLUSTER_NAME}")
     if not name:
-        raise InvalidAcl("Resource name should not be empty")
+        raise InvalidAcl("Invalid empty resource name")
     if principal is None:
         raise InvalidAcl("Invalid null principal")
     if ":" not in principal:
@@ -218,6 +220,20 @@ def binding(
         ResourceType(resource_type), name, PatternType(pattern_type), principal, host,
         Operation(operation), Permission(permission),
     )  # fmt: skip
+
+
+def concrete(resource_type: int, pattern_type: int, operation: int, permission: int) -> bool:
+    """Whether an ACL's codes name one thing each (no UNKNOWN, ANY or MATCH): Kafka cannot even
+    build the binding of one that does not, and fails the whole CreateAcls request with
+    UNKNOWN_SERVER_ERROR (observed on Kafka 4.4)."""
+    return (
+        not _unknown(ResourceType, resource_type)
+        and resource_type != ResourceType.ANY
+        and pattern_type in (PatternType.LITERAL, PatternType.PREFIXED)
+        and not _unknown(Operation, operation)
+        and operation != Operation.ANY
+        and permission in (Permission.ALLOW, Permission.DENY)
+    )
 
 
 def _name(enum: type[IntEnum], value: int) -> str:

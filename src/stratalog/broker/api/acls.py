@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from stratalog.protocol.connection import Request
-from stratalog.security.acls import AclBinding, AclFilter, InvalidAcl, binding
+from stratalog.security.acls import AclBinding, AclFilter, InvalidAcl, binding, concrete
 
 from .common import NONE, err, reply, sub
 
@@ -38,6 +38,13 @@ def handle_create_acls(core, req: Request, conn):
     creations = req.body.creations
     if core.authorizer is None:
         return _created(req, [("SECURITY_DISABLED", NO_AUTHORIZER)] * len(creations))
+    if not all(
+        concrete(c.resource_type, getattr(c, "resource_pattern_type", 3), c.operation,
+                 c.permission_type)
+        for c in creations
+    ):  # fmt: skip
+        # As Kafka: an ANY, MATCH or unknown code fails the whole request, nothing is made.
+        return _created(req, [("UNKNOWN_SERVER_ERROR", None)] * len(creations))
     results: list[tuple[str, str | None]] = []
     new: list[AclBinding] = []
     for c in creations:
@@ -55,7 +62,7 @@ def handle_create_acls(core, req: Request, conn):
             results.append(("INVALID_REQUEST", str(e)))
             continue
         new.append(b)
-        results.append(("NONE", None))
+        results.append(("NONE", ""))  # (Kafka's answer carries an empty message)
     if not new:
         return _created(req, results)
     changed = core.acls.change(lambda acls: acls | frozenset(new))
@@ -114,7 +121,7 @@ def handle_describe_acls(core, req: Request, conn) -> bytes:
         )
         for (rtype, name, pattern), acls in by_pattern.items()
     )
-    return _described(req, "NONE", None, resources)
+    return _described(req, "NONE", "", resources)  # (Kafka's carries an empty message)
 
 
 def _described(req: Request, error: str, message: str | None, resources: tuple) -> bytes:
