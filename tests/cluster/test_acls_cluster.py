@@ -135,3 +135,36 @@ def test_a_client_of_either_broker_is_allowed_once_granted(brokers):
     # Every broker has it (the partition's leader may be either).
     assert _wait(lambda: all(_metadata_error(b, topic) == 0 for b in brokers))
     assert produce_error() is None
+
+
+def test_a_transactional_producer_with_its_acls(brokers):
+    """A transactional producer as the SCRAM user, allowed WRITE on its transactional id and
+    topic: its transaction over partitions of both brokers commits (the markers between brokers
+    come as User:ANONYMOUS, the super user here, as Kafka's broker principal)."""
+    first, second = brokers
+    topic = f"acl-txn-{uuid.uuid4().hex[:6]}"
+    out = wire.call(first.bootstrap, 19, 7, timeout=10000, validate_only=False, topics=[
+        {"name": topic, "num_partitions": 4, "replication_factor": 1, "assignments": [],
+         "configs": []}])  # fmt: skip
+    assert out["topics"][0]["error_code"] == 0, out
+    tid = f"txn-{topic}"
+    acls = [_acl(topic, 4), dict(_acl(tid, 4), resource_type=5)]  # WRITE topic, WRITE txn id
+    assert all(
+        r["error_code"] == 0 for r in wire.call(first.bootstrap, 30, 3, creations=acls)["results"]
+    )
+    assert _wait(lambda: all(_metadata_error(b, topic) == 0 for b in brokers))
+    conf = {"bootstrap.servers": second.bootstraps["SASL_PLAINTEXT"],
+            "security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": USER, "sasl.password": PASSWORD, "transactional.id": tid,
+            "transaction.timeout.ms": 30000}  # fmt: skip
+    p = Producer(conf)
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(4):
+        p.produce(topic, b"v", partition=i)
+    p.commit_transaction(30)
+    # Another transactional id is refused.
+    q = Producer({**conf, "transactional.id": tid + "-other"})
+    with pytest.raises(Exception) as e:
+        q.init_transactions(15)
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in str(e.value)
