@@ -469,3 +469,26 @@ def _describe_and_delete(bs: dict[str, str]) -> dict[str, Any]:
 def test_acl_answers_as_kafka(pair):
     strat, kafka = pair.both(_describe_and_delete)
     assert strat == kafka, wire.differences(strat, kafka)
+
+
+def _fetch_by_id(bs: dict[str, str]) -> Any:
+    """Fetch v17 by topic id (the ids are each broker's own): READ is still what counts."""
+    ids = {t: wire.topic_id(bs["PLAINTEXT"], t) for t in (T_OPEN, T_DESC, T_CLOSED)}
+    with Conn(bs["SASL_PLAINTEXT"]) as c:
+        assert c.login("PLAIN", "alice", PLAIN_USERS["alice"])["error_code"] == 0
+        out = c.request(1, 17, replica_state={"replica_id": -1, "replica_epoch": -1},
+                        max_wait=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+                        session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+                        topics=[{"topic_id": i, "partitions": [_fetch_partition()]}
+                                for i in ids.values()])  # fmt: skip
+    names = {str(i): t for t, i in ids.items()}
+    return sorted(
+        (names[str(r["topic_id"])], p["error_code"])
+        for r in out["responses"]
+        for p in r["partitions"]
+    )
+
+
+def test_fetch_by_topic_id_as_kafka(pair):
+    strat, kafka = pair.both(_fetch_by_id)
+    assert strat == kafka == [(T_CLOSED, 29), (T_DESC, 29), (T_OPEN, 0)]
