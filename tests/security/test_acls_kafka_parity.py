@@ -492,3 +492,24 @@ def _fetch_by_id(bs: dict[str, str]) -> Any:
 def test_fetch_by_topic_id_as_kafka(pair):
     strat, kafka = pair.both(_fetch_by_id)
     assert strat == kafka == [(T_CLOSED, 29), (T_DESC, 29), (T_OPEN, 0)]
+
+
+def _metadata_by_id(bs: dict[str, str]) -> Any:
+    ids = {t: wire.topic_id(bs["PLAINTEXT"], t) for t in (T_OPEN, T_CLOSED)}
+    with Conn(bs["SASL_PLAINTEXT"]) as c:
+        assert c.login("PLAIN", "alice", PLAIN_USERS["alice"])["error_code"] == 0
+        out = c.request(3, 12, topics=[{"name": None, "topic_id": i} for i in ids.values()],
+                        allow_auto_topic_creation=False,
+                        include_topic_authorized_operations=False)  # fmt: skip
+    names = {str(i): t for t, i in ids.items()}
+    answers = [
+        (t["name"], names.get(str(t["topic_id"]), str(t["topic_id"])), t["error_code"])
+        for t in out["topics"]
+    ]
+    return sorted(answers, key=repr)
+
+
+def test_metadata_by_topic_id_as_kafka(pair):
+    strat, kafka = pair.both(_metadata_by_id)
+    print("stratalog:", strat, "kafka:", kafka)
+    assert strat == kafka
