@@ -92,7 +92,7 @@ def make_dispatch(core):
         k: metrics.REQUESTS.labels(h.__name__.removeprefix("handle_")) for k, h in HANDLERS.items()
     }
     byte_quotas = core.byte_quotas
-    # With an authorizer, each API's check stands in front of its handler (authorization.py);
+    # With an authorizer, each API's check stands in front of its handler (authorization/);
     # without one the handlers are called as they are.
     handlers = HANDLERS if core.authorizer is None else guarded(HANDLERS, core.authorizer)
 

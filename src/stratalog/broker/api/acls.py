@@ -7,7 +7,7 @@ DescribeAcls lists the ACLs its filter matches, grouped by resource pattern; eac
 filter deletes what it matches and lists it (an ACL two filters match is listed under both).
 Changes are durable before the answer (security/acl_store.py: the data directory, or etcd in a
 cluster). Without an authorizer all three answer SECURITY_DISABLED, as Kafka does; who may call
-them (ALTER, DESCRIBE on the cluster) is broker/authorization.py's.
+them (ALTER, DESCRIBE on the cluster) is broker/authorization/'s.
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ def _read_cold(
 
 async def handle_fetch(core, req: Request, conn, denied: frozenset[str] = frozenset()):
     """``denied``: with the authorizer on, the topics this client may not read (answered
-    TOPIC_AUTHORIZATION_FAILED; broker/authorization.py)."""
+    TOPIC_AUTHORIZATION_FAILED; broker/authorization/)."""
     body = req.body
     v = req.api_version
     max_wait = (

@@ -111,7 +111,7 @@ def _missing(req: Request, name: str | None, topic_id: uuid.UUID | None, error: 
 
 def handle_metadata(core, req: Request, conn, may_create=None) -> bytes:
     """``may_create``: with the authorizer on, whether this client may auto-create a topic
-    (broker/authorization.py); one it may not is answered as missing, and that check answers
+    (broker/authorization/); one it may not is answered as missing, and that check answers
     it TOPIC_AUTHORIZATION_FAILED."""
     body = req.body
     v = req.api_version
