@@ -507,6 +507,7 @@ def replay(
 def _admin_status(admin, bootstrap: str) -> dict | None:
     """The broker's /status document, found through its admin.address config (None if the
     broker has no admin endpoint, e.g. it is not Stratalog)."""
+    import base64
     import json
     import urllib.request
 
@@ -522,11 +523,20 @@ def _admin_status(admin, bootstrap: str) -> dict | None:
     entry = configs.get("admin.address")
     if entry is None or not entry.value:
         return None
+    request = urllib.request.Request(f"http://{entry.value}/status")
+    user = os.environ.get("STRATALOG_ADMIN_USER")
+    if user:
+        # A secured broker's admin endpoint takes a SASL user's credential (docs/security.md).
+        token = f"{user}:{os.environ.get('STRATALOG_ADMIN_PASSWORD', '')}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
     try:
-        with urllib.request.urlopen(f"http://{entry.value}/status", timeout=TIMEOUT) as r:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as r:
             return json.loads(r.read())
     except OSError as e:
-        fail(f"cannot read the broker's status from http://{entry.value}/status: {e}")
+        hint = ""
+        if getattr(e, "code", None) in (401, 403):
+            hint = " (set STRATALOG_ADMIN_USER and STRATALOG_ADMIN_PASSWORD to a SASL user's)"
+        fail(f"cannot read the broker's status from http://{entry.value}/status: {e}{hint}")
     return None
 
 

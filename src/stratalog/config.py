@@ -122,6 +122,28 @@ SETTINGS: dict[str, Setting] = {
             "setting); a larger size prefix closes the connection before anything is read.",
         ),
         _S(
+            "authorizer.class.name",
+            str,
+            "",
+            "Authorization by Kafka's ACLs (docs/security.md): empty, off (every client may do "
+            "everything); Kafka's org.apache.kafka.metadata.authorizer.StandardAuthorizer (or "
+            "kafka.security.authorizer.AclAuthorizer), on.",
+        ),
+        _S(
+            "super.users",
+            str,
+            "",
+            "Principals that may do everything whatever the ACLs say, ';'-separated (e.g. "
+            "User:admin;User:CN=ops,O=Example), as in Kafka.",
+        ),
+        _S(
+            "allow.everyone.if.no.acl.found",
+            bool,
+            False,
+            "With the authorizer on: a resource no ACL applies to is open to everyone (true) or "
+            "to super users only (false), as in Kafka.",
+        ),
+        _S(
             "cluster.etcd",
             str,
             "",
@@ -168,6 +190,14 @@ SETTINGS: dict[str, Setting] = {
             0,
             "Port of the HTTP admin endpoint (/status, /metrics) on the "
             "listener's host; 0: any free port; -1: off.",
+        ),
+        _S(
+            "admin.auth",
+            str,
+            "auto",
+            "Credentials on the HTTP admin endpoint: basic (HTTP basic authentication as a SASL "
+            "user), none, or auto (basic when a listener is not PLAINTEXT or the authorizer is "
+            "on).",
         ),
         _S(
             "gc.freeze",
@@ -626,7 +656,14 @@ _CHOICES = {
     "storage.layout": ("virtual", "per-partition"),
     "storage.fsync_via": ("auto", "io_uring", "thread"),
     "ssl.client.auth": ("none", "requested", "required"),
+    "admin.auth": ("auto", "basic", "none"),
 }
+
+# The values of authorizer.class.name that turn Stratalog's ACL authorizer on: Kafka's own.
+AUTHORIZER_CLASSES = (
+    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "kafka.security.authorizer.AclAuthorizer",
+)
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -709,6 +746,21 @@ class BrokerConfig:
             )
         if not mechanisms and any(x.sasl for x in listeners):
             raise ConfigError("sasl.enabled.mechanisms is empty but a listener uses SASL")
+        authorizer = self["authorizer.class.name"].strip()
+        if authorizer and authorizer not in AUTHORIZER_CLASSES:
+            raise ConfigError(
+                f"authorizer.class.name: {authorizer} is not available; Stratalog's ACL "
+                f"authorizer answers to {' or '.join(AUTHORIZER_CLASSES)} (empty: off)"
+            )
+
+    @property
+    def authorizer_enabled(self) -> bool:
+        return bool(self["authorizer.class.name"].strip())
+
+    @property
+    def secured(self) -> bool:
+        """Whether security is on: a listener other than PLAINTEXT, or the authorizer."""
+        return self.authorizer_enabled or any(x.protocol != "PLAINTEXT" for x in resolve(self))
 
     @property
     def sasl_mechanisms(self) -> list[str]:

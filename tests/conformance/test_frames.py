@@ -417,6 +417,32 @@ def req_alter_user_scram_credentials(bs: str, v: int) -> dict[str, Any]:
     )  # fmt: skip
 
 
+# -- ACLs: both brokers run without an authorizer, so both answer SECURITY_DISABLED
+
+
+def _acl_filter(v: int) -> dict[str, Any]:
+    return dict(
+        resource_type_filter=2, resource_name_filter=TOPIC, pattern_type_filter=3,
+        principal_filter=None, host_filter=None, operation=1, permission_type=1,
+    )  # fmt: skip
+
+
+def req_describe_acls(bs: str, v: int) -> dict[str, Any]:
+    return _acl_filter(v)
+
+
+def req_create_acls(bs: str, v: int) -> dict[str, Any]:
+    return dict(
+        creations=[{"resource_type": 2, "resource_name": TOPIC, "resource_pattern_type": 3,
+                    "principal": "User:alice", "host": "*", "operation": 3,
+                    "permission_type": 3}],
+    )  # fmt: skip
+
+
+def req_delete_acls(bs: str, v: int) -> dict[str, Any]:
+    return dict(filters=[_acl_filter(v)])
+
+
 def req_describe_topic_partitions(bs: str, v: int) -> dict[str, Any]:
     return dict(
         topics=[{"name": TOPIC}, {"name": MISSING}], response_partition_limit=100, cursor=None
@@ -564,6 +590,9 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     36: req_sasl_authenticate,
     50: req_describe_user_scram_credentials,
     51: req_alter_user_scram_credentials,
+    29: req_describe_acls,
+    30: req_create_acls,
+    31: req_delete_acls,
 }
 
 CASES = [(k, v) for k, (lo, hi) in sorted(SUPPORTED.items()) for v in range(lo, hi + 1)]

@@ -4,12 +4,22 @@ A small HTTP/1.1 server on the broker's event loop, with h11 doing the protocol.
 status`` finds it through the Kafka API (the broker's ``admin.address`` config) and prints what
 ``/status`` returns: per topic and per tier the bytes, segments and timestamp range, and the
 migration backlog and rate.
+
+With security on (``admin.auth``: by default when a listener is not PLAINTEXT or the authorizer
+is on) every request needs HTTP basic authentication as a SASL user: a PLAIN user of
+``sasl.plain.users.file`` or a SCRAM user (security/credentials.py), who with the authorizer on
+must also be allowed DESCRIBE on the cluster. A missing or wrong credential is answered 401, a
+user without that ACL 403. A credential that passed is remembered (as a SHA-256 of the header)
+for ``VERIFIED_S``, so a scraper does not cost a PBKDF2 per scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import gc
+import hashlib
 import json
 import logging
 import time
@@ -19,6 +29,10 @@ import h11
 from prometheus_client import generate_latest
 
 from stratalog.broker import metrics
+from stratalog.security.acls import CLUSTER_NAME, Operation, ResourceType
+
+VERIFIED_S = 60.0  # how long a credential that passed is taken without checking it again
+VERIFIED_MAX = 1024  # credentials remembered at most
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +155,20 @@ def status(core) -> dict[str, Any]:
     }
 
 
+def needs_credentials(config) -> bool:
+    """Whether the admin endpoint asks for HTTP basic authentication (``admin.auth``)."""
+    mode = config["admin.auth"]
+    return mode == "basic" or (mode == "auto" and config.secured)
+
+
 class AdminServer:
     def __init__(self, core, host: str, port: int) -> None:
         self.core = core
         self.host = host
         self.port = port
         self._server: asyncio.AbstractServer | None = None
+        self.basic = needs_credentials(core.config)
+        self._verified: dict[bytes, tuple[str, float]] = {}  # header digest -> (user, until)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
@@ -169,12 +191,21 @@ class AdminServer:
                         break
                     continue
                 if isinstance(event, h11.Request):
-                    status, ctype, body = await self._route(event.method, event.target)
+                    refusal = None
+                    if self.basic:
+                        peer = writer.get_extra_info("peername")
+                        refusal = await self._refusal(event.headers, peer[0] if peer else "")
+                    if refusal is None:
+                        status, ctype, body = await self._route(event.method, event.target)
+                    else:
+                        status, ctype, body = refusal
                     headers = [
                         ("content-type", ctype),
                         ("content-length", str(len(body))),
                         ("connection", "close"),  # one request per connection keeps this small
                     ]
+                    if status == 401:
+                        headers.append(("www-authenticate", 'Basic realm="stratalog"'))
                     writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
                     writer.write(conn.send(h11.Data(data=body)))
                     writer.write(conn.send(h11.EndOfMessage()))
@@ -186,6 +217,49 @@ class AdminServer:
             pass
         finally:
             writer.close()
+
+    async def _refusal(self, headers, host: str) -> tuple[int, str, bytes] | None:
+        """None if the request's basic credential is a SASL user's who may see the cluster;
+        else the answer (401 or 403)."""
+        header = next((v for k, v in headers if k == b"authorization"), None)
+        user = await self._user(header) if header is not None else None
+        if user is None:
+            return 401, "text/plain", b"a SASL user's credential is needed (HTTP basic auth)\n"
+        authorizer = self.core.authorizer
+        if authorizer is not None and not authorizer.authorize(
+            f"User:{user}", host, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
+        ):
+            return 403, "text/plain", f"User:{user} may not DESCRIBE the cluster\n".encode()
+        return None
+
+    async def _user(self, header: bytes) -> str | None:
+        """The user a ``Basic`` authorization header proves, if it does."""
+        digest = hashlib.sha256(header).digest()
+        now = time.monotonic()
+        known = self._verified.get(digest)
+        if known is not None and known[1] > now:
+            return known[0]
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"basic":
+            return None
+        try:
+            user, sep, password = (
+                base64.b64decode(token.strip(), validate=True).decode().partition(":")
+            )
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        if not sep or not user:
+            return None
+        # (A SCRAM user's password is checked by PBKDF2 over its iterations: off the loop.)
+        check = self.core.credentials.check_plain
+        if not await asyncio.get_running_loop().run_in_executor(None, check, user, password):
+            return None
+        if len(self._verified) >= VERIFIED_MAX:
+            self._verified = {d: v for d, v in self._verified.items() if v[1] > now}
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()
+        self._verified[digest] = (user, now + VERIFIED_S)
+        return user
 
     async def _route(self, method: bytes, target: bytes) -> tuple[int, str, bytes]:
         if method != b"GET":

@@ -30,6 +30,8 @@ from stratalog.broker.txn_coordinator import TransactionCoordinator
 from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC
 from stratalog.cluster.metadata import INTERNAL_TOPICS, MetadataError, MetadataStore, TopicMeta
 from stratalog.config import BrokerConfig
+from stratalog.security.acl_store import AclStore
+from stratalog.security.authorizer import Authorizer, parse_super_users
 from stratalog.security.credentials import CredentialStore, read_plain_users
 from stratalog.security.listeners import Listener
 from stratalog.storage.backlog_loader import BacklogLoader
@@ -92,6 +94,14 @@ class BrokerCore:
             self.data_dir / "meta" / "scram-credentials.json",
             read_plain_users(config["sasl.plain.users.file"]),
         )
+        # Authorization (authorizer.class.name): None when off, and then nothing is checked.
+        self.authorizer: Authorizer | None = None
+        if config.authorizer_enabled:
+            self.authorizer = Authorizer(
+                parse_super_users(config["super.users"]),
+                config["allow.everyone.if.no.acl.found"],
+            )
+        self.acls = AclStore(self.data_dir / "meta" / "acls.json", self.authorizer)
         # Before any thread or process is started: they inherit the broker's CPUs.
         sender_cpus = parse_cpus(config["fetch.backlog.sender_cpus"])
         self._broker_cpus = broker_cpus(sender_cpus) if sender_cpus else frozenset()
@@ -261,6 +271,7 @@ class BrokerCore:
         self.metadata.load()
         self.credentials.load()
         self.quotas.load()
+        self.acls.load()
         triples = [
             (t.name, i, uid)
             for t in self.metadata.topics.values()
@@ -457,6 +468,7 @@ class BrokerCore:
             node.on_topic = lambda name, t: self._cluster_topic(node, name, t)
             node.on_change = replicator.reconcile
             self.credentials.follow_cluster(node)  # SCRAM users are the cluster's, in etcd
+            self.acls.follow_cluster(node)  # and so are the ACLs
             await node.register()
         except BaseException:
             await replicator.close()

@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import Callable
 
 from stratalog.broker import metrics
+from stratalog.broker.authorization import guarded
 from stratalog.broker.quotas import ANONYMOUS, CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from stratalog.protocol import versions as v
 from stratalog.protocol.fetch import encode_fetch_response
 
 from .api import (
+    acls,
     admin,
     delete_records,
     elections,
@@ -76,6 +78,9 @@ HANDLERS = {
     v.LIST_TRANSACTIONS: transactions.handle_list_transactions,
     v.DESCRIBE_TRANSACTIONS: transactions.handle_describe_transactions,
     v.DESCRIBE_PRODUCERS: transactions.handle_describe_producers,
+    v.DESCRIBE_ACLS: acls.handle_describe_acls,
+    v.CREATE_ACLS: acls.handle_create_acls,
+    v.DELETE_ACLS: acls.handle_delete_acls,
 }
 
 missing = set(v.SUPPORTED) - set(HANDLERS)
@@ -87,17 +92,20 @@ def make_dispatch(core):
         k: metrics.REQUESTS.labels(h.__name__.removeprefix("handle_")) for k, h in HANDLERS.items()
     }
     byte_quotas = core.byte_quotas
+    # With an authorizer, each API's check stands in front of its handler (authorization/);
+    # without one the handlers are called as they are.
+    handlers = HANDLERS if core.authorizer is None else guarded(HANDLERS, core.authorizer)
 
     def dispatch(request, conn):
         counters[request.api_key].inc()
         if byte_quotas.store.quotas and request.api_key in (v.PRODUCE, v.FETCH):
-            return _under_quota(core, request, conn)
-        return HANDLERS[request.api_key](core, request, conn)
+            return _under_quota(core, request, conn, handlers)
+        return handlers[request.api_key](core, request, conn)
 
     return dispatch
 
 
-def _under_quota(core, request, conn):
+def _under_quota(core, request, conn, handlers=HANDLERS):
     """Produce and Fetch while client quotas exist (broker/quotas.py): a produce's bytes are
     counted and its answer carries the throttle time they caused; a fetch whose answer would
     put its client over its rate is answered with no records and the throttle time instead. A
@@ -107,11 +115,11 @@ def _under_quota(core, request, conn):
     client_id = request.client_id or ""
     if request.api_key == v.PRODUCE:
         request.throttle_ms = quotas.record(PRODUCER_BYTE_RATE, user, client_id, request.size)
-        result = HANDLERS[v.PRODUCE](core, request, conn)
+        result = handlers[v.PRODUCE](core, request, conn)
         if request.throttle_ms:
             conn.mute(request.throttle_ms / 1000)
         return result
-    result = HANDLERS[v.FETCH](core, request, conn)
+    result = handlers[v.FETCH](core, request, conn)
 
     def decide(answer):
         # As Kafka: the answer's bytes are counted; if they put the client over its quota they

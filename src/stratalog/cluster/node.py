@@ -45,6 +45,7 @@ class Keys:
         self.scram = self.root + "scram/"  # one key per user: {mechanism: credential}
         self.log_starts = self.root + "logstarts/"
         self.quotas = self.root + "quotas"
+        self.acls = self.root + "acls"  # the whole ACL set (security/acl_store.py's JSON)
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -160,6 +161,9 @@ class ClusterNode:
         # The client quotas (broker/quotas.py's JSON), and what is called when they change.
         self.quotas: list = []
         self.on_quotas: Callable[[], None] | None = None
+        # The ACLs (security/acl_store.py's JSON), and what is called when they change.
+        self.acls: list = []
+        self.on_acls: Callable[[], None] | None = None
         # Called with (name, topic or None) when a topic appears, changes or goes away.
         self.on_topic: Callable[[str, ClusterTopic | None], None] | None = None
         # Called after any change of brokers or virtual logs (replication reconciles itself).
@@ -331,6 +335,7 @@ class ClusterNode:
         self.scram = {}
         self.log_starts = {}
         self.quotas = []
+        self.acls = []
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
@@ -342,6 +347,7 @@ class ClusterNode:
             self._topic_changed(name, t)
         self._log_starts_changed()
         self._quotas_changed()
+        self._acls_changed()
         return revision
 
     def _apply(self, key: str, value: bytes | None, brokers, topics, vlogs, rev: int = 0) -> None:
@@ -361,6 +367,8 @@ class ClusterNode:
                 self.reassignments[(topic, int(index))] = r
         elif key == k.quotas:
             self.quotas = json.loads(value) if value is not None else []
+        elif key == k.acls:
+            self.acls = json.loads(value) if value is not None else []
         elif key.startswith(k.log_starts):
             topic, _, index = key[len(k.log_starts) :].rpartition("/")
             if value is None:
@@ -423,6 +431,8 @@ class ClusterNode:
                         self._log_starts_changed()
                     elif ev.key == self.keys.quotas:
                         self._quotas_changed()
+                    elif ev.key == self.keys.acls:
+                        self._acls_changed()
                     else:
                         self._changed()
             except asyncio.CancelledError:
@@ -490,6 +500,13 @@ class ClusterNode:
                 self.on_quotas()
             except Exception:
                 log.exception("taking the new client quotas failed")
+
+    def _acls_changed(self) -> None:
+        if self.on_acls is not None:
+            try:
+                self.on_acls()
+            except Exception:
+                log.exception("taking the new ACLs failed")
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -624,6 +641,21 @@ class ClusterNode:
                 self.quotas = new
                 self._quotas_changed()
                 return
+
+    async def update_acls(self, change: Callable[[list], list]) -> list:
+        """Apply ``change`` to the ACLs as etcd holds them, guarded by the key's revision
+        (retried on a concurrent change); returns the ACLs as they are now."""
+        assert self.store is not None
+        while True:
+            got = await self.store.get(self.keys.acls)
+            current = json.loads(got[0]) if got is not None else []
+            new = change(current)
+            if new == current:
+                return current
+            if await self.store.replace(self.keys.acls, _dump(new), got[1] if got else 0):
+                self.acls = new
+                self._acls_changed()
+                return new
 
     async def record_log_starts(
         self, topic: str, topic_id: uuid.UUID, starts: dict[int, int]

@@ -69,6 +69,7 @@ TOOL_MAIN_CLASSES: dict[str, tuple[str, ...]] = {
     "kafka-reassign-partitions": ("org.apache.kafka.tools.reassign.ReassignPartitionsCommand",),
     "kafka-delete-records": ("org.apache.kafka.tools.DeleteRecordsCommand",),
     "kafka-transactions": ("org.apache.kafka.tools.TransactionsCommand",),
+    "kafka-acls": ("org.apache.kafka.tools.AclCommand",),
 }
 # Tools that must run on the broker's own release: kafka-storage writes the on-disk format
 # (metadata version, bootstrap checkpoint) that the 4.4.0 broker then reads.

@@ -238,7 +238,9 @@ def _read_cold(
     return failure
 
 
-async def handle_fetch(core, req: Request, conn):
+async def handle_fetch(core, req: Request, conn, denied: frozenset[str] = frozenset()):
+    """``denied``: with the authorizer on, the topics this client may not read (answered
+    TOPIC_AUTHORIZATION_FAILED; broker/authorization/)."""
     body = req.body
     v = req.api_version
     max_wait = (
@@ -252,6 +254,8 @@ async def handle_fetch(core, req: Request, conn):
     plan = []
     for ft in body.topics:
         name, tid, t, missing = _resolve_topic(core, req, ft)
+        if denied and name in denied:
+            t, missing = None, "TOPIC_AUTHORIZATION_FAILED"
         plan.append((name, tid, t, missing if t is None else "", ft.partitions))
     deadline = time.monotonic() + max(0.0, max_wait)
     while True:

@@ -68,16 +68,16 @@ def handle_produce(core, req: Request, conn):
     if answer is None:
         return encode_produce_response(req.api_version, req.correlation_id, results)
     if isinstance(answer, bytes):
-        return _merged(req, answer, results)
+        return merged(req, answer, results)
     return _merged_later(req, answer, results)
 
 
 async def _merged_later(req: Request, answer, results: list) -> bytes:
     frame = await answer if asyncio.isfuture(answer) or asyncio.iscoroutine(answer) else answer
-    return _merged(req, frame, results)
+    return merged(req, frame, results)
 
 
-def _merged(req: Request, frame: bytes, refused: list) -> bytes:
+def merged(req: Request, frame: bytes, refused: list) -> bytes:
     """The real handler's response with the refused topics' results added."""
     _corr, resp = codec.decode_response(req.api_key, req.api_version, frame[4:])
     results = [

@@ -109,7 +109,10 @@ def _missing(req: Request, name: str | None, topic_id: uuid.UUID | None, error: 
     )
 
 
-def handle_metadata(core, req: Request, conn) -> bytes:
+def handle_metadata(core, req: Request, conn, may_create=None) -> bytes:
+    """``may_create``: with the authorizer on, whether this client may auto-create a topic
+    (broker/authorization/); one it may not is answered as missing, and that check answers
+    it TOPIC_AUTHORIZATION_FAILED."""
     body = req.body
     v = req.api_version
     requested = body.topics
@@ -134,7 +137,7 @@ def handle_metadata(core, req: Request, conn) -> bytes:
                 topics.append(_missing(req, name, None, "INVALID_TOPIC_EXCEPTION"))
                 continue
             t = core.metadata.topics.get(name)
-            if t is None and allow_auto:
+            if t is None and allow_auto and (may_create is None or may_create(name)):
                 t = core.auto_create(name)
             if t is None:
                 topics.append(_missing(req, name, None, "UNKNOWN_TOPIC_OR_PARTITION"))
