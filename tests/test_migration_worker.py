@@ -44,7 +44,7 @@ def test_a_file_that_ends_early_is_an_error(tmp_path):
     path.write_bytes(b"x" * 1000)
     fd = os.open(path, os.O_RDONLY)
     try:
-        with pytest.raises(OSError, match="short.log: short read at 0"):
+        with pytest.raises(OSError, match=r"short\.log: short read at 0"):
             read_ranges(fd, array("q", [0, 900]), array("q", [100, 200]), str(path))
     finally:
         os.close(fd)

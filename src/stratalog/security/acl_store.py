@@ -12,12 +12,10 @@ answers over.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import crc32c
-
+from stratalog.security import checked_file
 from stratalog.security.acls import AclBinding
 from stratalog.security.authorizer import Authorizer
 
@@ -49,7 +47,7 @@ class AclStore:
             return
         raw = json.loads(self.path.read_text())
         body = raw["acls"]
-        if crc32c.crc32c(_canonical(body)) != raw["crc32c"]:
+        if checked_file.body_crc(body) != raw["crc32c"]:
             raise ValueError(f"{self.path}: CRC-32C mismatch (the file is damaged)")
         self._take(from_json(body))
 
@@ -81,20 +79,4 @@ class AclStore:
         if self.path is None:
             return
         body = to_json(acls)
-        data = json.dumps({"acls": body, "crc32c": crc32c.crc32c(_canonical(body))}, indent=1)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def _canonical(body: list) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        checked_file.write(self.path, "acls", body)

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 import re
 from pathlib import Path
 
-import crc32c
-
 from stratalog.config import ConfigError
+from stratalog.security import checked_file
 from stratalog.security.scram import MECHANISMS, ScramCredential, password_matches
 
 # user -> mechanism name -> credential
@@ -82,7 +80,7 @@ class CredentialStore:
             return
         raw = json.loads(self.path.read_text())
         body = raw["users"]
-        if crc32c.crc32c(_canonical(body)) != raw["crc32c"]:
+        if checked_file.body_crc(body) != raw["crc32c"]:
             raise ValueError(f"{self.path}: CRC-32C mismatch (the file is damaged)")
         self.users = {
             user: {m: ScramCredential.from_json(c) for m, c in mechs.items()}
@@ -128,19 +126,4 @@ class CredentialStore:
         if self.path is None:
             return
         body = {u: {m: c.to_json() for m, c in mechs.items()} for u, mechs in users.items()}
-        data = json.dumps({"users": body, "crc32c": crc32c.crc32c(_canonical(body))}, indent=1)
-        tmp = self.path.with_suffix(".tmp")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
-def _canonical(body: dict) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        checked_file.write(self.path, "users", body)
