@@ -529,7 +529,9 @@ class LogStore:
             vlog.abandon()
         if self.fsync_ring is not None:
             self.fsync_ring.close()
-        self.executor.shutdown(wait=False)
+        # As a crash would: queued work (seals writing sealed indexes and snapshots) is dropped,
+        # not run after the lock is released, when a new store may have opened the directory.
+        self.executor.shutdown(wait=False, cancel_futures=True)
         self._unlock()
 
     def _unlock(self) -> None:
