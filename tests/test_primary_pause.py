@@ -106,3 +106,49 @@ def test_a_paused_primary_replaced_meanwhile_closes_and_fails_what_was_in_flight
         await store.close()
 
     asyncio.run(run())
+
+
+class _LocalNode(ClusterNode):
+    """Etcd's guarded write of a virtual log's state, kept in this process: what is tested is
+    the decision the restarted broker writes, not etcd."""
+
+    async def update_vlog(self, vid, change):
+        new = change(self.vlogs[vid])
+        if new is not None:
+            self.vlogs[vid] = new
+        return new
+
+
+def _restarted(store: LogStore, live: list[int]) -> tuple[ClusterNode, Replicator]:
+    """A broker that led ``VID`` at ``EPOCH`` before a crash, back and registered before the
+    controller moved the log on (etcd still names it primary at that epoch)."""
+    node = _LocalNode([], "t", ME, "127.0.0.1", 0)
+    node.brokers = {b: BrokerInfo(b, "127.0.0.1", 0, "test") for b in live}
+    node.vlogs = {VID: VirtualLogState(VID, [ME, OTHER], ME, EPOCH, [ME, OTHER])}
+    return node, Replicator(node, store, 10_000)
+
+
+@pytest.mark.parametrize("peer_registered", [True, False])
+def test_a_primary_back_from_a_crash_hands_its_log_to_an_in_sync_peer(tmp_path, peer_registered):
+    async def run() -> None:
+        store = _replicated(tmp_path / "b")
+        _node, before = _leading(store)  # promises EPOCH durably
+        await before.close()
+        live = [ME, OTHER] if peer_registered else [ME]
+        node, replicator = _restarted(store, live)
+        replicator.reconcile()
+        await _until(lambda: node.vlogs[VID].epoch == EPOCH + 1)
+        st = node.vlogs[VID]
+        if peer_registered:
+            # As Kafka's controller after an unclean shutdown: the peer leads, the restarted
+            # broker leaves the in-sync set until it has caught up as a backup.
+            assert (st.primary, st.isr) == (OTHER, [OTHER])
+            await _until(lambda: not replicator._restarting)
+            assert not replicator.leads(VID, EPOCH + 1) and VID not in replicator.primaries
+        else:
+            assert (st.primary, st.isr) == (ME, [ME, OTHER])
+            await _until(lambda: replicator.leads(VID, EPOCH + 1))
+        await replicator.close()
+        await store.close()
+
+    asyncio.run(run())

@@ -444,7 +444,7 @@ class Replicator:
         self.primaries: dict[int, PrimaryLog] = {}
         self._server: asyncio.Server | None = None
         self._peers: set[asyncio.Task] = set()
-        self._bumping: set[int] = set()
+        self._restarting: set[int] = set()
         # Called after this broker starts leading a log (the offsets table reloads then),
         # and again once what the log held then is committed.
         self.on_lead: Callable[[], None] | None = None
@@ -474,8 +474,9 @@ class Replicator:
                     del self.primaries[vid]
                 if self.store.open_log(st.log_name).promised_epoch >= st.epoch:
                     # This broker led at this epoch before a restart: what it wrote then may
-                    # not be what its backups have. It leads again only at a new epoch.
-                    self._bump(st)
+                    # not be what its backups have. It leads again only at a new epoch, and
+                    # only if no other in-sync replica is there to take over.
+                    self._restarted(st)
                     continue
                 self._lead(st)
             elif current is not None and st.primary == me and st.epoch == current.epoch:
@@ -492,26 +493,37 @@ class Replicator:
         p = self.primaries.get(vid)
         return p is not None and p.epoch == epoch and not p.closed and not p.paused
 
-    def _bump(self, st: VirtualLogState) -> None:
-        if st.vid in self._bumping:
+    def _restarted(self, st: VirtualLogState) -> None:
+        """A primary back from a crash before the controller moved its log on (a restart
+        within its lease, whose old registration went just before the new one came) hands the
+        log to a registered in-sync peer at a new epoch and leaves the in-sync set, to rejoin
+        as a backup once caught up, as Kafka's controller treats a broker back from an unclean
+        shutdown (KIP-966). Whether the controller or the restart acted first then no longer
+        decides who leads. Alone in sync, it leads again itself at a new epoch."""
+        if st.vid in self._restarting:
             return
-        self._bumping.add(st.vid)
+        self._restarting.add(st.vid)
         me = self.node.node_id
 
-        def bump(now: VirtualLogState) -> VirtualLogState | None:
+        def hand_over(now: VirtualLogState) -> VirtualLogState | None:
             if now.primary != me or now.epoch != st.epoch:
                 return None
-            return VirtualLogState(now.vid, now.replicas, me, now.epoch + 1, now.isr)
+            peer = next((r for r in now.isr if r != me and r in self.node.brokers), None)
+            if peer is None:
+                return VirtualLogState(now.vid, now.replicas, me, now.epoch + 1, now.isr)
+            isr = [r for r in now.isr if r != me]
+            return VirtualLogState(now.vid, now.replicas, peer, now.epoch + 1, isr)
 
         async def run() -> None:
             try:
-                new = await self.node.update_vlog(st.vid, bump)
+                new = await self.node.update_vlog(st.vid, hand_over)
                 if new is not None:
-                    log.info("%s: epoch %d after a restart", st.log_name, new.epoch)
+                    led = (st.log_name, new.epoch, new.primary)
+                    log.info("%s: epoch %d after a restart, led by %d", *led)
             except Exception as e:
                 log.warning("%s: cannot start a new epoch: %s", st.log_name, e)
             finally:
-                self._bumping.discard(st.vid)
+                self._restarting.discard(st.vid)
                 self.reconcile()
 
         task = asyncio.ensure_future(run())
