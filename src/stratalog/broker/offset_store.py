@@ -258,13 +258,7 @@ class OffsetStore:
         of other offsets partitions may have been), OffsetRecordError if one cannot be encoded."""
         if not entries:
             return
-        parts = self._host.offsets_partitions(True)
-        n = len(parts)
-        by_idx: dict[int, list[Entry]] = {}
-        for e in entries:
-            by_idx.setdefault(partition_for(e[0][0], n), []).append(e)
-        now = _now_ms()
-        data = {idx: _batches(items, now) for idx, items in by_idx.items()}  # may raise
+        parts, by_idx, data, now = self._encoded(entries)  # may raise
         writes = WriteBatch()
         staged: list[tuple[int, PartitionLog, list[Entry], AppendResult]] = []
         failure: BaseException | None = None
@@ -298,6 +292,17 @@ class OffsetStore:
         if failure is not None:
             raise failure if isinstance(failure, StorageFailure) else StorageFailure(str(failure))
 
+    def _encoded(self, entries: list[Entry], producer: tuple[int, int] | None = None):
+        """The offsets partitions (created if need be), ``entries`` by partition index, each
+        index's batches (transactional ones of ``producer`` if given), and their timestamp."""
+        parts = self._host.offsets_partitions(True)
+        by_idx: dict[int, list[Entry]] = {}
+        for e in entries:
+            by_idx.setdefault(partition_for(e[0][0], len(parts)), []).append(e)
+        now = _now_ms()
+        data = {idx: _batches(items, now, producer) for idx, items in by_idx.items()}
+        return parts, by_idx, data, now
+
     async def write_txn(self, producer_id: int, epoch: int, entries: list[Entry]) -> None:
         """TxnOffsetCommit: append ``entries`` as the transaction's records (transactional
         batches of the producer) and return once durable. They take effect when the
@@ -305,13 +310,7 @@ class OffsetStore:
         never if it aborts. Raises as :meth:`write`, or AppendError (a fenced epoch)."""
         if not entries:
             return
-        parts = self._host.offsets_partitions(True)
-        n = len(parts)
-        by_idx: dict[int, list[Entry]] = {}
-        for e in entries:
-            by_idx.setdefault(partition_for(e[0][0], n), []).append(e)
-        now = _now_ms()
-        data = {idx: _batches(items, now, (producer_id, epoch)) for idx, items in by_idx.items()}
+        parts, by_idx, data, now = self._encoded(entries, (producer_id, epoch))
         writes = WriteBatch()
         staged: list[tuple[int, PartitionLog, list[Entry], AppendResult]] = []
         try:

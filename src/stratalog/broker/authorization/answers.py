@@ -10,7 +10,8 @@ from typing import Any
 from stratalog.protocol import codec
 from stratalog.protocol.connection import Request
 
-from .access import Handler
+from ..api.common import err, sub
+from .access import TOPIC_DENIED, Handler
 
 
 def then(answer, fn: Callable[[bytes], bytes]):
@@ -94,3 +95,21 @@ def per_topic(
         return handler(core, req, conn)
     answer = handler(core, with_body(req, **{field: tuple(kept)}), conn)
     return extended(req, answer, answer_field, [entry(t) for t in denied])
+
+
+def topic_denied(
+    req: Request,
+    schema: tuple[str, str],
+    topic: dict[str, Any],
+    index_field: str,
+    indexes: Iterable[int],
+    **empty: Any,
+):
+    """A refused topic's answer entry: every asked partition TOPIC_AUTHORIZATION_FAILED, with
+    the ``empty`` values its other fields take then. ``schema``: the topic entry's and the
+    partition entry's names in the answer."""
+    partitions = tuple(
+        sub(req, schema[1], **{index_field: i}, error_code=err(TOPIC_DENIED), **empty)
+        for i in indexes
+    )
+    return sub(req, schema[0], **topic, partitions=partitions)

@@ -11,9 +11,8 @@ from stratalog.security.acls import ResourceType as R
 from stratalog.storage.batch import TRANSACTIONAL_MASK
 
 from ..api import internal_topics
-from ..api.common import err, sub
 from .access import TOPIC_DENIED, TXN_DENIED, Access, Handler
-from .answers import per_topic, split, then, with_body
+from .answers import per_topic, split, then, topic_denied, with_body
 
 _WRITE, _TOPIC = Op.WRITE, R.TOPIC
 
@@ -80,13 +79,10 @@ def check_list_offsets(core, req: Request, conn, handler: Handler, a: Access):
         core, req, conn, handler,
         field="topics", name=lambda t: t.name, answer_field="topics",
         allowed=lambda n: a.topic(Op.DESCRIBE, n),
-        entry=lambda t: sub(
-            req, "ListOffsetsTopicResponse", name=t.name,
-            partitions=tuple(
-                sub(req, "ListOffsetsPartitionResponse", partition_index=p.partition_index,
-                    error_code=err(TOPIC_DENIED), timestamp=-1, offset=-1, leader_epoch=-1)
-                for p in t.partitions
-            ),
+        entry=lambda t: topic_denied(
+            req, ("ListOffsetsTopicResponse", "ListOffsetsPartitionResponse"), {"name": t.name},
+            "partition_index", (p.partition_index for p in t.partitions),
+            timestamp=-1, offset=-1, leader_epoch=-1,
         ),
     )  # fmt: skip
 
@@ -96,13 +92,9 @@ def check_offset_for_leader_epoch(core, req: Request, conn, handler: Handler, a:
         core, req, conn, handler,
         field="topics", name=lambda t: t.topic, answer_field="topics",
         allowed=lambda n: a.topic(Op.DESCRIBE, n),
-        entry=lambda t: sub(
-            req, "OffsetForLeaderTopicResult", topic=t.topic,
-            partitions=tuple(
-                sub(req, "EpochEndOffset", error_code=err(TOPIC_DENIED), partition=p.partition,
-                    leader_epoch=-1, end_offset=-1)
-                for p in t.partitions
-            ),
+        entry=lambda t: topic_denied(
+            req, ("OffsetForLeaderTopicResult", "EpochEndOffset"), {"topic": t.topic},
+            "partition", (p.partition for p in t.partitions), leader_epoch=-1, end_offset=-1,
         ),
     )  # fmt: skip
 
@@ -112,13 +104,9 @@ def check_describe_producers(core, req: Request, conn, handler: Handler, a: Acce
         core, req, conn, handler,
         field="topics", name=lambda t: t.name, answer_field="topics",
         allowed=lambda n: a.topic(Op.READ, n),
-        entry=lambda t: sub(
-            req, "TopicResponse", name=t.name,
-            partitions=tuple(
-                sub(req, "PartitionResponse", partition_index=i, error_code=err(TOPIC_DENIED),
-                    error_message=None, active_producers=())
-                for i in t.partition_indexes
-            ),
+        entry=lambda t: topic_denied(
+            req, ("TopicResponse", "PartitionResponse"), {"name": t.name},
+            "partition_index", t.partition_indexes, error_message=None, active_producers=(),
         ),
     )  # fmt: skip
 

@@ -24,7 +24,15 @@ from .access import (
     Access,
     Handler,
 )
-from .answers import edited, extended, per_topic, request_entity, split, with_body
+from .answers import (
+    edited,
+    extended,
+    per_topic,
+    request_entity,
+    split,
+    topic_denied,
+    with_body,
+)
 
 
 def check_metadata(core, req: Request, conn, handler: Handler, a: Access):
@@ -223,13 +231,9 @@ def check_delete_records(core, req: Request, conn, handler: Handler, a: Access):
         core, req, conn, handler,
         field="topics", name=lambda t: t.name, answer_field="topics",
         allowed=lambda n: a.topic(Op.DELETE, n),
-        entry=lambda t: sub(
-            req, "DeleteRecordsTopicResult", name=t.name,
-            partitions=tuple(
-                sub(req, "DeleteRecordsPartitionResult", partition_index=p.partition_index,
-                    low_watermark=-1, error_code=err(TOPIC_DENIED))
-                for p in t.partitions
-            ),
+        entry=lambda t: topic_denied(
+            req, ("DeleteRecordsTopicResult", "DeleteRecordsPartitionResult"), {"name": t.name},
+            "partition_index", (p.partition_index for p in t.partitions), low_watermark=-1,
         ),
     )  # fmt: skip
 
@@ -261,36 +265,32 @@ def _config_access(a: Access, op: Op, rtype: int, name: str) -> str | None:
     return None
 
 
-def check_describe_configs(core, req: Request, conn, handler: Handler, a: Access):
-    def denial(r) -> str | None:
-        return _config_access(a, Op.DESCRIBE_CONFIGS, r.resource_type, r.resource_name)
+def _configs_check(op: Op, result: str, answer_field: str, **empty: Any):
+    """DescribeConfigs' and AlterConfigs' check: refused resources are answered as ``result``
+    entries (with ``empty`` fields) in the answer's ``answer_field``."""
 
-    kept, denied = split(req.body.resources, lambda r: denial(r) is None)
-    if not denied:
-        return handler(core, req, conn)
-    answer = handler(core, with_body(req, resources=tuple(kept)), conn)
-    extra = [
-        sub(req, "DescribeConfigsResult", error_code=err(denial(r)), error_message=None,
-            resource_type=r.resource_type, resource_name=r.resource_name, configs=())
-        for r in denied
-    ]  # fmt: skip
-    return extended(req, answer, "results", extra)
+    def check(core, req: Request, conn, handler: Handler, a: Access):
+        def denial(r) -> str | None:
+            return _config_access(a, op, r.resource_type, r.resource_name)
+
+        kept, denied = split(req.body.resources, lambda r: denial(r) is None)
+        if not denied:
+            return handler(core, req, conn)
+        answer = handler(core, with_body(req, resources=tuple(kept)), conn)
+        extra = [
+            sub(req, result, error_code=err(denial(r)), error_message=None,
+                resource_type=r.resource_type, resource_name=r.resource_name, **empty)
+            for r in denied
+        ]  # fmt: skip
+        return extended(req, answer, answer_field, extra)
+
+    return check
 
 
-def check_alter_configs(core, req: Request, conn, handler: Handler, a: Access):
-    def denial(r) -> str | None:
-        return _config_access(a, Op.ALTER_CONFIGS, r.resource_type, r.resource_name)
-
-    kept, denied = split(req.body.resources, lambda r: denial(r) is None)
-    if not denied:
-        return handler(core, req, conn)
-    answer = handler(core, with_body(req, resources=tuple(kept)), conn)
-    extra = [
-        sub(req, "AlterConfigsResourceResponse", error_code=err(denial(r)), error_message=None,
-            resource_type=r.resource_type, resource_name=r.resource_name)
-        for r in denied
-    ]  # fmt: skip
-    return extended(req, answer, "responses", extra)
+check_describe_configs = _configs_check(
+    Op.DESCRIBE_CONFIGS, "DescribeConfigsResult", "results", configs=()
+)
+check_alter_configs = _configs_check(Op.ALTER_CONFIGS, "AlterConfigsResourceResponse", "responses")
 
 
 CHECKS = {
