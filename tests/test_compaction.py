@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,10 @@ from stratalog.storage.cleaner import Cleaner, CleanerSettings, CompactionPolicy
 from stratalog.storage.cold_tier import ColdTierError
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
-from stratalog.storage.partition import FileSlice
 from stratalog.storage.tiering import Migrator, TierSettings
 from stratalog.storage.txn_index import TRANSACTIONAL_PRODUCER_IDS, marker_batch
+
+from .stored import stored_records
 
 PARTS = [("t", 0, 1), ("t", 1, 2)]
 T0 = 1_700_000_000_000
@@ -49,21 +49,7 @@ def _store(path: Path, layout: str = "virtual", **kw) -> LogStore:
 def _read(p) -> list[tuple[int, bytes | None, bytes | None, int]]:
     """Every record from the log start: (offset, key, value, timestamp); transaction markers
     are skipped, as consumers skip them."""
-    rr = p.read(p.log_start_offset, 1 << 30)
-    try:
-        data = b"".join(x.read() if isinstance(x, FileSlice) else bytes(x) for x in rr.parts)
-    finally:
-        rr.release()
-    out = []
-    pos = 0
-    while pos < len(data):
-        (blen,) = struct.unpack_from(">i", data, pos + 8)
-        batch = data[pos : pos + blen + 12]
-        pos += blen + 12
-        if parse_header(batch).is_control:
-            continue
-        out += [(r.offset, r.key, r.value, r.timestamp) for r in iter_records(batch)]
-    return out
+    return [(r.offset, r.key, r.value, r.timestamp) for r in stored_records(p, controls=False)]
 
 
 async def _settled(store: LogStore) -> None:

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from stratalog.records import build_batch, iter_records
+from stratalog.records import build_batch
 from stratalog.storage import producer_snapshot, sealed_index
 from stratalog.storage.chunk_index import RUN_CACHE
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
-from stratalog.storage.partition import FileSlice
 from stratalog.storage.recovery import read_checkpoint
 from stratalog.storage.segment import Segment
+
+from .stored import stored_records
 
 PARTS = [("t", 0, 1), ("t", 1, 2), ("t", 2, 3)]
 T0 = 1_700_000_000_000
@@ -70,18 +71,7 @@ def _fill(store: LogStore, rounds: int, start: int = 0) -> list[bytes]:
 
 def _values(p) -> list[tuple[int, bytes, int]]:
     """Every record of the partition, read back: (offset, value, timestamp)."""
-    rr = p.read(p.log_start_offset, 1 << 30)
-    try:
-        data = b"".join(x.read() if isinstance(x, FileSlice) else bytes(x) for x in rr.parts)
-    finally:
-        rr.release()
-    out = []
-    pos = 0
-    while pos < len(data):
-        (blen,) = struct.unpack_from(">i", data, pos + 8)
-        out += [(r.offset, r.value, r.timestamp) for r in iter_records(data[pos : pos + blen + 12])]
-        pos += blen + 12
-    return out
+    return [(r.offset, r.value, r.timestamp) for r in stored_records(p)]
 
 
 def _producers(store: LogStore) -> dict:

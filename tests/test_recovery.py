@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from stratalog.records import build_batch, iter_records
+from stratalog.records import build_batch
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
-from stratalog.storage.partition import FileSlice
 from stratalog.storage.recovery import CHECKPOINT, CLEAN_SHUTDOWN, read_checkpoint
 from stratalog.storage.segment import ENTRY_SIZE, FRAME_SIZE
 
 from .conftest import BrokerProcess, create_topic
+from .stored import stored_records
 
 TOPIC = "rec"
 # The index checkpoint would otherwise vouch for the tail after 5 s and recovery would trust it;
@@ -552,18 +552,7 @@ def _store(path: Path, partitions, **kw) -> LogStore:
 
 
 def _read_values(p, start: int = 0) -> list[tuple[int, bytes]]:
-    rr = p.read(start, 1 << 30)
-    try:
-        data = b"".join(x.read() if isinstance(x, FileSlice) else bytes(x) for x in rr.parts)
-    finally:
-        rr.release()
-    out = []
-    pos = 0
-    while pos < len(data):
-        (blen,) = struct.unpack_from(">i", data, pos + 8)
-        out += [(r.offset, r.value) for r in iter_records(data[pos : pos + blen + 12])]
-        pos += blen + 12
-    return out
+    return [(r.offset, r.value) for r in stored_records(p, start)]
 
 
 def _b(tag: bytes, n: int = 2) -> bytes:

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from stratalog.records import build_batch, iter_records
+from stratalog.records import build_batch
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.log_store import LogStore, StorageConfig
-from stratalog.storage.partition import AppendError, FileSlice, PartitionLog
+from stratalog.storage.partition import AppendError, PartitionLog
 from stratalog.storage.segment import FRAME_SIZE
 from stratalog.storage.txn_index import TRANSACTIONAL_PRODUCER_IDS, TxnIndex, marker_batch
+
+from .stored import stored_records
 
 T0 = 1_700_000_000_000
 P1 = TRANSACTIONAL_PRODUCER_IDS + 1
@@ -51,19 +53,7 @@ def _marker(pid: int, commit: bool, epoch: int = 0) -> bytes:
 
 
 def _values(p: PartitionLog, upto: int | None = None) -> list[tuple[int, bytes | None]]:
-    rr = p.read(p.log_start_offset, 1 << 30, upto=upto)
-    try:
-        data = b"".join(x.read() if isinstance(x, FileSlice) else bytes(x) for x in rr.parts)
-    finally:
-        rr.release()
-    out = []
-    pos = 0
-    while pos < len(data):
-        size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-        if not data[pos + 22] & 0x20:  # control batches are not values
-            out += [(r.offset, r.value) for r in iter_records(data[pos : pos + size])]
-        pos += size
-    return out
+    return [(r.offset, r.value) for r in stored_records(p, upto=upto, controls=False)]
 
 
 def _history(p: PartitionLog) -> None:
