@@ -7,10 +7,13 @@ workers.
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from stratalog import Broker
 from stratalog.cluster.etcd_server import EtcdServer
 from stratalog.cluster.local_cluster import LocalCluster
 
@@ -37,3 +40,31 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
     finally:
         c.stop()
+
+
+def in_process_brokers(
+    etcd: EtcdServer, factory: pytest.TempPathFactory, prefix: str, config: dict
+) -> Iterator[list[Broker]]:
+    """Two in-process brokers of a new cluster on ``etcd`` (node ids 1 and 2), each with
+    ``config`` besides its cluster settings; stopped when the generator is closed."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    started: list[Broker] = []
+    try:
+        for node in (1, 2):
+            own = {"cluster.etcd": etcd.endpoint, "cluster.name": name, "node.id": node}
+            b = Broker(factory.mktemp(f"{prefix}-node{node}") / "data", config={**own, **config})
+            started.append(b.start())
+        yield started
+    finally:
+        for b in reversed(started):
+            b.stop()
+
+
+def wait_for(check, timeout: float = 15.0):
+    """``check()``'s first truthy answer, or its last one after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = check()
+        if out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)

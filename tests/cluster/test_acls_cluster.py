@@ -9,7 +9,6 @@ and the ACLs); the user under test logs in with SCRAM over SASL_PLAINTEXT.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -22,6 +21,7 @@ from stratalog.cluster.etcd_server import EtcdServer
 from ..conformance import wire
 from ..security.conftest import add_scram_users
 from ..security.wire import Conn
+from .conftest import in_process_brokers, wait_for
 
 LISTENERS = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"
 USER, PASSWORD = "acl-user", "acl-pw"
@@ -30,35 +30,19 @@ TOPIC_AUTHORIZATION_FAILED = 29
 
 @pytest.fixture(scope="module")
 def brokers(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Broker]]:
-    name = f"acl-{uuid.uuid4().hex[:8]}"
-    started: list[Broker] = []
+    config = {
+        "listeners": LISTENERS,
+        "admin.port": -1,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS",
+    }
+    started = in_process_brokers(etcd, tmp_path_factory, "acl", config)
     try:
-        for node in (1, 2):
-            config = {
-                "cluster.etcd": etcd.endpoint,
-                "cluster.name": name,
-                "node.id": node,
-                "listeners": LISTENERS,
-                "admin.port": -1,
-                "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                "super.users": "User:ANONYMOUS",
-            }
-            b = Broker(tmp_path_factory.mktemp(f"acl-node{node}") / "data", config=config)
-            started.append(b.start())
-        add_scram_users(started[0].bootstrap, {"SCRAM-SHA-256": (USER, PASSWORD)})
-        yield started
+        two = next(started)
+        add_scram_users(two[0].bootstrap, {"SCRAM-SHA-256": (USER, PASSWORD)})
+        yield two
     finally:
-        for b in reversed(started):
-            b.stop()
-
-
-def _wait(check, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.1)
+        started.close()
 
 
 def _metadata_error(broker: Broker, topic: str) -> int | None:
@@ -90,23 +74,23 @@ def _create_topic(brokers: list[Broker], name: str) -> None:
             wire.metadata(b.bootstrap, name)["topics"][0]["error_code"] == 0 for b in brokers
         )
 
-    assert _wait(known_everywhere)
+    assert wait_for(known_everywhere)
 
 
 def test_an_acl_made_on_one_broker_is_enforced_by_the_other(brokers):
     first, second = brokers
     topic = f"acl-topic-{uuid.uuid4().hex[:6]}"
     _create_topic(brokers, topic)
-    assert _wait(lambda: _metadata_error(second, topic) == TOPIC_AUTHORIZATION_FAILED)
+    assert wait_for(lambda: _metadata_error(second, topic) == TOPIC_AUTHORIZATION_FAILED)
     out = wire.call(first.bootstrap, 30, 3, creations=[_acl(topic, 8)])  # DESCRIBE
     assert out["results"][0]["error_code"] == 0
-    assert _wait(lambda: _metadata_error(second, topic) == 0)
+    assert wait_for(lambda: _metadata_error(second, topic) == 0)
     # Deleted through the second broker: the first stops allowing it.
     flt = dict(resource_type_filter=2, resource_name_filter=topic, pattern_type_filter=3,
                principal_filter=None, host_filter=None, operation=1, permission_type=1)  # fmt: skip
     out = wire.call(second.bootstrap, 31, 3, filters=[flt])
     assert len(out["filter_results"][0]["matching_acls"]) == 1
-    assert _wait(lambda: _metadata_error(first, topic) == TOPIC_AUTHORIZATION_FAILED)
+    assert wait_for(lambda: _metadata_error(first, topic) == TOPIC_AUTHORIZATION_FAILED)
     for b in brokers:
         assert not (b.data_dir / "meta" / "acls.json").exists()
 
@@ -133,7 +117,7 @@ def test_a_client_of_either_broker_is_allowed_once_granted(brokers):
     out = wire.call(first.bootstrap, 30, 3, creations=[_acl(topic, 4)])  # WRITE
     assert out["results"][0]["error_code"] == 0
     # Every broker has it (the partition's leader may be either).
-    assert _wait(lambda: all(_metadata_error(b, topic) == 0 for b in brokers))
+    assert wait_for(lambda: all(_metadata_error(b, topic) == 0 for b in brokers))
     assert produce_error() is None
 
 
@@ -152,7 +136,7 @@ def test_a_transactional_producer_with_its_acls(brokers):
     assert all(
         r["error_code"] == 0 for r in wire.call(first.bootstrap, 30, 3, creations=acls)["results"]
     )
-    assert _wait(lambda: all(_metadata_error(b, topic) == 0 for b in brokers))
+    assert wait_for(lambda: all(_metadata_error(b, topic) == 0 for b in brokers))
     conf = {"bootstrap.servers": second.bootstraps["SASL_PLAINTEXT"],
             "security.protocol": "sasl_plaintext", "sasl.mechanism": "SCRAM-SHA-256",
             "sasl.username": USER, "sasl.password": PASSWORD, "transactional.id": tid,

@@ -5,8 +5,6 @@ registers its listeners)."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -16,38 +14,20 @@ from stratalog.cluster.etcd_server import EtcdServer
 
 from ..security.conftest import add_scram_users
 from ..security.wire import Conn
+from .conftest import in_process_brokers, wait_for
 
 LISTENERS = "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0"
 
 
 @pytest.fixture(scope="module")
 def brokers(etcd: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Broker]]:
-    name = f"sec-{uuid.uuid4().hex[:8]}"
-    started: list[Broker] = []
+    config = {"listeners": LISTENERS, "admin.port": -1}
+    started = in_process_brokers(etcd, tmp_path_factory, "sec", config)
     try:
-        for node in (1, 2):
-            config = {
-                "cluster.etcd": etcd.endpoint,
-                "cluster.name": name,
-                "node.id": node,
-                "listeners": LISTENERS,
-                "admin.port": -1,
-            }
-            b = Broker(tmp_path_factory.mktemp(f"sec-node{node}") / "data", config=config)
-            started.append(b.start())
-        yield started
+        two = next(started)
+        yield two
     finally:
-        for b in reversed(started):
-            b.stop()
-
-
-def _wait(check, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.1)
+        started.close()
 
 
 def test_users_created_on_one_broker_log_in_on_the_other(brokers):
@@ -58,7 +38,7 @@ def test_users_created_on_one_broker_log_in_on_the_other(brokers):
         with Conn(second.bootstraps["SASL_PLAINTEXT"]) as c:
             return c.login("SCRAM-SHA-512", "everywhere", "pw-cluster")["error_code"] == 0
 
-    assert _wait(logs_in)
+    assert wait_for(logs_in)
     # Nothing is written to the data directory in cluster mode: etcd holds them.
     assert not (first.data_dir / "meta" / "scram-credentials.json").exists()
 
@@ -75,7 +55,12 @@ def test_metadata_names_every_broker_on_the_listener_used(brokers):
             seen = sorted(f"{b['host']}:{b['port']}" for b in c.metadata()["brokers"])
             return seen if seen == want else None
 
-    assert _wait(brokers_seen) == want
-    with Conn(first.bootstrap) as c:  # PLAINTEXT: the PLAINTEXT addresses
-        seen = sorted(f"{b['host']}:{b['port']}" for b in c.metadata()["brokers"])
-    assert seen == sorted(b.bootstrap for b in brokers)
+    assert wait_for(brokers_seen) == want
+
+    def plaintext_seen() -> list[str]:
+        # (first registered before second and learns of it through its etcd watch)
+        with Conn(first.bootstrap) as c:  # PLAINTEXT: the PLAINTEXT addresses
+            return sorted(f"{b['host']}:{b['port']}" for b in c.metadata()["brokers"])
+
+    plain = sorted(b.bootstrap for b in brokers)
+    assert wait_for(lambda: plaintext_seen() == plain and plain) == plain
