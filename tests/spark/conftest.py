@@ -18,6 +18,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
+from ..conftest import create_topic
+
 
 @pytest.fixture(scope="session")
 def spark_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
@@ -227,3 +229,56 @@ def finish(query, timeout: float) -> None:
     finally:
         if query.isActive:
             query.stop()
+
+
+def write_transactions(kbs: str, prefix: str, t0: int) -> tuple[str, list[Sent], list[Sent]]:
+    """A topic of two partitions written by a transactional producer: a committed transaction,
+    an aborted one, and a second committed one, record i of a transaction at time ``t0`` +
+    its index in the whole. Returns (topic, committed, aborted)."""
+    name = topic_name(prefix)
+    create_topic(kbs, name, 2)
+    producer = Producer(
+        {
+            "bootstrap.servers": kbs,
+            "transactional.id": f"jvm-on-kafka-{uuid.uuid4().hex[:8]}",
+            "linger.ms": 5,
+        }
+    )
+    delivered: list[tuple[int, int, bytes, bytes]] = []
+
+    def on_delivery(err, msg) -> None:
+        assert err is None, err
+        delivered.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
+
+    producer.init_transactions(60)
+    committed: list[Sent] = []
+    aborted: list[Sent] = []
+    for tag, n, commit in (("c1", 60, True), ("a1", 40, False), ("c2", 30, True)):
+        producer.begin_transaction()
+        start = len(delivered)
+        for i in range(n):
+            producer.produce(
+                name,
+                b"%s-v%03d" % (tag.encode(), i),
+                b"%s-k%03d" % (tag.encode(), i),
+                partition=i % 2,
+                timestamp=t0 + start + i,
+                headers=[("tx", tag.encode())],
+                on_delivery=on_delivery,
+            )
+        producer.flush(30)
+        assert len(delivered) == start + n
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+        for p, off, k, v in delivered[start:]:
+            sent = Sent(name, p, off, t0 + start + int(v[-3:]), k, v, (("tx", tag.encode()),))
+            (committed if commit else aborted).append(sent)
+    # The coordinator writes the markers after EndTxn is answered: wait for the last ones
+    # (three transactions, each with a marker in both partitions).
+    deadline = time.monotonic() + 30
+    while sum(end_offsets(kbs, name).values()) < len(delivered) + 6:
+        assert time.monotonic() < deadline, "the broker did not write the transaction markers"
+        time.sleep(0.1)
+    return name, committed, aborted

@@ -23,12 +23,19 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from confluent_kafka import Producer
 
 from stratalog.peers.kafka import KafkaBroker  # the session's `kafka` fixture (conftest.py)
 
 from ..conftest import create_topic
-from .conftest import Rec, Sent, consume_all, end_offsets, produce, topic_name
+from .conftest import (
+    Rec,
+    Sent,
+    consume_all,
+    end_offsets,
+    produce,
+    topic_name,
+    write_transactions,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -202,55 +209,7 @@ def main(kbs: str) -> tuple[str, list[Sent]]:
 
 @pytest.fixture(scope="module")
 def txn(kbs: str) -> tuple[str, list[Sent], list[Sent]]:
-    """A topic of two partitions written by a transactional producer: a committed transaction,
-    an aborted one, and a second committed one. Returns (topic, committed, aborted)."""
-    name = topic_name("kafka-txn")
-    create_topic(kbs, name, 2)
-    producer = Producer(
-        {
-            "bootstrap.servers": kbs,
-            "transactional.id": f"jvm-on-kafka-{uuid.uuid4().hex[:8]}",
-            "linger.ms": 5,
-        }
-    )
-    delivered: list[tuple[int, int, bytes, bytes]] = []
-
-    def on_delivery(err, msg) -> None:
-        assert err is None, err
-        delivered.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
-
-    producer.init_transactions(60)
-    committed: list[Sent] = []
-    aborted: list[Sent] = []
-    for tag, n, commit in (("c1", 60, True), ("a1", 40, False), ("c2", 30, True)):
-        producer.begin_transaction()
-        start = len(delivered)
-        for i in range(n):
-            producer.produce(
-                name,
-                b"%s-v%03d" % (tag.encode(), i),
-                b"%s-k%03d" % (tag.encode(), i),
-                partition=i % 2,
-                timestamp=T0 + start + i,
-                headers=[("tx", tag.encode())],
-                on_delivery=on_delivery,
-            )
-        producer.flush(30)
-        assert len(delivered) == start + n
-        if commit:
-            producer.commit_transaction(30)
-        else:
-            producer.abort_transaction(30)
-        for p, off, k, v in delivered[start:]:
-            sent = Sent(name, p, off, T0 + start + int(v[-3:]), k, v, (("tx", tag.encode()),))
-            (committed if commit else aborted).append(sent)
-    # The coordinator writes the markers after EndTxn is answered: wait for the last ones
-    # (three transactions, each with a marker in both partitions).
-    deadline = time.monotonic() + 30
-    while sum(end_offsets(kbs, name).values()) < len(delivered) + 6:
-        assert time.monotonic() < deadline, "Kafka did not write the transaction markers"
-        time.sleep(0.1)
-    return name, committed, aborted
+    return write_transactions(kbs, "kafka-txn", T0)
 
 
 # -- 1. a plain batch read -------------------------------------------------------------------------
@@ -434,16 +393,15 @@ def test_transactional_topic_read_uncommitted(spark, kafka, kbs, txn):
         startingOffsets=json.dumps({topic: {"0": first[0], "1": first[1]}}),
         endingOffsets=json.dumps({topic: {"0": first[0] + 1, "1": first[1] + 1}}),
     )
-    # read_committed would hide the aborted records, which the readers do not do: on a broker
-    # with transactions both refuse the setting instead of returning them (format("kafka")
-    # returns only the committed ones).
-    committed_only = {"kafka.isolation.level": "read_committed"}
-    assert len(_rows(_read(spark, "kafka", kbs, subscribe=topic, **committed_only))) == len(
-        committed
-    )
-    for fmt in (JVM, "stratalog-python"):
-        with pytest.raises(Exception, match="not supported on a broker with transactions"):
-            _rows(_read(spark, fmt, kbs, subscribe=topic, **committed_only))
+    # read_committed hides the aborted records: format("stratalog-python") as format("kafka");
+    # the JVM reader does not drop them, so on a broker with transactions it refuses the
+    # setting instead of returning them.
+    committed_only = {"kafka.isolation.level": "read_committed", "includeHeaders": "true"}
+    ref = _rows(_read(spark, "kafka", kbs, subscribe=topic, **committed_only))
+    assert ref == _expected(committed)
+    assert _rows(_read(spark, "stratalog-python", kbs, subscribe=topic, **committed_only)) == ref
+    with pytest.raises(Exception, match="not supported on a broker with transactions"):
+        _rows(_read(spark, JVM, kbs, subscribe=topic, **committed_only))
     assert _rows(
         _read(spark, JVM, kbs, subscribe=topic, **{"kafka.isolation.level": "read_uncommitted"})
     ) == _rows(_read(spark, "kafka", kbs, subscribe=topic))

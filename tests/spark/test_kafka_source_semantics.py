@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ..conftest import create_topic
-from .conftest import Rec, finish, produce, topic_name
+from .conftest import Rec, finish, produce, topic_name, write_transactions
 
 pytestmark = pytest.mark.spark
 
@@ -207,17 +207,43 @@ def test_unsupported_kafka_consumer_options_are_rejected(spark, bootstrap, base)
     assert "auto.offset.reset" in _stratalog_error(spark, bootstrap, **opts)
 
 
+@pytest.fixture(scope="module")
+def transactions(spark_broker) -> tuple[str, list, list]:
+    # (timestamps of the last hour: older ones would be retention's to remove)
+    return write_transactions(spark_broker.bootstrap, "txn", (int(time.time()) - 3600) * 1000)
+
+
+def test_read_committed_leaves_aborted_transactions_out_as_the_kafka_source(
+    spark, bootstrap, transactions
+):
+    # Spark's own Kafka source on Stratalog's transactional topic, and the Python reader, with
+    # read_committed: the committed records only (markers and aborted records are offset gaps);
+    # read_uncommitted: the aborted ones too. The oracle is what the producer was told.
+    topic, committed, aborted = transactions
+    want = {(s.partition, s.offset, s.value) for s in committed}
+    every = want | {(s.partition, s.offset, s.value) for s in aborted}
+    for level, expected in (("read_committed", want), ("read_uncommitted", every)):
+        opts = {"subscribe": topic, "kafka.isolation.level": level}
+        ref = _rows(_read(spark, "kafka", bootstrap, **opts))
+        assert {(r[1], r[2], r[4]) for r in ref} == expected and len(ref) == len(expected)
+        assert _rows(_read(spark, PY, bootstrap, **opts)) == ref, level
+
+
 @pytest.mark.parametrize("fmt", ["stratalog-python", "stratalog"])
-def test_read_committed_on_a_broker_with_transactions_is_refused(spark, bootstrap, base, fmt):
-    # Stratalog has transactions (EndTxn in ApiVersions): read_committed would hide aborted
-    # records, which Stratalog's readers do not do yet, so both refuse it, naming the reason, as
-    # they do on Kafka (tests/spark/test_jvm_on_kafka.py); format("kafka") reads committed
-    # records only. A value Kafka does not know fails, naming the option.
+def test_read_committed_where_nothing_is_transactional_reads_everything(
+    spark, bootstrap, base, fmt
+):
+    # On a topic without transactions read_committed hides nothing. The JVM reader does not
+    # drop aborted records, so on a broker with transactions it refuses the setting, naming
+    # the reason, rather than return them. A value Kafka does not know fails, naming the option.
     ref = _rows(_read(spark, "kafka", bootstrap, subscribe=base))
     committed = {"subscribe": base, "kafka.isolation.level": "read_committed"}
     assert _rows(_read(spark, "kafka", bootstrap, **committed)) == ref
-    with pytest.raises(Exception, match="not supported on a broker with transactions"):
-        _rows(_read(spark, fmt, bootstrap, **committed))
+    if fmt == PY:
+        assert _rows(_read(spark, fmt, bootstrap, **committed)) == ref
+    else:
+        with pytest.raises(Exception, match="not supported on a broker with transactions"):
+            _rows(_read(spark, fmt, bootstrap, **committed))
     opts = {"subscribe": base, "kafka.isolation.level": "read_uncommitted"}
     assert _rows(_read(spark, fmt, bootstrap, **opts)) == ref
     with pytest.raises(Exception, match=r"isolation\.level' must be"):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stratalog.client.committed import committed_batches
 from stratalog.client.wire import WireClient, WireError
 from stratalog.records import uncompressed_batches
 
@@ -272,8 +273,11 @@ def read_partition(
     include_producer: bool = False,
     rows_per_batch: int = 50_000,
     fetch_bytes: int = 8 * 1024 * 1024,
+    read_committed: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of the records of one partition with start <= offset < end."""
+    """Arrow batches of the records of one partition with start <= offset < end; with
+    ``read_committed``, those of aborted transactions left out (their offsets are gaps, as
+    transaction markers are)."""
     dec = ArrowDecoder(topic, partition, include_headers, include_producer)
     offset = start
     while offset < end:
@@ -283,6 +287,7 @@ def read_partition(
             partition_max_bytes=fetch_bytes,
             max_bytes=fetch_bytes,
             max_wait_ms=0,
+            isolation_level=int(read_committed),
             reuse_buffer=True,  # dec.add copies out what it keeps
         )[partition]
         if data.error_code:
@@ -290,10 +295,12 @@ def read_partition(
                 f"fetch {topic}/{partition} at {offset}: error {data.error_code}", data.error_code
             )
         if not data.records:
-            if data.high_watermark <= offset:
+            readable = data.last_stable_offset if read_committed else data.high_watermark
+            if readable <= offset:
                 break  # nothing more there (yet): the caller asked past the end
             raise WireError(f"fetch {topic}/{partition} at {offset} returned no data")
-        nxt = dec.add(data.records, offset, end)
+        records, after = committed_batches(data.records, data.aborted)
+        nxt = max(dec.add(records, offset, end), after)
         if nxt <= offset:
             raise WireError(f"fetch {topic}/{partition} at {offset} made no progress")
         offset = nxt

@@ -53,6 +53,10 @@ class PartitionData:
     high_watermark: int
     log_start_offset: int
     records: bytes | memoryview  # a view of the response frame when fetched by WireClient
+    last_stable_offset: int = -1
+    # (producer id, first offset) of the aborted transactions the records overlap
+    # (read_committed answers only)
+    aborted: list[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,14 +376,14 @@ class WireClient:
         }
 
     def list_offsets(
-        self, topic: str, partitions: list[int], timestamp: int
+        self, topic: str, partitions: list[int], timestamp: int, *, isolation_level: int = 0
     ) -> dict[int, tuple[int, int]]:
-        """partition -> (offset, timestamp) for EARLIEST, LATEST or a timestamp in ms."""
+        """partition -> (offset, timestamp) for EARLIEST, LATEST or a timestamp in ms (LATEST
+        with ``isolation_level`` 1, read_committed: the last stable offset)."""
 
         def send(conn: BrokerConnection, parts: list[int], _fresh: bool) -> dict[int, Any]:
-            resp = conn.request(
-                2, LIST_OFFSETS_V, self._list_offsets_request(topic, parts, timestamp)
-            )
+            body = self._list_offsets_request(topic, parts, timestamp, isolation_level)
+            resp = conn.request(2, LIST_OFFSETS_V, body)
             return {p.partition_index: p for t in resp.topics for p in t.partitions}
 
         out = {}
@@ -391,7 +395,9 @@ class WireClient:
             out[index] = (p.offset, p.timestamp)
         return out
 
-    def _list_offsets_request(self, topic: str, partitions: list[int], timestamp: int) -> Any:
+    def _list_offsets_request(
+        self, topic: str, partitions: list[int], timestamp: int, isolation_level: int = 0
+    ) -> Any:
         parts = tuple(
             self._new(
                 2,
@@ -407,7 +413,7 @@ class WireClient:
             2,
             LIST_OFFSETS_V,
             replica_id=-1,
-            isolation_level=0,
+            isolation_level=isolation_level,
             topics=(
                 self._new(2, LIST_OFFSETS_V, "ListOffsetsTopic", name=topic, partitions=parts),
             ),
@@ -422,8 +428,10 @@ class WireClient:
         partition_max_bytes: int = 16 * 1024 * 1024,
         max_wait_ms: int = 0,
         min_bytes: int = 1,
+        isolation_level: int = 0,
     ) -> Any:
-        """The body of a Fetch (version FETCH_V) of ``offsets`` (partition -> offset)."""
+        """The body of a Fetch (version FETCH_V) of ``offsets`` (partition -> offset);
+        ``isolation_level`` 1 is read_committed."""
         parts = tuple(
             self._new(
                 1,
@@ -445,7 +453,7 @@ class WireClient:
             max_wait=max_wait_ms,
             min_bytes=min_bytes,
             max_bytes=max_bytes,
-            isolation_level=0,
+            isolation_level=isolation_level,
             session_id=0,
             session_epoch=-1,
             topics=(self._new(1, FETCH_V, "FetchTopic", topic=topic, partitions=parts),),
@@ -458,7 +466,7 @@ class WireClient:
     ) -> dict[int, PartitionData]:
         """One Fetch of ``offsets`` (partition -> offset) of ``topic`` from each leader among
         them (one after the other: a long-poll waits at each); ``limits`` are fetch_request's
-        (max_bytes, partition_max_bytes, max_wait_ms, min_bytes).
+        (max_bytes, partition_max_bytes, max_wait_ms, min_bytes, isolation_level).
 
         With ``reuse_buffer`` the returned records are views of a buffer that the next call on
         this client overwrites: for callers that decode each answer before asking again.
@@ -641,5 +649,7 @@ def _fetch_from(conn: BrokerConnection, body: Any, scratch: bool) -> dict[int, P
                 p.high_watermark,
                 p.log_start_offset,
                 p.records if p.records is not None else b"",
+                p.last_stable_offset,
+                p.aborted,
             )
     return out

@@ -37,7 +37,7 @@ class SourceOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
-    read_committed: bool = False  # checked against the broker when planning
+    read_committed: bool = False  # ranges end at the last stable offset; aborted left out
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:

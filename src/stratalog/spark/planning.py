@@ -40,26 +40,15 @@ def from_json_offsets(raw: Mapping | None) -> Offsets:
     return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in raw.items()}
 
 
-END_TXN = 26
-
-
-def check_read_committed(client: WireClient, opts: SourceOptions) -> None:
-    """The reader fetches read_uncommitted. A broker without transactions (no EndTxn) has
-    nothing for read_committed to hide, so it means the same there; on a broker
-    with transactions it would hide aborted records, which this reader does not: refused. The
-    JVM reader (Planner.java) does the same."""
-    if opts.read_committed and END_TXN in client.api_keys():
-        raise OptionError(
-            "Kafka option 'isolation.level' = 'read_committed' is not supported on a broker "
-            f"with transactions ({opts.bootstrap}): the reader returns every record, so records "
-            "of aborted transactions would be returned; leave the option out or use "
-            'format("kafka")'
-        )
+def isolation(opts: SourceOptions) -> int:
+    """The ListOffsets and Fetch isolation level of the options: read_committed (1) ends
+    ranges at the last stable offset and leaves aborted transactions out, as Spark's Kafka
+    source does with the same option."""
+    return 1 if opts.read_committed else 0
 
 
 def topic_partitions(client: WireClient, opts: SourceOptions) -> dict[str, list[int]]:
     """The topic-partitions the options select, checked against the broker."""
-    check_read_committed(client, opts)
     if opts.subscribe_pattern is not None:
         rx = re.compile(opts.subscribe_pattern)
         meta = client.metadata(None)
@@ -106,9 +95,12 @@ def _check_exact(name: str, spec: Mapping[str, Mapping[int, int]], tps: dict[str
         )
 
 
-def _list(client: WireClient, tps: dict[str, list[int]], ts: int) -> Offsets:
+def _list(client: WireClient, tps: dict[str, list[int]], ts: int, isolation: int = 0) -> Offsets:
     return {
-        t: {p: off for p, (off, _ts) in client.list_offsets(t, ps, ts).items()}
+        t: {
+            p: off
+            for p, (off, _ts) in client.list_offsets(t, ps, ts, isolation_level=isolation).items()
+        }
         for t, ps in tps.items()
         if ps
     }
@@ -119,7 +111,7 @@ def resolve_start(
 ) -> Offsets:
     """Starting offsets: startingTimestamp > startingOffsetsByTimestamp > startingOffsets."""
     earliest = _list(client, tps, EARLIEST)
-    latest = _list(client, tps, LATEST)
+    latest = _list(client, tps, LATEST, isolation(opts))
     if opts.starting_timestamp is None and opts.starting_by_timestamp is not None:
         _check_exact("startingOffsetsByTimestamp", opts.starting_by_timestamp, tps)
     if opts.starting_timestamp is not None or opts.starting_by_timestamp is not None:
@@ -151,7 +143,7 @@ def resolve_start(
 
 def resolve_end(client: WireClient, tps: dict[str, list[int]], opts: SourceOptions) -> Offsets:
     """Ending offsets (batch): endingTimestamp > endingOffsetsByTimestamp > endingOffsets."""
-    latest = _list(client, tps, LATEST)
+    latest = _list(client, tps, LATEST, isolation(opts))
     if opts.ending_timestamp is None and opts.ending_by_timestamp is not None:
         _check_exact("endingOffsetsByTimestamp", opts.ending_by_timestamp, tps)
     if opts.ending_timestamp is not None or opts.ending_by_timestamp is not None:

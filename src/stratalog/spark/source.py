@@ -40,7 +40,7 @@ from pyspark.sql.types import (
 from stratalog.client.arrow_reader import kafka_schema, read_partition
 from stratalog.client.wire import EARLIEST, WireClient, WireError
 from stratalog.spark import planning, worker_gc
-from stratalog.spark.options import OptionError, parse_source_options
+from stratalog.spark.options import OptionError, SourceOptions, parse_source_options
 
 
 def spark_schema(include_headers: bool) -> StructType:
@@ -90,10 +90,11 @@ def _tasks(client: WireClient, ranges: list[planning.Range]) -> list[InputPartit
 class _Reading:
     """The executor side, shared by batch and streaming reads."""
 
-    def __init__(self, bootstrap: str, include_headers: bool, fail_on_data_loss: bool) -> None:
-        self.bootstrap = bootstrap
-        self.include_headers = include_headers
-        self.fail_on_data_loss = fail_on_data_loss
+    def __init__(self, opts: SourceOptions) -> None:
+        self.bootstrap = opts.bootstrap
+        self.include_headers = opts.include_headers
+        self.fail_on_data_loss = opts.fail_on_data_loss
+        self.read_committed = opts.read_committed
 
     def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         # Spark substitutes InputPartition(None) when planning found nothing to read.
@@ -122,15 +123,14 @@ class _Reading:
                 start,
                 partition.end,
                 include_headers=self.include_headers,
+                read_committed=self.read_committed,
             )
 
 
 class StratalogBatchReader(DataSourceReader):
     def __init__(self, options) -> None:
         self.opts = parse_source_options(options, streaming=False)
-        self._reading = _Reading(
-            self.opts.bootstrap, self.opts.include_headers, self.opts.fail_on_data_loss
-        )
+        self._reading = _Reading(self.opts)
 
     def partitions(self) -> list[InputPartition]:
         with WireClient(self.opts.bootstrap, client_id="stratalog-spark") as client:
@@ -149,9 +149,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options) -> None:
         self.options = options
         self.opts = parse_source_options(options, streaming=True)
-        self._reading = _Reading(
-            self.opts.bootstrap, self.opts.include_headers, self.opts.fail_on_data_loss
-        )
+        self._reading = _Reading(self.opts)
         self._client: WireClient | None = None
         self._available_now: planning.Offsets | None = None
         # This query start, as logged on the broker (see planning.StartLog).
@@ -170,7 +168,12 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         client = self._wire()
         tps = planning.topic_partitions(client, self.opts)
         return {
-            t: {p: off for p, (off, _) in client.list_offsets(t, ps, -1).items()}
+            t: {
+                p: off
+                for p, (off, _) in client.list_offsets(
+                    t, ps, -1, isolation_level=planning.isolation(self.opts)
+                ).items()
+            }
             for t, ps in tps.items()
             if ps
         }
