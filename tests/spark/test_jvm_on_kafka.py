@@ -393,15 +393,13 @@ def test_transactional_topic_read_uncommitted(spark, kafka, kbs, txn):
         startingOffsets=json.dumps({topic: {"0": first[0], "1": first[1]}}),
         endingOffsets=json.dumps({topic: {"0": first[0] + 1, "1": first[1] + 1}}),
     )
-    # read_committed hides the aborted records: format("stratalog-python") as format("kafka");
-    # the JVM reader does not drop them, so on a broker with transactions it refuses the
-    # setting instead of returning them.
+    # read_committed hides the aborted records, in both of Stratalog's readers as in
+    # format("kafka").
     committed_only = {"kafka.isolation.level": "read_committed", "includeHeaders": "true"}
     ref = _rows(_read(spark, "kafka", kbs, subscribe=topic, **committed_only))
     assert ref == _expected(committed)
-    assert _rows(_read(spark, "stratalog-python", kbs, subscribe=topic, **committed_only)) == ref
-    with pytest.raises(Exception, match="not supported on a broker with transactions"):
-        _rows(_read(spark, JVM, kbs, subscribe=topic, **committed_only))
+    for fmt in (JVM, "stratalog-python"):
+        assert _rows(_read(spark, fmt, kbs, subscribe=topic, **committed_only)) == ref, fmt
     assert _rows(
         _read(spark, JVM, kbs, subscribe=topic, **{"kafka.isolation.level": "read_uncommitted"})
     ) == _rows(_read(spark, "kafka", kbs, subscribe=topic))

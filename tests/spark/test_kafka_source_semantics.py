@@ -213,12 +213,14 @@ def transactions(spark_broker) -> tuple[str, list, list]:
     return write_transactions(spark_broker.bootstrap, "txn", (int(time.time()) - 3600) * 1000)
 
 
+@pytest.mark.parametrize("fmt", ["stratalog-python", "stratalog"])
 def test_read_committed_leaves_aborted_transactions_out_as_the_kafka_source(
-    spark, bootstrap, transactions
+    spark, bootstrap, transactions, fmt
 ):
-    # Spark's own Kafka source on Stratalog's transactional topic, and the Python reader, with
-    # read_committed: the committed records only (markers and aborted records are offset gaps);
-    # read_uncommitted: the aborted ones too. The oracle is what the producer was told.
+    # Spark's own Kafka source on Stratalog's transactional topic, and each of Stratalog's
+    # readers, with read_committed: the committed records only (markers and aborted records are
+    # offset gaps); read_uncommitted: the aborted ones too. The oracle is what the producer was
+    # told.
     topic, committed, aborted = transactions
     want = {(s.partition, s.offset, s.value) for s in committed}
     every = want | {(s.partition, s.offset, s.value) for s in aborted}
@@ -226,24 +228,19 @@ def test_read_committed_leaves_aborted_transactions_out_as_the_kafka_source(
         opts = {"subscribe": topic, "kafka.isolation.level": level}
         ref = _rows(_read(spark, "kafka", bootstrap, **opts))
         assert {(r[1], r[2], r[4]) for r in ref} == expected and len(ref) == len(expected)
-        assert _rows(_read(spark, PY, bootstrap, **opts)) == ref, level
+        assert _rows(_read(spark, fmt, bootstrap, **opts)) == ref, level
 
 
 @pytest.mark.parametrize("fmt", ["stratalog-python", "stratalog"])
 def test_read_committed_where_nothing_is_transactional_reads_everything(
     spark, bootstrap, base, fmt
 ):
-    # On a topic without transactions read_committed hides nothing. The JVM reader does not
-    # drop aborted records, so on a broker with transactions it refuses the setting, naming
-    # the reason, rather than return them. A value Kafka does not know fails, naming the option.
+    # On a topic without transactions read_committed hides nothing. A value Kafka does not
+    # know fails, naming the option.
     ref = _rows(_read(spark, "kafka", bootstrap, subscribe=base))
     committed = {"subscribe": base, "kafka.isolation.level": "read_committed"}
     assert _rows(_read(spark, "kafka", bootstrap, **committed)) == ref
-    if fmt == PY:
-        assert _rows(_read(spark, fmt, bootstrap, **committed)) == ref
-    else:
-        with pytest.raises(Exception, match="not supported on a broker with transactions"):
-            _rows(_read(spark, fmt, bootstrap, **committed))
+    assert _rows(_read(spark, fmt, bootstrap, **committed)) == ref
     opts = {"subscribe": base, "kafka.isolation.level": "read_uncommitted"}
     assert _rows(_read(spark, fmt, bootstrap, **opts)) == ref
     with pytest.raises(Exception, match=r"isolation\.level' must be"):

@@ -28,7 +28,7 @@ final class KafkaWire implements Closeable {
   private static final short METADATA = 3;
   private static final short METADATA_V = 4; // v4: the request can refuse auto-creation
   private static final short LIST_OFFSETS = 2;
-  private static final short LIST_OFFSETS_V = 1;
+  private static final short LIST_OFFSETS_V = 2; // v2: an isolation level (LSO for latest)
   private static final short FETCH = 1;
   private static final short FETCH_V = 5; // v5: answers carry the log start offset
   private static final short PRODUCE = 0;
@@ -252,12 +252,14 @@ final class KafkaWire implements Closeable {
   /**
    * For each partition {error code, offset}: the first offset whose timestamp is at or after
    * {@code timestamp} (-1 when there is none), or the earliest/latest offset for
-   * {@link #EARLIEST}/{@link #LATEST}.
+   * {@link #EARLIEST}/{@link #LATEST}; with {@code readCommitted}, latest is the last stable
+   * offset.
    */
-  Map<Integer, long[]> listOffsets(String topic, List<Integer> partitions, long timestamp)
-      throws IOException {
+  Map<Integer, long[]> listOffsets(String topic, List<Integer> partitions, long timestamp,
+      boolean readCommitted) throws IOException {
     Body req = header(LIST_OFFSETS, LIST_OFFSETS_V);
     req.w.writeInt(-1); // replica id: a consumer
+    req.w.writeByte(readCommitted ? 1 : 0);
     req.w.writeInt(1);
     req.string(topic);
     req.w.writeInt(partitions.size());
@@ -266,6 +268,7 @@ final class KafkaWire implements Closeable {
       req.w.writeLong(timestamp);
     }
     ByteBuffer bb = call(req);
+    bb.getInt(); // throttle
     Map<Integer, long[]> result = new LinkedHashMap<>();
     for (int i = bb.getInt(); i > 0; i--) {
       readString(bb);
@@ -285,21 +288,26 @@ final class KafkaWire implements Closeable {
   static final class FetchedPartition {
     short error;
     long highWatermark;
+    long lastStableOffset;
     long logStartOffset;
+    long[] aborted = new long[0]; // (producer id, first offset) pairs: read_committed answers
     byte[] array;
     int start;
     int end;
   }
 
-  /** Fetches one partition from {@code offset}; the answer is valid until the next call. */
-  FetchedPartition fetch(String topic, int partition, long offset, int maxBytes, int maxWaitMs)
-      throws IOException {
+  /**
+   * Fetches one partition from {@code offset}; the answer is valid until the next call. With
+   * {@code readCommitted} it ends at the last stable offset and lists aborted transactions.
+   */
+  FetchedPartition fetch(String topic, int partition, long offset, int maxBytes, int maxWaitMs,
+      boolean readCommitted) throws IOException {
     Body req = header(FETCH, FETCH_V);
     req.w.writeInt(-1); // replica id
     req.w.writeInt(maxWaitMs);
     req.w.writeInt(1); // min bytes
     req.w.writeInt(maxBytes);
-    req.w.writeByte(0); // read_uncommitted, as Spark's Kafka source
+    req.w.writeByte(readCommitted ? 1 : 0);
     req.w.writeInt(1);
     req.string(topic);
     req.w.writeInt(1);
@@ -317,11 +325,12 @@ final class KafkaWire implements Closeable {
         bb.getInt(); // partition
         fp.error = bb.getShort();
         fp.highWatermark = bb.getLong();
-        bb.getLong(); // last stable offset
+        fp.lastStableOffset = bb.getLong();
         fp.logStartOffset = bb.getLong();
         int aborted = bb.getInt();
-        if (aborted > 0) {
-          bb.position(bb.position() + 16 * aborted);
+        fp.aborted = new long[2 * Math.max(aborted, 0)];
+        for (int k = 0; k < fp.aborted.length; k++) {
+          fp.aborted[k] = bb.getLong();
         }
         int size = bb.getInt();
         fp.start = bb.position();

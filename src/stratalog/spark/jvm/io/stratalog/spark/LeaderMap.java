@@ -200,8 +200,14 @@ final class LeaderMap implements Closeable {
   /** See {@link KafkaWire#listOffsets}; each partition asked of its leader. */
   Map<Integer, Long> listOffsets(String topic, List<Integer> partitions, long timestamp)
       throws IOException {
+    return listOffsets(topic, partitions, timestamp, false);
+  }
+
+  /** The same, latest being the last stable offset with {@code readCommitted}. */
+  Map<Integer, Long> listOffsets(String topic, List<Integer> partitions, long timestamp,
+      boolean readCommitted) throws IOException {
     Map<Integer, long[]> got = toLeaders(topic, partitions,
-        (w, ps) -> w.listOffsets(topic, ps, timestamp), a -> (int) a[0]);
+        (w, ps) -> w.listOffsets(topic, ps, timestamp, readCommitted), a -> (int) a[0]);
     Map<Integer, Long> out = new LinkedHashMap<>();
     for (Map.Entry<Integer, long[]> p : got.entrySet()) {
       if (p.getValue()[0] != 0) {
@@ -215,9 +221,10 @@ final class LeaderMap implements Closeable {
 
   /** See {@link KafkaWire#fetch}: from the partition's leader. */
   KafkaWire.FetchedPartition fetch(String topic, int partition, long offset, int maxBytes,
-      int maxWaitMs) throws IOException {
+      int maxWaitMs, boolean readCommitted) throws IOException {
     return toLeaders(topic, List.of(partition),
-        (w, ps) -> Map.of(partition, w.fetch(topic, partition, offset, maxBytes, maxWaitMs)),
+        (w, ps) -> Map.of(partition,
+            w.fetch(topic, partition, offset, maxBytes, maxWaitMs, readCommitted)),
         fp -> fp.error).get(partition);
   }
 

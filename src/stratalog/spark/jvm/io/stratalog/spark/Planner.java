@@ -50,7 +50,6 @@ final class Planner {
 
   /** The topic-partitions the options select, checked against the broker. */
   Map<String, List<Integer>> topicPartitions() throws IOException {
-    checkIsolation();
     Map<String, List<Integer>> out = new TreeMap<>();
     if (opts.subscribePattern != null) {
       Pattern rx = Pattern.compile(opts.subscribePattern);
@@ -97,21 +96,15 @@ final class Planner {
    * for read_committed to hide, so it means the same there; on a broker with transactions
    * (Stratalog too) it would hide aborted records, which this reader does not do: refused.
    */
-  private void checkIsolation() throws IOException {
-    if (opts.readCommitted && wire.apiKeys().contains(KafkaWire.END_TXN)) {
-      throw new IllegalArgumentException("Kafka option 'isolation.level' = 'read_committed' "
-          + "is not supported on a broker with transactions (" + opts.bootstrap + "): the "
-          + "reader returns every record, so records of aborted transactions would be "
-          + "returned; leave the option out or use format(\"kafka\")");
-    }
-  }
-
-  /** Each partition's offset for a timestamp, or its earliest or latest offset. */
+  /**
+   * Each partition's offset for a timestamp, or its earliest or latest offset (with
+   * read_committed the last stable offset, as Spark's Kafka source takes it).
+   */
   PartitionMap offsetsAt(Map<String, List<Integer>> tps, long ts) throws IOException {
     PartitionMap out = new PartitionMap();
     for (Map.Entry<String, List<Integer>> t : tps.entrySet()) {
       if (!t.getValue().isEmpty()) {
-        out.put(t.getKey(), new TreeMap<>(wire.listOffsets(t.getKey(), t.getValue(), ts)));
+        out.put(t.getKey(), new TreeMap<>(wire.listOffsets(t.getKey(), t.getValue(), ts, opts.readCommitted)));
       }
     }
     return out;

@@ -15,7 +15,9 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * range's next offset; the broker answers with whole record batches, which may begin before it
  * (those records are skipped) and may run past the range's end (cut). Records missing from the
  * range (deleted by retention, or an end past the data) fail the task unless failOnDataLoss is
- * false, as in Spark's Kafka source.
+ * false, as in Spark's Kafka source. With read_committed, fetches end at the last stable
+ * offset and the batches of aborted transactions are skipped ({@link AbortedTransactions}):
+ * their offsets, like the markers', are gaps.
  */
 final class RangeReader implements PartitionReader<ColumnarBatch> {
   static final int ROWS = 4096;
@@ -29,6 +31,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   private final WritableColumnVector[] vectors;
   private final ColumnarBatch batch;
   private final RecordDecoder decoder;
+  private final AbortedTransactions aborted = new AbortedTransactions();
   private LeaderMap wire;
   private long next;
   private KafkaWire.FetchedPartition fetched;
@@ -91,7 +94,9 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
       int size = RecordDecoder.batchSize(b, pos);
       long last = RecordDecoder.lastOffset(b, pos);
       if (last >= next) {
-        rows += decoder.decode(b, pos, next, range.until, rows);
+        if (!(opts.readCommitted && aborted.skip(b, pos, last))) {
+          rows += decoder.decode(b, pos, next, range.until, rows);
+        }
         next = last + 1;
       }
       pos += size;
@@ -116,8 +121,10 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     }
     long deadline = System.currentTimeMillis() + opts.pollTimeoutMs;
     while (true) {
-      fetched = wire.fetch(range.topic, range.partition, next, fetchBytes, 500);
+      fetched = wire.fetch(range.topic, range.partition, next, fetchBytes, 500,
+          opts.readCommitted);
       pos = fetched.start;
+      aborted.reset(fetched.aborted);
       if (fetched.error == 1) { // OFFSET_OUT_OF_RANGE
         return outOfRange();
       }
@@ -128,8 +135,9 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
       if (fetched.end - fetched.start >= 12) {
         return true;
       }
-      if (fetched.highWatermark <= next) {
-        return lost(next, range.until, "the partition ends at " + fetched.highWatermark);
+      long readable = opts.readCommitted ? fetched.lastStableOffset : fetched.highWatermark;
+      if (readable <= next) {
+        return lost(next, range.until, "the partition ends at " + readable);
       }
       if (System.currentTimeMillis() > deadline) {
         throw new IOException("no records of " + range + " at offset " + next + " within "
@@ -147,7 +155,8 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
       next = earliest;
       return next < range.until && fetch();
     }
-    long latest = wire.listOffsets(range.topic, p, KafkaWire.LATEST).get(range.partition);
+    long latest = wire.listOffsets(range.topic, p, KafkaWire.LATEST, opts.readCommitted)
+        .get(range.partition);
     return lost(next, range.until, "the partition ends at " + latest);
   }
 
