@@ -262,6 +262,38 @@ READERS = pytest.mark.parametrize("fmt", ["stratalog-python", "stratalog"])
 
 
 @READERS
+def test_a_read_committed_stream_stops_before_an_open_transaction(spark, bootstrap, tmp_path, fmt):
+    # Streaming with read_committed: a batch ends at the last stable offset, so the records of
+    # a transaction still open are read only by a batch after its commit; its marker is a gap.
+    topic = topic_name("open-txn")
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, [Rec(b"plain%d" % i) for i in range(5)])
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic, "linger.ms": 5})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    for i in range(3):
+        txn.produce(topic, b"txn%d" % i, partition=0)
+    assert txn.flush(30) == 0
+    opts = {"subscribe": topic, "startingOffsets": "earliest"}
+    opts["kafka.isolation.level"] = "read_committed"
+    values: dict[str, list] = {}
+    for reader in ("kafka", fmt):
+        out = tmp_path / f"{reader}-out"
+        first = _stream(spark, reader, bootstrap, tmp_path / reader, out, **opts)
+        assert first.exception() is None, first.exception()
+        values[reader] = [sorted(r.value for r in spark.read.parquet(str(out)).collect())]
+    txn.commit_transaction(30)
+    for reader in ("kafka", fmt):
+        out = tmp_path / f"{reader}-out"
+        second = _stream(spark, reader, bootstrap, tmp_path / reader, out, **opts)
+        assert second.exception() is None, second.exception()
+        values[reader].append(sorted(r.value for r in spark.read.parquet(str(out)).collect()))
+    plain = [b"plain%d" % i for i in range(5)]
+    assert values["kafka"] == [plain, sorted(plain + [b"txn%d" % i for i in range(3)])]
+    assert values[fmt] == values["kafka"]
+
+
+@READERS
 def test_stream_start_beyond_the_end_fails_on_data_loss(spark, bootstrap, base, tmp_path, fmt):
     # KafkaOffsetReaderAdmin.getOffsetRangesFromResolvedOffsets: untilOffset < fromOffset is
     # reportDataLoss ("Partition ...'s offset was changed from 100 to 10"), which fails the
