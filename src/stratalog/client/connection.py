@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import struct
 from typing import Any
 
+from stratalog.client import security
 from stratalog.client.errors import ConnectionLost, WireError
+from stratalog.client.security import ClientSecurity
 from stratalog.protocol import codec
 
 _I32 = struct.Struct(">i")
@@ -18,10 +21,18 @@ Address = tuple[str, int]
 class BrokerConnection:
     """Requests to one broker, answered in order; not thread-safe."""
 
-    def __init__(self, address: Address, *, timeout: float, client_id: str) -> None:
+    def __init__(
+        self,
+        address: Address,
+        *,
+        timeout: float,
+        client_id: str,
+        security: ClientSecurity | None = None,
+    ) -> None:
         self.address = address
         self.timeout = timeout
         self.client_id = client_id
+        self.security = security
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
         # Receive buffer reused by roundtrip(scratch=True): a fresh 8 MiB bytearray per Fetch
@@ -39,7 +50,24 @@ class BrokerConnection:
                     f"cannot reach a broker at {host}:{port}: {e.strerror or e}"
                 ) from None
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sec = self.security
+            if sec is not None and sec.tls:
+                try:
+                    s = sec.context().wrap_socket(s, server_hostname=host)
+                except ssl.SSLError as e:
+                    s.close()
+                    # Not ConnectionLost: another broker would not make it work.
+                    raise WireError(f"TLS with the broker at {host}:{port} failed: {e}") from None
+                except OSError as e:
+                    s.close()
+                    raise ConnectionLost(f"TLS with {host}:{port} broke: {e}") from None
             self._sock = s
+            if sec is not None and sec.sasl:
+                try:
+                    security.authenticate(sec, self.request, _body)
+                except BaseException:
+                    self.close()
+                    raise
         return self._sock
 
     @property
@@ -98,3 +126,7 @@ class BrokerConnection:
         got, resp = codec.decode_response(api_key, version, data)
         self.check_correlation(got, cid)
         return resp
+
+
+def _body(api_key: int, version: int, **fields: Any) -> Any:
+    return codec.build(codec.request_class(api_key, version), **fields)

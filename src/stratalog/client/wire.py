@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from stratalog.client.connection import Address, BrokerConnection
 from stratalog.client.errors import ConnectionLost, WireError
 from stratalog.client.leaders import COORDINATOR_MOVED, LEADER_MOVED, LeaderMap, Retries
+from stratalog.client.security import ClientSecurity
 from stratalog.protocol import codec
 from stratalog.protocol.errors import ErrorCode
 from stratalog.protocol.fetch import decode_fetch_response
@@ -112,8 +113,11 @@ class WireClient:
         timeout: float = 30.0,
         client_id: str = "stratalog",
         leader_wait: float = 30.0,
+        security: ClientSecurity | None = None,
     ) -> None:
+        """``security``: TLS and SASL for a secured listener (client/security.py)."""
         self.bootstrap = parse_bootstrap_list(bootstrap)
+        self.security = security
         self.address = self.bootstrap[0]
         self.timeout = timeout
         self.client_id = client_id
@@ -144,9 +148,7 @@ class WireClient:
             return self._home
         problems = []
         for addr in dict.fromkeys([*self.bootstrap, *self.leaders.brokers.values()]):
-            conn = self._conns.get(addr) or BrokerConnection(
-                addr, timeout=self.timeout, client_id=self.client_id
-            )
+            conn = self._conns.get(addr) or self._new_connection(addr)
             try:
                 conn.open()
             except ConnectionLost as e:
@@ -158,6 +160,11 @@ class WireClient:
             raise ConnectionLost(problems[0])
         raise ConnectionLost("no broker answered: " + "; ".join(problems))
 
+    def _new_connection(self, addr: Address) -> BrokerConnection:
+        return BrokerConnection(
+            addr, timeout=self.timeout, client_id=self.client_id, security=self.security
+        )
+
     def _connection(self, node: int | None) -> BrokerConnection:
         """The connection to broker ``node`` (None: any broker)."""
         addr = self.leaders.address(node) if node is not None else None
@@ -166,8 +173,7 @@ class WireClient:
             return self._any()
         conn = self._conns.get(addr)
         if conn is None:
-            conn = BrokerConnection(addr, timeout=self.timeout, client_id=self.client_id)
-            self._conns[addr] = conn
+            conn = self._conns[addr] = self._new_connection(addr)
         return conn
 
     def _lost(self, conn: BrokerConnection, node: int | None) -> None:

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stratalog.client.security import ClientSecurity, SecurityConfigError, from_config
+
 EARLIEST = -2
 LATEST = -1
 
@@ -38,6 +40,7 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     read_committed: bool = False  # ranges end at the last stable offset; aborted left out
+    security: ClientSecurity = field(default_factory=ClientSecurity)  # kafka.security.protocol...
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -115,6 +118,17 @@ def _offsets(options: Mapping[str, str], name: str) -> str | dict[str, dict[int,
     if word in ("earliest", "latest"):
         return word
     return parse_partition_json(name, v)
+
+
+def parse_security(options: Mapping[str, str]) -> ClientSecurity:
+    """TLS and SASL from the Kafka client settings among the options (``kafka.security.protocol``,
+    ``kafka.sasl.jaas.config``, ``kafka.ssl.truststore.location``, ...), as Spark's Kafka source
+    passes them to its consumer."""
+    kafka = {k[len("kafka.") :]: str(v) for k, v in options.items() if k.startswith("kafka.")}
+    try:
+        return from_config(kafka)
+    except SecurityConfigError as e:
+        raise OptionError(f"Kafka option kafka.{e}") from None
 
 
 def parse_bootstrap(options: Mapping[str, str]) -> str:
@@ -280,6 +294,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         include_headers=_bool(options, "includeHeaders", False),
         read_committed=_get(options, "kafka.isolation.level") == "read_committed",
+        security=parse_security(options),
     )
 
 
@@ -316,6 +331,7 @@ class SinkOptions:
     max_task_bytes: int = DEFAULT_MAX_TASK_BYTES
     fail_after_records: int | None = None
     fail_attempts: int = 1
+    security: ClientSecurity = field(default_factory=ClientSecurity)
 
 
 _SINK_UNSUPPORTED = {
@@ -342,4 +358,5 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         max_task_bytes=_positive_int(options, "exactlyOnce.maxTaskBytes") or DEFAULT_MAX_TASK_BYTES,
         fail_after_records=_positive_int(options, FAIL_OPTION),
         fail_attempts=_positive_int(options, FAIL_ATTEMPTS_OPTION) or 1,
+        security=parse_security(options),
     )

@@ -78,6 +78,10 @@ class OffsetRangePartition(InputPartition):
     leader: str | None = None
 
 
+def _client(opts: SourceOptions) -> WireClient:
+    return WireClient(opts.bootstrap, client_id="stratalog-spark", security=opts.security)
+
+
 def _tasks(client: WireClient, ranges: list[planning.Range]) -> list[InputPartition]:
     return [
         OffsetRangePartition(
@@ -95,6 +99,7 @@ class _Reading:
         self.include_headers = opts.include_headers
         self.fail_on_data_loss = opts.fail_on_data_loss
         self.read_committed = opts.read_committed
+        self.security = opts.security
 
     def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         # Spark substitutes InputPartition(None) when planning found nothing to read.
@@ -104,7 +109,7 @@ class _Reading:
         bootstrap = self.bootstrap
         if partition.leader:
             bootstrap = f"{partition.leader},{bootstrap}"
-        with WireClient(bootstrap, client_id="stratalog-spark") as client:
+        with WireClient(bootstrap, client_id="stratalog-spark", security=self.security) as client:
             start = partition.start
             low = client.list_offsets(partition.topic, [partition.partition], EARLIEST)
             log_start = low[partition.partition][0]
@@ -133,7 +138,7 @@ class StratalogBatchReader(DataSourceReader):
         self._reading = _Reading(self.opts)
 
     def partitions(self) -> list[InputPartition]:
-        with WireClient(self.opts.bootstrap, client_id="stratalog-spark") as client:
+        with _client(self.opts) as client:
             tps = planning.topic_partitions(client, self.opts)
             start = planning.resolve_start(client, tps, self.opts, "earliest")
             end = planning.resolve_end(client, tps, self.opts)
@@ -161,7 +166,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _wire(self) -> WireClient:
         # The planning process is long-lived; keep one connection in it.
         if self._client is None:
-            self._client = WireClient(self.opts.bootstrap, client_id="stratalog-spark")
+            self._client = _client(self.opts)
         return self._client
 
     def _latest(self) -> planning.Offsets:

@@ -41,6 +41,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from stratalog.client.partitioner import kafka_partition
+from stratalog.client.security import ClientSecurity
 from stratalog.client.wire import WireClient, WireError
 from stratalog.protocol.errors import code
 from stratalog.records import build_batch
@@ -106,8 +107,9 @@ class _TaskWriter:
         topic_option: str | None,
         producer_id: int,
         fail_after: int | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
-        self.client = WireClient(bootstrap, client_id="stratalog-spark-writer")
+        self.client = WireClient(bootstrap, client_id="stratalog-spark-writer", security=security)
         self.topic_option = topic_option
         self.producer_id = producer_id
         self.fail_after = fail_after
@@ -335,7 +337,7 @@ def _write(opts: SinkOptions, producer_id: int, batches: Iterator[pa.RecordBatch
     elif not opts.exactly_once:
         producer_id = derived_producer_id("attempt", uuid.uuid4())
     fail_after = opts.fail_after_records if attempt < opts.fail_attempts else None
-    w = _TaskWriter(opts.bootstrap, opts.topic, producer_id, fail_after)
+    w = _TaskWriter(opts.bootstrap, opts.topic, producer_id, fail_after, opts.security)
     try:
         for b in batches:
             w.add_arrow(b)
