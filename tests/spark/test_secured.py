@@ -1,7 +1,7 @@
-"""Spark on a secured broker: the Python data source's sink and source over SASL_SSL (SCRAM) and
-over SSL with a client certificate, given the same `kafka.*` settings as Spark's own Kafka
-connector, which reads the result as the reference. The JVM connector speaks PLAINTEXT only
-and says so.
+"""Spark on a secured broker: both of Stratalog's connectors (the JVM one and the Python data
+source), sink and source, over SASL_SSL (SCRAM) and over SSL with a client certificate, given
+the same `kafka.*` settings as Spark's own Kafka connector, which reads the result as the
+reference.
 
 Real certificates (``stratalog certs``' CA), a real broker with those listeners, a real
 SparkSession."""
@@ -39,6 +39,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Broker, 
         yield b, certs
 
 
+def _jaas(user: str, password: str) -> str:
+    return (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{user}" password="{password}";'
+    )
+
+
 def _options(broker: Broker, certs: dict, listener: str) -> dict[str, str]:
     """The same settings for format("kafka") and format("stratalog-python")."""
     out = {
@@ -49,49 +56,45 @@ def _options(broker: Broker, certs: dict, listener: str) -> dict[str, str]:
     }
     if listener == "SASL_SSL":
         out["kafka.sasl.mechanism"] = "SCRAM-SHA-512"
-        out["kafka.sasl.jaas.config"] = (
-            "org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f'username="{USER}" password="{PASSWORD}";'
-        )
+        out["kafka.sasl.jaas.config"] = _jaas(USER, PASSWORD)
     else:
         out["kafka.ssl.keystore.type"] = "PEM"
         out["kafka.ssl.keystore.location"] = str(certs["client.pem"])
     return out
 
 
+@pytest.mark.parametrize("fmt", ["stratalog", "stratalog-python"])
 @pytest.mark.parametrize("listener", ["SASL_SSL", "SSL"])
-def test_the_python_source_and_sink_work_on_a_secured_listener(spark, secured, listener):
+def test_source_and_sink_work_on_a_secured_listener(spark, secured, listener, fmt):
     broker, certs = secured
-    topic = f"secured-{listener.lower()}"
+    topic = f"secured-{listener.lower()}-{fmt}"
     opts = _options(broker, certs, listener)
     create_topic(broker.bootstrap, topic, 2)
     rows = [(f"k{i % 3}", f"v{i}") for i in range(30)]
     df = spark.createDataFrame(rows, "key string, value string")
-    df.write.format("stratalog-python").options(**opts).option("topic", topic).mode("append").save()
+    df.write.format(fmt).options(**opts).option("topic", topic).mode("append").save()
 
-    def read(fmt: str) -> list[tuple]:
-        got = spark.read.format(fmt).options(**opts).option("subscribe", topic).load()
+    def read(reader: str) -> list[tuple]:
+        got = spark.read.format(reader).options(**opts).option("subscribe", topic).load()
         return sorted(
             (r.key.decode(), r.value.decode(), r.partition, r.offset) for r in got.collect()
         )
 
     reference = read("kafka")  # Spark's Kafka connector, the Java client's TLS and SASL
     assert sorted((k, v) for k, v, _p, _o in reference) == sorted(rows)
-    assert read("stratalog-python") == reference
+    assert read(fmt) == reference
 
 
-def test_the_jvm_connector_refuses_a_secured_listener_by_name(spark, secured):
-    from stratalog.spark.jvm import on_classpath
-
+@pytest.mark.parametrize("fmt", ["stratalog", "stratalog-python"])
+def test_settings_that_cannot_work_are_named(spark, secured, fmt):
     broker, certs = secured
-    if not on_classpath(spark):
-        pytest.fail("the JVM connector is not on the test session's classpath")
     opts = _options(broker, certs, "SASL_SSL")
-    with pytest.raises(Exception, match="speaks PLAINTEXT only"):
-        spark.read.format("stratalog").options(**opts).option("subscribe", "x").load().collect()
-    # A setting the Python source cannot use is named, not met with an unreadable answer.
-    bad = {**opts, "kafka.sasl.mechanism": "GSSAPI"}
-    with pytest.raises(Exception, match=r"sasl\.mechanism GSSAPI is not offered"):
-        spark.read.format("stratalog-python").options(**bad).option(
-            "subscribe", "x"
-        ).load().collect()
+    cases = [
+        ({"kafka.sasl.mechanism": "GSSAPI"}, r"sasl\.mechanism GSSAPI is not offered"),
+        ({"kafka.sasl.jaas.config": _jaas(USER, "wrong")}, f"SASL authentication of '{USER}'"),
+        ({"kafka.ssl.truststore.location": str(certs["other-ca.pem"])}, "TLS with the broker"),
+    ]
+    for change, message in cases:
+        bad = {**opts, **change}
+        with pytest.raises(Exception, match=message):
+            spark.read.format(fmt).options(**bad).option("subscribe", "x").load().collect()

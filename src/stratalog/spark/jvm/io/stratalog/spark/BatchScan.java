@@ -70,7 +70,7 @@ final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
 
   @Override
   public InputPartition[] planInputPartitions() {
-    try (LeaderMap wire = new LeaderMap(opts.bootstrap, opts.pollTimeoutMs)) {
+    try (LeaderMap wire = new LeaderMap(opts.bootstrap, opts.pollTimeoutMs, opts.security)) {
       List<OffsetRange> ranges = new Planner(opts, wire).plan();
       return ranges.toArray(new InputPartition[0]);
     } catch (IOException e) {

@@ -5,7 +5,6 @@ import java.io.Closeable;
 import java.io.DataInputStream;
 import java.io.DataOutputStream;
 import java.io.IOException;
-import java.net.InetSocketAddress;
 import java.net.Socket;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
@@ -44,16 +43,24 @@ final class KafkaWire implements Closeable {
   private int correlation = 0;
   private byte[] frame = new byte[1 << 20];
 
-  KafkaWire(String host, int port, int timeoutMs) throws IOException {
+  KafkaWire(String host, int port, int timeoutMs, WireSecurity security) throws IOException {
     this.host = host;
     this.port = port;
-    socket = new Socket();
-    socket.setTcpNoDelay(true);
-    socket.setReceiveBufferSize(4 << 20);
-    socket.connect(new InetSocketAddress(host, port), timeoutMs);
-    socket.setSoTimeout(timeoutMs);
+    socket = security.connect(host, port, timeoutMs);
     in = new DataInputStream(new java.io.BufferedInputStream(socket.getInputStream(), 1 << 16));
     out = new DataOutputStream(socket.getOutputStream());
+    if (security.sasl()) {
+      try {
+        security.authenticate((api, version, body) -> {
+          Body req = header(api, version);
+          req.w.write(body);
+          return call(req);
+        }, address());
+      } catch (IOException e) {
+        socket.close();
+        throw e;
+      }
+    }
   }
 
   /** The addresses of a comma-separated list, each "host:port" or "[v6]:port", once each. */
@@ -73,7 +80,8 @@ final class KafkaWire implements Closeable {
   }
 
   /** A connection to one "host:port" or "[v6]:port". */
-  static KafkaWire open(String address, int timeoutMs) throws IOException {
+  static KafkaWire open(String address, int timeoutMs, WireSecurity security)
+      throws IOException {
     int colon = address.lastIndexOf(':');
     if (colon <= 0) {
       throw new IllegalArgumentException(
@@ -90,7 +98,7 @@ final class KafkaWire implements Closeable {
       throw new IllegalArgumentException(
           "bootstrap address '" + address + "' is not of the form HOST:PORT");
     }
-    return new KafkaWire(h, p, timeoutMs);
+    return new KafkaWire(h, p, timeoutMs, security);
   }
 
   String address() {

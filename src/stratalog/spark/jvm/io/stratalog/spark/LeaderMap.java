@@ -33,6 +33,7 @@ final class LeaderMap implements Closeable {
 
   private final List<String> bootstrap;
   private final int timeoutMs;
+  private final WireSecurity security;
   private final Map<String, KafkaWire> connections = new HashMap<>(); // by "host:port"
   private Map<Integer, String> brokers = new HashMap<>(); // node id -> "host:port"
   private final Map<String, Integer> leaders = new HashMap<>(); // "topic\0partition" -> node
@@ -42,8 +43,14 @@ final class LeaderMap implements Closeable {
 
   /** Connects to the first of the bootstrap addresses that answers. */
   LeaderMap(String bootstrap, int timeoutMs) throws IOException {
+    this(bootstrap, timeoutMs, WireSecurity.PLAINTEXT);
+  }
+
+  /** The same, over TLS and SASL as {@code security} says. */
+  LeaderMap(String bootstrap, int timeoutMs, WireSecurity security) throws IOException {
     this.bootstrap = KafkaWire.addresses(bootstrap);
     this.timeoutMs = timeoutMs;
+    this.security = security;
     home();
   }
 
@@ -106,7 +113,7 @@ final class LeaderMap implements Closeable {
   private KafkaWire connection(String addr) throws IOException {
     KafkaWire c = connections.get(addr);
     if (c == null) {
-      c = KafkaWire.open(addr, timeoutMs);
+      c = KafkaWire.open(addr, timeoutMs, security);
       connections.put(addr, c);
     }
     return c;
@@ -265,7 +272,7 @@ final class LeaderMap implements Closeable {
         for (int p : todo) {
           routes.computeIfAbsent(leaders.get(key(topic, p)), k -> new ArrayList<>()).add(p);
         }
-      } catch (KafkaWire.KafkaError e) {
+      } catch (KafkaWire.KafkaError | WireSecurity.Refused e) {
         throw e;
       } catch (IOException e) {
         routes.clear();
@@ -278,6 +285,8 @@ final class LeaderMap implements Closeable {
         try {
           c = connection(r.getKey());
           got = send.to(c, r.getValue());
+        } catch (KafkaWire.KafkaError | WireSecurity.Refused e) {
+          throw e; // an answer, or security that cannot work: not a lost broker
         } catch (IOException e) {
           if (c != null) {
             lost(c, r.getKey());

@@ -56,7 +56,7 @@ final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow 
     for (int attempt = 0; ; attempt++) {
       try {
         if (wire == null) {
-          wire = new LeaderMap(opts.bootstrap, opts.pollTimeoutMs);
+          wire = new LeaderMap(opts.bootstrap, opts.pollTimeoutMs, opts.security);
         }
         return call.run(new Planner(opts, wire));
       } catch (KafkaWire.KafkaError e) {

@@ -117,7 +117,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   private boolean fetch() throws IOException {
     if (wire == null) {
       // One connection, to the leader planning saw; another only if the leader moved since.
-      wire = new LeaderMap(range.brokers, opts.pollTimeoutMs);
+      wire = new LeaderMap(range.brokers, opts.pollTimeoutMs, opts.security);
     }
     long deadline = System.currentTimeMillis() + opts.pollTimeoutMs;
     while (true) {

@@ -45,6 +45,7 @@ final class ReadOptions implements Serializable {
   final int pollTimeoutMs;
   final int fetchMaxBytes;
   final boolean readCommitted;
+  final WireSecurity security; // TLS and SASL, from the kafka.* options
 
   private static final String[][] UNSUPPORTED = {
     {"kafka.auto.offset.reset", "set the source option 'startingOffsets' instead"},
@@ -56,19 +57,8 @@ final class ReadOptions implements Serializable {
     {"kafka.interceptor.classes", "the source does not run consumer interceptors"},
   };
 
-  /**
-   * The broker's address, from 'kafka.bootstrap.servers' or 'bootstrap.servers'. The connector
-   * speaks PLAINTEXT only: a secured listener is refused here, by name, rather than met with
-   * bytes it cannot read.
-   */
+  /** The broker's address, from 'kafka.bootstrap.servers' or 'bootstrap.servers'. */
   static String bootstrap(CaseInsensitiveStringMap o) {
-    String protocol = o.get("kafka.security.protocol");
-    if (protocol != null && !protocol.trim().equalsIgnoreCase("PLAINTEXT")) {
-      throw new IllegalArgumentException("Kafka option 'security.protocol' = '" + protocol
-          + "' is not supported by format(\"stratalog\") (the JVM connector speaks PLAINTEXT "
-          + "only): use format(\"stratalog-python\"), which reads and writes over SSL and SASL "
-          + "listeners, or a PLAINTEXT listener");
-    }
     String b = o.get("kafka.bootstrap.servers");
     if (b == null || b.isEmpty()) {
       b = o.get("bootstrap.servers");
@@ -82,6 +72,7 @@ final class ReadOptions implements Serializable {
 
   ReadOptions(CaseInsensitiveStringMap o) {
     bootstrap = bootstrap(o);
+    security = WireSecurity.of(o);
     for (String name : new String[] {"minOffsetsPerTrigger", "maxTriggerDelay"}) {
       if (o.containsKey(name)) {
         throw new IllegalArgumentException(

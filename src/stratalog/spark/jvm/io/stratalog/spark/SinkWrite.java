@@ -53,6 +53,7 @@ final class SinkWrite
     implements WriteBuilder, SupportsTruncate, SupportsStreamingUpdateAsAppend, Write,
         BatchWrite, StreamingWrite, RequiresDistributionAndOrdering {
   private final String bootstrap;
+  private final WireSecurity security;
   private final String topicOption;
   private final Columns cols;
   private final List<String> written = new ArrayList<>();
@@ -87,6 +88,7 @@ final class SinkWrite
       }
     }
     bootstrap = ReadOptions.bootstrap(o);
+    security = WireSecurity.of(o);
     String t = o.get("topic");
     topicOption = t == null ? null : t.trim();
     cols = columns(info.schema(), topicOption);
@@ -296,6 +298,7 @@ final class SinkWrite
   static final class Factory implements DataWriterFactory, StreamingDataWriterFactory {
     private static final long serialVersionUID = 1L;
     private final String bootstrap;
+    private final WireSecurity security;
     private final String topicOption;
     private final Columns cols;
     private final String job;
@@ -305,6 +308,7 @@ final class SinkWrite
 
     Factory(SinkWrite w, String job) {
       this.bootstrap = w.bootstrap;
+      this.security = w.security;
       this.topicOption = w.topicOption;
       this.cols = w.cols;
       this.exactlyOnce = w.exactlyOnce;
@@ -336,7 +340,7 @@ final class SinkWrite
         producerId = TopicWriter.producerId("attempt", UUID.randomUUID());
       }
       try {
-        return new TopicWriter(bootstrap, topicOption, cols, producerId, failAfter);
+        return new TopicWriter(bootstrap, topicOption, cols, producerId, failAfter, security);
       } catch (IOException e) {
         throw new UncheckedIOException("cannot reach " + bootstrap, e);
       }

@@ -52,12 +52,12 @@ final class TopicWriter implements DataWriter<InternalRow> {
   private long duplicates;
 
   TopicWriter(String bootstrap, String topicOption, SinkWrite.Columns cols, long producerId,
-      long failAfter) throws IOException {
+      long failAfter, WireSecurity security) throws IOException {
     this.cols = cols;
     this.topicOption = topicOption;
     this.producerId = producerId;
     this.failAfter = failAfter;
-    this.wire = new LeaderMap(bootstrap, TIMEOUT_MS);
+    this.wire = new LeaderMap(bootstrap, TIMEOUT_MS, security);
   }
 
   /** 2^62 | the first 8 bytes of SHA-256 of the parts joined by 0x1f, below 2^62. */
