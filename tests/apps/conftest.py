@@ -15,13 +15,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from stratalog.bench.targets import stop_process
 from stratalog.peers.kafka import app_command
-
-pytestmark = pytest.mark.kafka
 
 
 class JavaApp:
@@ -138,3 +136,21 @@ def read_topic(
             last = time.monotonic()
     finally:
         c.close()
+
+
+def end_offsets(
+    admin: AdminClient, topic: str, partitions: int, *, committed: bool
+) -> dict[int, int]:
+    """Each partition's last stable offset (``committed``) or high watermark."""
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    req = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+    res = admin.list_offsets(req, isolation_level=level, request_timeout=10)
+    return {tp.partition: f.result().offset for tp, f in res.items()}
+
+
+def open_transaction_written(admin: AdminClient, topic: str, partitions: int) -> bool:
+    """Whether some partition of ``topic`` holds records past its last stable offset: a
+    transaction is open and has written to it."""
+    lso = end_offsets(admin, topic, partitions, committed=True)
+    hwm = end_offsets(admin, topic, partitions, committed=False)
+    return any(hwm[p] > lso[p] for p in lso)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +33,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from stratalog import Broker
 
-from .conftest import JavaApp, read_topic
+from .conftest import JavaApp, open_transaction_written, read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -55,7 +56,7 @@ def _free_port() -> int:
 class Worker:
     """One distributed worker (its REST API on a port of its own) and its REST calls."""
 
-    def __init__(self, bootstrap: str, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, workdir: Path, extra: dict[str, str] | None = None):
         self.port = _free_port()
         props = workdir / "worker.properties"
         config = {
@@ -83,7 +84,7 @@ class Worker:
             "consumer.heartbeat.interval.ms": "1000",
             "scheduled.rebalance.max.delay.ms": "0",
             "plugin.discovery": "only_scan",
-        }
+        } | dict(extra or {})
         props.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
         self.app = JavaApp("connect", WORKER, str(props), log_dir=workdir, heap="384m")
         self.url = f"http://127.0.0.1:{self.port}"
@@ -142,8 +143,8 @@ class Worker:
 
 
 @contextlib.contextmanager
-def worker(bootstrap: str, workdir: Path) -> Iterator[Worker]:
-    w = Worker(bootstrap, workdir)
+def worker(bootstrap: str, workdir: Path, extra: dict[str, str] | None = None) -> Iterator[Worker]:
+    w = Worker(bootstrap, workdir, extra)
     try:
         w.start()
         yield w
@@ -152,6 +153,20 @@ def worker(bootstrap: str, workdir: Path) -> Iterator[Worker]:
         raise
     finally:
         w.app.stop()
+
+
+def _source_config(source: Path, **extra: str) -> dict[str, str]:
+    return {
+        "connector.class": "FileStreamSource",
+        "tasks.max": "1",
+        "file": str(source),
+        "topic": TOPIC,
+        # Stratalog does not create topics on Metadata (nor does Kafka without
+        # auto.create.topics.enable): the worker creates it (KIP-158) through the Admin API.
+        "topic.creation.default.partitions": "1",
+        "topic.creation.default.replication.factor": "1",
+        **extra,
+    }
 
 
 def _append(path: Path, lines: list[str]) -> None:
@@ -183,20 +198,7 @@ def test_file_connectors_survive_worker_restarts(tmp_path: Path) -> None:
         bootstrap = broker.bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         with worker(bootstrap, tmp_path) as w:
-            w.create(
-                "file-source",
-                {
-                    "connector.class": "FileStreamSource",
-                    "tasks.max": "1",
-                    "file": str(source),
-                    "topic": TOPIC,
-                    # Stratalog does not create topics on Metadata (nor does this worker's
-                    # Kafka reference without auto.create.topics.enable): the worker creates
-                    # it (KIP-158) through the Admin API.
-                    "topic.creation.default.partitions": "1",
-                    "topic.creation.default.replication.factor": "1",
-                },
-            )
+            w.create("file-source", _source_config(source))
             w.create(
                 "file-sink",
                 {
@@ -262,3 +264,72 @@ def test_file_connectors_survive_worker_restarts(tmp_path: Path) -> None:
         configs = read_topic(bootstrap, STATE_TOPICS["config"])
         keys = {k.decode() for _, _, k, _ in configs if k is not None}
         assert {"connector-file-source", "connector-file-sink"} <= keys
+
+
+def test_exactly_once_source_after_kill9(tmp_path: Path) -> None:
+    """KIP-618: with ``exactly.once.source.support=enabled`` the worker writes a source task's
+    records and its file positions in one transaction (the offsets to the offset topic), and
+    fences the previous generation's producers (the Admin API's fenceProducers) before a task
+    starts. Killed with ``kill -9`` while a transaction has written records, the restarted
+    worker aborts it and resumes from the last committed position: read_committed, the topic
+    holds every line exactly once, in order."""
+    source = tmp_path / "source.txt"
+    source.touch()
+    lines = [f"eos {i:05d} " + "y" * (i % 40) for i in range(2000)]
+    stop = threading.Event()
+    appended: list[int] = [0]
+
+    def feed() -> None:  # bursts of 25 lines every 0.1 s, paused by nothing
+        for i in range(0, len(lines), 25):
+            if stop.is_set():
+                return
+            _append(source, lines[i : i + 25])
+            appended[0] = i + 25
+            time.sleep(0.1)
+
+    eos = {"exactly.once.source.support": "enabled"}
+    with Broker(tmp_path / "data") as broker:
+        bootstrap = broker.bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        feeder = threading.Thread(target=feed)
+        try:
+            with worker(bootstrap, tmp_path, eos) as w:
+                w.create(
+                    "eos-source",
+                    _source_config(
+                        source,
+                        **{
+                            "exactly.once.support": "required",
+                            "transaction.boundary": "interval",
+                            "transaction.boundary.interval.ms": "1500",
+                            "batch.size": "20",
+                        },
+                    ),
+                )
+                w.running("eos-source")
+                feeder.start()
+                w.wait(
+                    "a transaction with records written, after some committed",
+                    lambda: (
+                        appended[0] >= 400
+                        and len(read_topic(bootstrap, TOPIC, idle=0.1, timeout=10)) >= 100
+                        and open_transaction_written(admin, TOPIC, 1)
+                    ),
+                )
+                w.app.kill()
+                assert feeder.is_alive(), "the lines ended before the kill"
+                w.start()
+                w.running("eos-source")
+                feeder.join(timeout=TIMEOUT)
+                got = [
+                    v.decode()
+                    for *_, v in read_topic(bootstrap, TOPIC, until=len(lines), timeout=TIMEOUT)
+                ]
+        finally:
+            stop.set()
+            if feeder.is_alive():
+                feeder.join(timeout=30)
+        assert got == lines
+        # The kill left written records of an open transaction, aborted since.
+        raw = read_topic(bootstrap, TOPIC, committed=False, until=len(lines), idle=1)
+        assert len(raw) > len(lines)

@@ -33,18 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import (
-    ConsumerGroupTopicPartitions,
-    IsolationLevel,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
-from .conftest import JavaApp, read_topic
+from .conftest import JavaApp, end_offsets, open_transaction_written, read_topic
+
+pytestmark = pytest.mark.kafka
 
 WORDCOUNT = "org.apache.kafka.streams.examples.wordcount.WordCountDemo"
 INPUT, OUTPUT = "streams-plaintext-input", "streams-wordcount-output"
@@ -96,12 +93,6 @@ class Outcome:
     group_offsets: dict[int, int]  # the application's committed input offsets
     input_ends: dict[int, int]
     internal_topics: dict[str, tuple[int, str]]  # name -> (partitions, cleanup.policy)
-
-
-def _offsets(admin: AdminClient, topic: str, level: IsolationLevel) -> dict[int, int]:
-    req = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
-    res = admin.list_offsets(req, isolation_level=level, request_timeout=10)
-    return {tp.partition: f.result().offset for tp, f in res.items()}
 
 
 def _produce_slowly(
@@ -165,15 +156,14 @@ def run_wordcount(bootstrap: str, workdir: Path) -> Outcome:
         while True:  # until enough is committed and a transaction has written more
             assert app.alive, "WordCountDemo exited\n" + app.tail()
             assert time.monotonic() < deadline, "no output to kill in\n" + app.tail()
-            lso = _offsets(admin, OUTPUT, IsolationLevel.READ_COMMITTED)
-            hwm = _offsets(admin, OUTPUT, IsolationLevel.READ_UNCOMMITTED)
-            if sum(lso.values()) >= KILL_AFTER and any(hwm[p] > lso[p] for p in lso):
+            lso = end_offsets(admin, OUTPUT, PARTITIONS, committed=True)
+            if sum(lso.values()) >= KILL_AFTER and open_transaction_written(
+                admin, OUTPUT, PARTITIONS
+            ):
                 break
             time.sleep(0.05)
         app.kill()  # SIGKILL: no shutdown hook, the open transactions are left hanging
-        lso = _offsets(admin, OUTPUT, IsolationLevel.READ_COMMITTED)
-        hwm = _offsets(admin, OUTPUT, IsolationLevel.READ_UNCOMMITTED)
-        killed_with_open_txn = any(hwm[p] > lso[p] for p in lso)
+        killed_with_open_txn = open_transaction_written(admin, OUTPUT, PARTITIONS)
         killed.set()
         app.start()  # same state.dir: same process id, same transactional ids
         feeder.join(timeout=RUN_TIMEOUT)
@@ -205,7 +195,7 @@ def run_wordcount(bootstrap: str, workdir: Path) -> Outcome:
         group_offsets={
             tp.partition: tp.offset for tp in group.topic_partitions if tp.topic == INPUT
         },
-        input_ends=_offsets(admin, INPUT, IsolationLevel.READ_UNCOMMITTED),
+        input_ends=end_offsets(admin, INPUT, PARTITIONS, committed=False),
         internal_topics=_internal_topics(admin),
     )
 
