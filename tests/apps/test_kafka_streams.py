@@ -129,17 +129,22 @@ def _internal_topics(admin: AdminClient) -> dict[str, tuple[int, str]]:
     return {name: (n, configs[name]) for name, n in topics.items()}
 
 
-def run_wordcount(bootstrap: str, workdir: Path) -> Outcome:
+def _properties(path: Path, bootstrap: str, state_dir: Path) -> Path:
+    config = {"bootstrap.servers": bootstrap, "state.dir": str(state_dir)} | STREAMS_CONFIG
+    path.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
+    return path
+
+
+def run_wordcount(bootstrap: str, workdir: Path, lose_state: bool = False) -> Outcome:
     """The scenario: input arriving, WordCountDemo killed with SIGKILL mid-transaction and
-    restarted, then everything read back."""
+    restarted, then everything read back. With ``lose_state`` the restart gets a new state
+    directory: a new process id, so new transactional ids that fence nothing."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics(
         [NewTopic(t, PARTITIONS, 1) for t in (INPUT, OUTPUT)], operation_timeout=10
     ).values():
         f.result(timeout=15)
-    props = workdir / "wordcount.properties"
-    config = {"bootstrap.servers": bootstrap, "state.dir": str(workdir / "state")}
-    props.write_text("".join(f"{k}={v}\n" for k, v in (config | STREAMS_CONFIG).items()))
+    props = _properties(workdir / "wordcount.properties", bootstrap, workdir / "state")
     lines = input_lines(28, LINES)
     total = sum(expected_counts(lines).values())
 
@@ -165,6 +170,10 @@ def run_wordcount(bootstrap: str, workdir: Path) -> Outcome:
         app.kill()  # SIGKILL: no shutdown hook, the open transactions are left hanging
         killed_with_open_txn = open_transaction_written(admin, OUTPUT, PARTITIONS)
         killed.set()
+        if lose_state:  # the dead instance's transactions stay open until they time out
+            state = workdir / "state-after-kill"
+            props = _properties(workdir / "wordcount-after-kill.properties", bootstrap, state)
+            app = JavaApp("streams", WORDCOUNT, str(props), log_dir=workdir)
         app.start()  # same state.dir: same process id, same transactional ids
         feeder.join(timeout=RUN_TIMEOUT)
         assert not feeder.is_alive() and not failures, failures
@@ -236,6 +245,16 @@ def test_wordcount_exactly_once_after_kill9(stratalog_outcome: Outcome) -> None:
         f"{APP_ID}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-changelog": (PARTITIONS, "compact"),
         f"{APP_ID}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-repartition": (PARTITIONS, "delete"),
     }
+
+
+def test_wordcount_exactly_once_after_kill9_and_lost_state(tmp_path: Path) -> None:
+    """The restarted instance has lost its state directory: it restores everything from the
+    changelog, and its new transactional ids fence nothing, so the dead instance's transactions
+    stay open, holding back the last stable offsets of the output, changelog and repartition
+    partitions, until the broker aborts them after their timeout (Streams' 10 s)."""
+    with Broker(tmp_path / "data") as broker:
+        outcome = run_wordcount(broker.bootstrap, tmp_path, lose_state=True)
+    check_exactly_once(outcome)
 
 
 def test_wordcount_same_on_kafka(stratalog_outcome: Outcome, tmp_path: Path) -> None:
