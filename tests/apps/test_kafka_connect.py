@@ -32,6 +32,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from stratalog import Broker
+from stratalog.peers.kafka import KafkaBroker
 
 from .conftest import JavaApp, open_transaction_written, read_topic
 
@@ -266,21 +267,34 @@ def test_file_connectors_survive_worker_restarts(tmp_path: Path) -> None:
         assert {"connector-file-source", "connector-file-sink"} <= keys
 
 
-def test_exactly_once_source_after_kill9(tmp_path: Path) -> None:
+@pytest.fixture(params=["stratalog", "kafka"])
+def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh Stratalog, or the reference Apache Kafka: the same scenario runs on both."""
+    if request.param == "kafka":
+        with KafkaBroker({"transaction.state.log.num.partitions": "3"}) as kafka:
+            yield kafka.bootstrap
+    else:
+        with Broker(tmp_path / "data") as broker:
+            yield broker.bootstrap
+
+
+def test_exactly_once_source_after_kill9(bootstrap: str, tmp_path: Path) -> None:
     """KIP-618: with ``exactly.once.source.support=enabled`` the worker writes a source task's
     records and its file positions in one transaction (the offsets to the offset topic), and
     fences the previous generation's producers (the Admin API's fenceProducers) before a task
     starts. Killed with ``kill -9`` while a transaction has written records, the restarted
     worker aborts it and resumes from the last committed position: read_committed, the topic
-    holds every line exactly once, in order."""
+    holds every line exactly once, in order. The same on Apache Kafka."""
     source = tmp_path / "source.txt"
     source.touch()
     lines = [f"eos {i:05d} " + "y" * (i % 40) for i in range(2000)]
-    stop = threading.Event()
+    killed, stop = threading.Event(), threading.Event()
     appended: list[int] = [0]
 
-    def feed() -> None:  # bursts of 25 lines every 0.1 s, paused by nothing
+    def feed() -> None:  # bursts of 25 lines every 0.1 s; the last third after the kill
         for i in range(0, len(lines), 25):
+            if i >= len(lines) * 2 // 3:
+                killed.wait(TIMEOUT)
             if stop.is_set():
                 return
             _append(source, lines[i : i + 25])
@@ -288,48 +302,47 @@ def test_exactly_once_source_after_kill9(tmp_path: Path) -> None:
             time.sleep(0.1)
 
     eos = {"exactly.once.source.support": "enabled"}
-    with Broker(tmp_path / "data") as broker:
-        bootstrap = broker.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        feeder = threading.Thread(target=feed)
-        try:
-            with worker(bootstrap, tmp_path, eos) as w:
-                w.create(
-                    "eos-source",
-                    _source_config(
-                        source,
-                        **{
-                            "exactly.once.support": "required",
-                            "transaction.boundary": "interval",
-                            "transaction.boundary.interval.ms": "1500",
-                            "batch.size": "20",
-                        },
-                    ),
-                )
-                w.running("eos-source")
-                feeder.start()
-                w.wait(
-                    "a transaction with records written, after some committed",
-                    lambda: (
-                        appended[0] >= 400
-                        and len(read_topic(bootstrap, TOPIC, idle=0.1, timeout=10)) >= 100
-                        and open_transaction_written(admin, TOPIC, 1)
-                    ),
-                )
-                w.app.kill()
-                assert feeder.is_alive(), "the lines ended before the kill"
-                w.start()
-                w.running("eos-source")
-                feeder.join(timeout=TIMEOUT)
-                got = [
-                    v.decode()
-                    for *_, v in read_topic(bootstrap, TOPIC, until=len(lines), timeout=TIMEOUT)
-                ]
-        finally:
-            stop.set()
-            if feeder.is_alive():
-                feeder.join(timeout=30)
-        assert got == lines
-        # The kill left written records of an open transaction, aborted since.
-        raw = read_topic(bootstrap, TOPIC, committed=False, until=len(lines), idle=1)
-        assert len(raw) > len(lines)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    feeder = threading.Thread(target=feed)
+    try:
+        with worker(bootstrap, tmp_path, eos) as w:
+            w.create(
+                "eos-source",
+                _source_config(
+                    source,
+                    **{
+                        "exactly.once.support": "required",
+                        "transaction.boundary": "interval",
+                        "transaction.boundary.interval.ms": "1500",
+                        "batch.size": "20",
+                    },
+                ),
+            )
+            w.running("eos-source")
+            feeder.start()
+            w.wait(
+                "a transaction with records written, after some committed",
+                lambda: (
+                    appended[0] >= 400
+                    and len(read_topic(bootstrap, TOPIC, idle=0.1, timeout=10)) >= 100
+                    and open_transaction_written(admin, TOPIC, 1)
+                ),
+            )
+            w.app.kill()
+            killed.set()
+            w.start()
+            w.running("eos-source")
+            feeder.join(timeout=TIMEOUT)
+            got = [
+                v.decode()
+                for *_, v in read_topic(bootstrap, TOPIC, until=len(lines), timeout=TIMEOUT)
+            ]
+    finally:
+        stop.set()
+        killed.set()
+        if feeder.is_alive():
+            feeder.join(timeout=30)
+    assert got == lines
+    # The kill left written records of an open transaction, aborted since.
+    raw = read_topic(bootstrap, TOPIC, committed=False, until=len(lines), idle=1)
+    assert len(raw) > len(lines)
