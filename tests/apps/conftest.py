@@ -138,14 +138,27 @@ def read_topic(
         c.close()
 
 
+def _list_offsets(
+    admin: AdminClient, topic: str, partitions: int, spec: OffsetSpec, level: IsolationLevel
+) -> dict[int, int]:
+    req = {TopicPartition(topic, p): spec for p in range(partitions)}
+    res = admin.list_offsets(req, isolation_level=level, request_timeout=10)
+    return {tp.partition: f.result().offset for tp, f in res.items()}
+
+
 def end_offsets(
     admin: AdminClient, topic: str, partitions: int, *, committed: bool
 ) -> dict[int, int]:
     """Each partition's last stable offset (``committed``) or high watermark."""
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-    req = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
-    res = admin.list_offsets(req, isolation_level=level, request_timeout=10)
-    return {tp.partition: f.result().offset for tp, f in res.items()}
+    return _list_offsets(admin, topic, partitions, OffsetSpec.latest(), level)
+
+
+def start_offsets(admin: AdminClient, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's log start offset."""
+    return _list_offsets(
+        admin, topic, partitions, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED
+    )
 
 
 def open_transaction_written(admin: AdminClient, topic: str, partitions: int) -> bool:

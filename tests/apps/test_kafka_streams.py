@@ -39,13 +39,21 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
-from .conftest import JavaApp, end_offsets, open_transaction_written, read_topic
+from .conftest import (
+    JavaApp,
+    end_offsets,
+    open_transaction_written,
+    read_topic,
+    start_offsets,
+)
 
 pytestmark = pytest.mark.kafka
 
 WORDCOUNT = "org.apache.kafka.streams.examples.wordcount.WordCountDemo"
 INPUT, OUTPUT = "streams-plaintext-input", "streams-wordcount-output"
 APP_ID = "wordcount-eos"
+REPARTITION = f"{APP_ID}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-repartition"
+CHANGELOG = f"{APP_ID}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-changelog"
 PARTITIONS = 3
 LINES = 3000
 CHUNK = 100  # lines per produce burst
@@ -59,6 +67,7 @@ STREAMS_CONFIG = {
     "num.stream.threads": "2",
     "commit.interval.ms": "1000",  # long transactions: a kill lands inside one
     "statestore.cache.max.bytes": "0",  # one output record per input word
+    "repartition.purge.interval.ms": "1000",  # DeleteRecords on consumed repartition records
     # A killed member leaves the group when its session expires: keep the restart short.
     "consumer.session.timeout.ms": "6000",
     "consumer.heartbeat.interval.ms": "1000",
@@ -93,6 +102,7 @@ class Outcome:
     group_offsets: dict[int, int]  # the application's committed input offsets
     input_ends: dict[int, int]
     internal_topics: dict[str, tuple[int, str]]  # name -> (partitions, cleanup.policy)
+    repartition_starts: dict[int, int]  # log start offsets of the repartition topic
 
 
 def _produce_slowly(
@@ -206,6 +216,7 @@ def run_wordcount(bootstrap: str, workdir: Path, lose_state: bool = False) -> Ou
         },
         input_ends=end_offsets(admin, INPUT, PARTITIONS, committed=False),
         internal_topics=_internal_topics(admin),
+        repartition_starts=start_offsets(admin, REPARTITION, PARTITIONS),
     )
 
 
@@ -229,6 +240,8 @@ def check_exactly_once(outcome: Outcome) -> None:
     # The last transaction committed the input offsets with the output.
     assert outcome.group_offsets == outcome.input_ends
     assert sum(outcome.input_ends.values()) == len(lines)
+    # Streams purged the repartition records it had consumed (DeleteRecords).
+    assert any(outcome.repartition_starts.values())
 
 
 @pytest.fixture(scope="module")
@@ -241,10 +254,7 @@ def stratalog_outcome(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
 def test_wordcount_exactly_once_after_kill9(stratalog_outcome: Outcome) -> None:
     check_exactly_once(stratalog_outcome)
     topics = stratalog_outcome.internal_topics
-    assert topics == {
-        f"{APP_ID}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-changelog": (PARTITIONS, "compact"),
-        f"{APP_ID}-KSTREAM-AGGREGATE-STATE-STORE-0000000003-repartition": (PARTITIONS, "delete"),
-    }
+    assert topics == {CHANGELOG: (PARTITIONS, "compact"), REPARTITION: (PARTITIONS, "delete")}
 
 
 def test_wordcount_exactly_once_after_kill9_and_lost_state(tmp_path: Path) -> None:
