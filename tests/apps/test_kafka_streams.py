@@ -103,6 +103,7 @@ class Outcome:
     input_ends: dict[int, int]
     internal_topics: dict[str, tuple[int, str]]  # name -> (partitions, cleanup.policy)
     repartition_starts: dict[int, int]  # log start offsets of the repartition topic
+    changelog_firsts: dict[str, int]  # word -> the first count its changelog still holds
 
 
 def _produce_slowly(
@@ -139,13 +140,18 @@ def _internal_topics(admin: AdminClient) -> dict[str, tuple[int, str]]:
     return {name: (n, configs[name]) for name, n in topics.items()}
 
 
-def _properties(path: Path, bootstrap: str, state_dir: Path) -> Path:
+def _properties(
+    path: Path, bootstrap: str, state_dir: Path, extra: dict[str, str] | None = None
+) -> Path:
     config = {"bootstrap.servers": bootstrap, "state.dir": str(state_dir)} | STREAMS_CONFIG
+    config |= extra or {}
     path.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
     return path
 
 
-def run_wordcount(bootstrap: str, workdir: Path, lose_state: bool = False) -> Outcome:
+def run_wordcount(
+    bootstrap: str, workdir: Path, lose_state: bool = False, extra: dict[str, str] | None = None
+) -> Outcome:
     """The scenario: input arriving, WordCountDemo killed with SIGKILL mid-transaction and
     restarted, then everything read back. With ``lose_state`` the restart gets a new state
     directory: a new process id, so new transactional ids that fence nothing."""
@@ -154,7 +160,7 @@ def run_wordcount(bootstrap: str, workdir: Path, lose_state: bool = False) -> Ou
         [NewTopic(t, PARTITIONS, 1) for t in (INPUT, OUTPUT)], operation_timeout=10
     ).values():
         f.result(timeout=15)
-    props = _properties(workdir / "wordcount.properties", bootstrap, workdir / "state")
+    props = _properties(workdir / "wordcount.properties", bootstrap, workdir / "state", extra)
     lines = input_lines(28, LINES)
     total = sum(expected_counts(lines).values())
 
@@ -182,7 +188,9 @@ def run_wordcount(bootstrap: str, workdir: Path, lose_state: bool = False) -> Ou
         killed.set()
         if lose_state:  # the dead instance's transactions stay open until they time out
             state = workdir / "state-after-kill"
-            props = _properties(workdir / "wordcount-after-kill.properties", bootstrap, state)
+            props = _properties(
+                workdir / "wordcount-after-kill.properties", bootstrap, state, extra
+            )
             app = JavaApp("streams", WORDCOUNT, str(props), log_dir=workdir)
         app.start()  # same state.dir: same process id, same transactional ids
         feeder.join(timeout=RUN_TIMEOUT)
@@ -217,7 +225,16 @@ def run_wordcount(bootstrap: str, workdir: Path, lose_state: bool = False) -> Ou
         input_ends=end_offsets(admin, INPUT, PARTITIONS, committed=False),
         internal_topics=_internal_topics(admin),
         repartition_starts=start_offsets(admin, REPARTITION, PARTITIONS),
+        changelog_firsts=_first_counts(read_topic(bootstrap, CHANGELOG, committed=False)),
     )
+
+
+def _first_counts(records: list[tuple[int, int, bytes | None, bytes | None]]) -> dict[str, int]:
+    firsts: dict[str, int] = {}
+    for _, _, key, value in records:
+        if key is not None and value is not None:
+            firsts.setdefault(key.decode(), struct.unpack(">q", value[-8:])[0])
+    return firsts
 
 
 def check_exactly_once(outcome: Outcome) -> None:
@@ -261,10 +278,22 @@ def test_wordcount_exactly_once_after_kill9_and_lost_state(tmp_path: Path) -> No
     """The restarted instance has lost its state directory: it restores everything from the
     changelog, and its new transactional ids fence nothing, so the dead instance's transactions
     stay open, holding back the last stable offsets of the output, changelog and repartition
-    partitions, until the broker aborts them after their timeout (Streams' 10 s)."""
-    with Broker(tmp_path / "data") as broker:
-        outcome = run_wordcount(broker.bootstrap, tmp_path, lose_state=True)
+    partitions, until the broker aborts them after their timeout (Streams' 10 s).
+
+    The broker compacts the changelog meanwhile (small segments, a cleaner every 0.2 s, the
+    changelog created by Streams with ``min.cleanable.dirty.ratio=0.01``): the restore reads a
+    log cleaned over committed and aborted transactions, whose aborted counts must stay out."""
+    settings = {"segment.bytes": "65536", "log.cleaner.backoff.ms": "200"}
+    with Broker(tmp_path / "data", config=settings) as broker:
+        outcome = run_wordcount(
+            broker.bootstrap,
+            tmp_path,
+            lose_state=True,
+            extra={"topic.min.cleanable.dirty.ratio": "0.01"},
+        )
     check_exactly_once(outcome)
+    # The cleaner ran: for some words the changelog no longer holds the first counts.
+    assert any(first > 1 for first in outcome.changelog_firsts.values())
 
 
 def test_wordcount_same_on_kafka(stratalog_outcome: Outcome, tmp_path: Path) -> None:
