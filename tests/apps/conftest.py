@@ -12,7 +12,6 @@ import contextlib
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer, IsolationLevel, TopicPartition
@@ -79,16 +78,6 @@ class JavaApp:
             )
             assert time.monotonic() < deadline, f"no {needle!r} in {self.log}\n" + self.tail()
             time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def running(app: JavaApp) -> Iterator[JavaApp]:
-    """``app`` started, and stopped (SIGTERM, then SIGKILL) however the block ends."""
-    app.start()
-    try:
-        yield app
-    finally:
-        app.kill(signal.SIGTERM, timeout=20)
 
 
 def read_topic(

@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,7 @@ class Worker:
             text = e.read().decode()
             return e.code, json.loads(text) if text.startswith("{") else text
 
-    def wait(self, what: str, check, timeout: float = TIMEOUT) -> Any:
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
         """Repeat ``check()`` (errors count as not yet) until it returns something true."""
         deadline = time.monotonic() + timeout
         last: Any = None
