@@ -13,6 +13,9 @@ clean stop (SIGTERM: the worker commits the source's file position and the sink'
 offsets as it stops) the topic and the sink file must hold every line exactly once, in order.
 After ``kill -9`` the worker replays from its last committed positions, so a line may arrive
 twice but none may be lost, and the first arrivals keep the file's order.
+
+Each scenario also runs on the reference Apache Kafka 4.4.0 (``[kafka]``), with the same
+assertions.
 """
 
 from __future__ import annotations
@@ -191,82 +194,6 @@ def _first_occurrences(lines: list[str]) -> list[str]:
     return [x for x in lines if not (x in seen or seen.add(x))]
 
 
-def test_file_connectors_survive_worker_restarts(tmp_path: Path) -> None:
-    source, sink = tmp_path / "source.txt", tmp_path / "sink.txt"
-    source.touch()
-    lines = [f"line {i:05d} " + "x" * (i % 50) for i in range(1500)]
-    with Broker(tmp_path / "data") as broker:
-        bootstrap = broker.bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        with worker(bootstrap, tmp_path) as w:
-            w.create("file-source", _source_config(source))
-            w.create(
-                "file-sink",
-                {
-                    "connector.class": "FileStreamSink",
-                    "tasks.max": "1",
-                    "file": str(sink),
-                    "topics": TOPIC,
-                },
-            )
-            w.running("file-source")
-            w.running("file-sink")
-            _append(source, lines[:500])
-            assert _wait_sink(w, sink, 500) == lines[:500]
-
-            # The worker's own topics: created by it on Stratalog, compacted.
-            topics = admin.list_topics(timeout=10).topics
-            resources = [
-                ConfigResource(ConfigResource.Type.TOPIC, t) for t in STATE_TOPICS.values()
-            ]
-            policies = {
-                r.name: (
-                    len(topics[r.name].partitions),
-                    f.result(timeout=10)["cleanup.policy"].value,
-                )
-                for r, f in admin.describe_configs(resources).items()
-            }
-            assert policies == {
-                "connect-configs": (1, "compact"),
-                "connect-offsets": (5, "compact"),
-                "connect-status": (3, "compact"),
-            }
-            w.app.stop()  # a clean stop: positions and offsets committed
-            _append(source, lines[500:800])  # while no worker runs
-            w.start()
-            w.running("file-source")
-            w.running("file-sink")
-            _append(source, lines[800:1000])
-            # Exactly once across a clean restart: nothing replayed, nothing lost.
-            assert _wait_sink(w, sink, 1000) == lines[:1000]
-            time.sleep(2)
-            assert _sink_lines(sink) == lines[:1000]
-            topic_values = [v.decode() for *_, v in read_topic(bootstrap, TOPIC, until=1000)]
-            assert topic_values == lines[:1000]
-
-            # kill -9 in the middle of a stream of lines: replays allowed, losses not.
-            _append(source, lines[1000:1200])
-            w.wait("some of the new lines in the sink", lambda: len(_sink_lines(sink)) > 1000)
-            w.app.kill()
-            _append(source, lines[1200:])
-            w.start()
-            w.running("file-source")
-            w.running("file-sink")
-            got = w.wait(
-                "every line in the sink",
-                lambda: set(lines) <= set(_sink_lines(sink)) and _sink_lines(sink),
-            )
-            assert _first_occurrences(got) == lines
-            assert got[:1000] == lines[:1000]
-        topic_values = [v.decode() for *_, v in read_topic(bootstrap, TOPIC)]
-        assert _first_occurrences(topic_values) == lines
-        assert topic_values[:1000] == lines[:1000]
-        # The configs of both connectors survived on the compacted config topic.
-        configs = read_topic(bootstrap, STATE_TOPICS["config"])
-        keys = {k.decode() for _, _, k, _ in configs if k is not None}
-        assert {"connector-file-source", "connector-file-sink"} <= keys
-
-
 @pytest.fixture(params=["stratalog", "kafka"])
 def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh Stratalog, or the reference Apache Kafka: the same scenario runs on both."""
@@ -276,6 +203,78 @@ def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     else:
         with Broker(tmp_path / "data") as broker:
             yield broker.bootstrap
+
+
+def test_file_connectors_survive_worker_restarts(bootstrap: str, tmp_path: Path) -> None:
+    source, sink = tmp_path / "source.txt", tmp_path / "sink.txt"
+    source.touch()
+    lines = [f"line {i:05d} " + "x" * (i % 50) for i in range(1500)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    with worker(bootstrap, tmp_path) as w:
+        w.create("file-source", _source_config(source))
+        w.create(
+            "file-sink",
+            {
+                "connector.class": "FileStreamSink",
+                "tasks.max": "1",
+                "file": str(sink),
+                "topics": TOPIC,
+            },
+        )
+        w.running("file-source")
+        w.running("file-sink")
+        _append(source, lines[:500])
+        assert _wait_sink(w, sink, 500) == lines[:500]
+
+        # The worker's own topics: created by it, compacted.
+        topics = admin.list_topics(timeout=10).topics
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in STATE_TOPICS.values()]
+        policies = {
+            r.name: (
+                len(topics[r.name].partitions),
+                f.result(timeout=10)["cleanup.policy"].value,
+            )
+            for r, f in admin.describe_configs(resources).items()
+        }
+        assert policies == {
+            "connect-configs": (1, "compact"),
+            "connect-offsets": (5, "compact"),
+            "connect-status": (3, "compact"),
+        }
+        w.app.stop()  # a clean stop: positions and offsets committed
+        _append(source, lines[500:800])  # while no worker runs
+        w.start()
+        w.running("file-source")
+        w.running("file-sink")
+        _append(source, lines[800:1000])
+        # Exactly once across a clean restart: nothing replayed, nothing lost.
+        assert _wait_sink(w, sink, 1000) == lines[:1000]
+        time.sleep(2)
+        assert _sink_lines(sink) == lines[:1000]
+        topic_values = [v.decode() for *_, v in read_topic(bootstrap, TOPIC, until=1000)]
+        assert topic_values == lines[:1000]
+
+        # kill -9 in the middle of a stream of lines: replays allowed, losses not.
+        _append(source, lines[1000:1200])
+        w.wait("some of the new lines in the sink", lambda: len(_sink_lines(sink)) > 1000)
+        w.app.kill()
+        _append(source, lines[1200:])
+        w.start()
+        w.running("file-source")
+        w.running("file-sink")
+        got = w.wait(
+            "every line in the sink",
+            lambda: set(lines) <= set(_sink_lines(sink)) and _sink_lines(sink),
+        )
+        assert _first_occurrences(got) == lines
+        assert got[:1000] == lines[:1000]
+    topic_values = [v.decode() for *_, v in read_topic(bootstrap, TOPIC)]
+    assert _first_occurrences(topic_values) == lines
+    assert topic_values[:1000] == lines[:1000]
+    # The configs of both connectors survived on the compacted config topic.
+    configs = read_topic(bootstrap, STATE_TOPICS["config"])
+    keys = {k.decode() for _, _, k, _ in configs if k is not None}
+    assert {"connector-file-source", "connector-file-sink"} <= keys
 
 
 def test_exactly_once_source_after_kill9(bootstrap: str, tmp_path: Path) -> None:
