@@ -19,9 +19,11 @@ setup: system-deps $(STAMP)
 system-deps:
 	@bash scripts/install-system-deps.sh
 
-# Apache Kafka (the reference peer) from Maven Central, into ~/.cache/stratalog; reused after.
+# Apache Kafka (the reference peer) and the applications tests/apps/ runs (Kafka Streams, Kafka
+# Connect) from Maven Central, into ~/.cache/stratalog; reused after. A failure stops the build.
 kafka-deps: $(STAMP)
 	@$(PY) -c 'from stratalog.peers.kafka import resolve_kafka; print("Apache Kafka jars in", resolve_kafka())'
+	@$(PY) -c 'from stratalog.peers.kafka import resolve_kafka_apps; print("Kafka Streams and Connect jars in", *resolve_kafka_apps().values())'
 
 $(STAMP): pyproject.toml setup.py src/stratalog/client/_columns.c
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'

@@ -23,11 +23,13 @@ REPO = Path(__file__).resolve().parent.parent
 # on leases, kills and JVM starts rather than compute, so a third worker keeps two cores busy.
 # A group of tests runs on one worker: each test module (its module-scoped brokers, the quick
 # benchmark run), and each directory whose tests share a session fixture (one SparkSession; the
-# reference Kafka beside an embedded broker). The slowest groups start first so the workers end
-# together.
-_SHARED_DIRS = ("spark", "conformance")
+# reference Kafka beside an embedded broker) or start JVMs of their own (the Kafka Streams and
+# Kafka Connect applications of tests/apps/, one JVM at a time). The slowest groups start first
+# so the workers end together.
+_SHARED_DIRS = ("spark", "conformance", "apps")
 _FIRST = (
     "spark",
+    "apps",
     "tests/test_bench.py",
     "conformance",
     "tests/test_crash.py",

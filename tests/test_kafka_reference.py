@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from stratalog.peers.kafka import KafkaBroker, KafkaSetupError, resolve_kafka, run_tool
+from stratalog.peers.kafka import (
+    KafkaBroker,
+    KafkaSetupError,
+    resolve_kafka,
+    resolve_kafka_apps,
+    run_tool,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -131,8 +137,12 @@ def test_console_consumer_reads_back_exactly(
     assert f"Processed a total of {N} messages" in result.stderr
 
 
-def test_resolve_names_missing_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A PATH with java (the real one) but no mvn, and a fresh cache that still needs resolving.
+@pytest.mark.parametrize("resolve", [resolve_kafka, resolve_kafka_apps])
+def test_resolve_names_missing_maven(
+    resolve: Callable[[Path], object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A PATH with java (the real one) but no mvn, and a fresh cache that still needs resolving:
+    # the reference broker and the applications of tests/apps/ fail loudly, never skip.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     java = shutil.which("java")
@@ -141,7 +151,7 @@ def test_resolve_names_missing_maven(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PATH", str(bin_dir))
     cache = tmp_path / "cache"
     with pytest.raises(KafkaSetupError) as excinfo:
-        resolve_kafka(cache)
+        resolve(cache)
     message = str(excinfo.value)
     assert "`mvn`" in message and "not on PATH" in message
     assert "make setup" in message and "apt-get install" in message and "maven" in message

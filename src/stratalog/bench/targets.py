@@ -56,12 +56,14 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -
     raise RuntimeError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f}s")
 
 
-def stop_process(proc: subprocess.Popen | None, timeout: float = 30) -> None:
-    """SIGTERM the process (by PID), wait, then SIGKILL."""
+def stop_process(
+    proc: subprocess.Popen | None, timeout: float = 30, sig: int = signal.SIGTERM
+) -> None:
+    """Send ``sig`` (SIGTERM by default) to the process (by PID), wait, then SIGKILL."""
     if proc is None or proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, sig)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -8,7 +8,10 @@ Stratalog is compared against the genuine article, not a mock. This module
 * starts a single-node KRaft cluster (combined broker and controller) on 127.0.0.1 with free ports
   and a temporary log directory (:class:`KafkaBroker`);
 * runs Kafka's command-line tools by their script names, with the main classes that Kafka's
-  ``bin/*.sh`` scripts use (:func:`run_tool`).
+  ``bin/*.sh`` scripts use (:func:`run_tool`);
+* resolves the Kafka applications that ``tests/apps/`` runs against Stratalog (Kafka Streams with
+  Kafka's streams examples, the Kafka Connect worker with the file connectors), from
+  ``tests/peers/kafka-apps/pom.xml`` into a cache of their own (:func:`resolve_kafka_apps`).
 
 Two classpaths are resolved, so that every JVM runs one consistent Kafka release: the broker's
 (Kafka 4.4.0, which also runs ``kafka-storage``) and the tools' (``org.apache.kafka:kafka-tools``
@@ -50,6 +53,9 @@ MIN_JAVA = 17
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 POM = REPO_ROOT / "tests" / "peers" / "kafka" / "pom.xml"
+APPS_POM = REPO_ROOT / "tests" / "peers" / "kafka-apps" / "pom.xml"
+APPS_VERSION = "4.3.1"
+"""The applications' Kafka release (``tests/peers/kafka-apps/pom.xml``)."""
 
 BROKER_MAIN = "kafka.Kafka"
 
@@ -81,6 +87,7 @@ _INSTALL_HINT = (
 )
 _MARKER = ".complete"
 _LIBS = {"broker": "libs", "tools": "tools-libs"}
+_APPS_LIBS = {"streams": "streams-libs", "connect": "connect-libs"}
 
 
 class KafkaSetupError(RuntimeError):
@@ -101,15 +108,15 @@ def _cache_dir(cache_dir: Path | None) -> Path:
     return Path.home() / ".cache" / "stratalog" / f"kafka-{KAFKA_VERSION}"
 
 
-def _pom() -> Path:
-    if not POM.is_file():
+def _pom(pom: Path) -> Path:
+    if not pom.is_file():
         raise KafkaSetupError(
-            f"cannot find the reference Kafka POM at {POM}: stratalog.peers.kafka resolves Apache "
-            "Kafka from tests/peers/kafka/pom.xml, which only exists in a source checkout of "
+            f"cannot find the POM {pom}: stratalog.peers.kafka resolves Apache Kafka and its "
+            "applications from tests/peers/, which only exists in a source checkout of "
             "Stratalog (this package is installed from elsewhere). Run it from a clone with "
             "`pip install -e .`."
         )
-    return POM
+    return pom
 
 
 def _require_command(command: str, package: str, what: str) -> str:
@@ -158,14 +165,14 @@ def _marker_text(pom: Path) -> str:
     return f"pom-sha256={hashlib.sha256(pom.read_bytes()).hexdigest()}\n"
 
 
-def _is_complete(cache: Path, pom: Path) -> bool:
+def _is_complete(cache: Path, pom: Path, libs: Mapping[str, str]) -> bool:
     marker = cache / _MARKER
     if not marker.is_file() or marker.read_text() != _marker_text(pom):
         return False
-    return all(any((cache / libs).glob("*.jar")) for libs in _LIBS.values())
+    return all(any((cache / d).glob("*.jar")) for d in libs.values())
 
 
-def _mvn_copy(mvn: str, pom: Path, profile: str, out: Path) -> None:
+def _mvn_copy(mvn: str, pom: Path, profile: str, out: Path, what: str) -> None:
     cmd = [
         mvn,
         "-q",
@@ -179,15 +186,39 @@ def _mvn_copy(mvn: str, pom: Path, profile: str, out: Path) -> None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired as e:
-        raise KafkaSetupError(
-            f"Maven did not finish resolving Apache Kafka: {' '.join(cmd)}"
-        ) from e
+        raise KafkaSetupError(f"Maven did not finish resolving {what}: {' '.join(cmd)}") from e
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
         raise KafkaSetupError(
-            f"Maven could not resolve Apache Kafka (profile {profile}, exit {proc.returncode}); "
+            f"Maven could not resolve {what} (profile {profile}, exit {proc.returncode}); "
             f"it needs to reach Maven Central.\n$ {' '.join(cmd)}\n{tail}"
         )
+
+
+def _resolve(pom: Path, cache: Path, libs: Mapping[str, str], what: str) -> None:
+    """Copy each profile's dependencies of ``pom`` into ``cache/<libs[profile]>``, once.
+
+    Reused once a marker file records a complete resolution of the current POM; concurrent
+    callers serialise on a file lock in the cache. Raises :class:`KafkaSetupError` when Java or
+    Maven is missing or Maven cannot resolve everything.
+    """
+    _java()
+    if _is_complete(cache, pom, libs):
+        return
+    with _locked(cache / ".lock"):
+        if _is_complete(cache, pom, libs):  # another process finished it while we waited
+            return
+        mvn = _require_command("mvn", "maven", f"Apache Maven, which resolves {what}'s jars")
+        (cache / _MARKER).unlink(missing_ok=True)
+        for profile, name in libs.items():
+            final, partial = cache / name, cache / f"{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            _mvn_copy(mvn, pom, profile, partial, what)
+            if not any(partial.glob("*.jar")):
+                raise KafkaSetupError(f"Maven resolved no jars (profile {profile}) into {partial}")
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+        (cache / _MARKER).write_text(_marker_text(pom))
 
 
 def resolve_kafka(cache_dir: Path | None = None) -> Path:
@@ -199,26 +230,32 @@ def resolve_kafka(cache_dir: Path | None = None) -> Path:
     resolution of the current POM. Concurrent callers serialise on a file lock in the cache.
     Raises :class:`KafkaSetupError` naming what is missing when Java or Maven is not installed.
     """
-    pom = _pom()
     cache = _cache_dir(cache_dir)
-    _java()
-    if _is_complete(cache, pom):
-        return cache / _LIBS["broker"]
-    with _locked(cache / ".lock"):
-        if _is_complete(cache, pom):  # another process finished it while we waited
-            return cache / _LIBS["broker"]
-        mvn = _require_command("mvn", "maven", "Apache Maven, which resolves Kafka's jars")
-        (cache / _MARKER).unlink(missing_ok=True)
-        for profile, libs in _LIBS.items():
-            final, partial = cache / libs, cache / f"{libs}.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            _mvn_copy(mvn, pom, profile, partial)
-            if not any(partial.glob("*.jar")):
-                raise KafkaSetupError(f"Maven resolved no jars (profile {profile}) into {partial}")
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-        (cache / _MARKER).write_text(_marker_text(pom))
+    _resolve(_pom(POM), cache, _LIBS, "Apache Kafka")
     return cache / _LIBS["broker"]
+
+
+def resolve_kafka_apps(cache_dir: Path | None = None) -> dict[str, Path]:
+    """Resolve the applications of ``tests/apps/`` (Kafka Streams with its examples, the Kafka
+    Connect worker with the file connectors, all Kafka 4.3.1) from Maven Central; return each
+    application's libs directory by name (``streams``, ``connect``).
+
+    The cache is ``cache_dir``, else ``kafka-apps-4.3.1/`` beside the reference broker's cache;
+    reused as :func:`resolve_kafka`'s is. Raises :class:`KafkaSetupError` when anything cannot be
+    resolved: the tests that run these applications fail rather than skip.
+    """
+    cache = (
+        Path(cache_dir).expanduser()
+        if cache_dir is not None
+        else _cache_dir(None).parent / f"kafka-apps-{APPS_VERSION}"
+    )
+    _resolve(_pom(APPS_POM), cache, _APPS_LIBS, "Kafka Streams and Kafka Connect")
+    return {name: cache / libs for name, libs in _APPS_LIBS.items()}
+
+
+def apps_classpath(app: str, cache_dir: Path | None = None) -> str:
+    """The Java classpath of one application of ``tests/apps/`` (``streams`` or ``connect``)."""
+    return str(resolve_kafka_apps(cache_dir)[app] / "*")
 
 
 def kafka_classpath(cache_dir: Path | None = None) -> str:
@@ -308,6 +345,23 @@ def _jvm_base(java: str, heap: str, log_config: Path, classpath: str) -> list[st
         "-cp",
         classpath,
     ]
+
+
+def app_command(
+    app: str,
+    main: str,
+    *args: str,
+    log_dir: Path,
+    heap: str = "256m",
+    level: str = "INFO",
+    cache_dir: Path | None = None,
+) -> list[str]:
+    """The command that runs one of ``tests/apps/``'s applications (``streams`` or ``connect``):
+    ``java -cp <its classpath> main args...``, logging ``level`` and up to
+    ``log_dir/<app>.log`` (config in ``log_dir/<app>-log4j2.properties``)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = _log4j2_config(log_dir / f"{app}-log4j2.properties", log_dir / f"{app}.log", level)
+    return [*_jvm_base(_java(), heap, config, apps_classpath(app, cache_dir)), main, *args]
 
 
 # --------------------------------------------------------------------------------------------
