@@ -37,6 +37,39 @@ err_console = Console(stderr=True, soft_wrap=True)
 
 Bootstrap = Annotated[str, typer.Option("--bootstrap", "-b", help="Broker address HOST:PORT.")]
 TIMEOUT = 15.0
+# The Kafka client settings of --command-config (security.protocol, sasl.*, ssl.*), for the
+# client commands' connections.
+_client_settings: dict[str, str] = {}
+
+
+@app.callback()
+def _options(
+    command_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--command-config",
+            envvar="STRATALOG_COMMAND_CONFIG",
+            help="Kafka client properties (security.protocol, sasl.*, ssl.*) for the client "
+            "commands, as Kafka's tools take them.",
+        ),
+    ] = None,
+) -> None:
+    if command_config is None:
+        return
+    from stratalog.client.security import SecurityConfigError, from_config, read_properties
+
+    try:
+        settings = read_properties(str(command_config))
+        from_config(settings)  # checked now, named if it cannot work
+    except SecurityConfigError as e:
+        fail(str(e))
+    _client_settings.update(settings)
+
+
+def _security():
+    from stratalog.client.security import from_config
+
+    return from_config(_client_settings)
 
 
 class CliError(Exception):
@@ -155,9 +188,18 @@ def serve(
 
 # -- topics --------------------------------------------------------------------------------------
 def _client_config(bootstrap: str, **extra) -> dict:
-    """librdkafka settings for the CLI's clients: quiet (errors are reported in one line)."""
+    """librdkafka settings for the CLI's clients: quiet (errors are reported in one line), over
+    the security of --command-config."""
+    from stratalog.client.security import librdkafka_settings
+
     _check_reachable(bootstrap)
-    return {"bootstrap.servers": bootstrap, "log_level": 0, "socket.timeout.ms": 10000, **extra}
+    return {
+        "bootstrap.servers": bootstrap,
+        "log_level": 0,
+        "socket.timeout.ms": 10000,
+        **librdkafka_settings(_security()),
+        **extra,
+    }
 
 
 def _check_reachable(bootstrap: str) -> None:
@@ -476,7 +518,9 @@ def replay(
         fail(f"--limit must be 0 or more, not {limit}")
     _check_reachable(bootstrap)
     try:
-        table = replay_table(bootstrap, topic, from_, to, lateness_ms=lateness_ms)
+        table = replay_table(
+            bootstrap, topic, from_, to, lateness_ms=lateness_ms, security=_security()
+        )
     except (ValueError, WireError) as e:
         fail(str(e))
     n = 0

@@ -7,6 +7,9 @@ another, and through confluent-kafka, so the client's success is not its own wor
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,3 +154,47 @@ def test_jaas_credentials_are_read_as_a_java_client_writes_them():
     })  # fmt: skip
     assert (sec.mechanism, sec.username, sec.password) == ("PLAIN", "bob", 'a "quoted" secret')
     assert sec.tls and sec.sasl
+
+
+def _cli(args: list[str], stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stratalog.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_commands_take_a_kafka_command_config(broker, certs, tmp_path):
+    # The client commands over SASL_SSL with SCRAM, configured as Kafka's tools are (a
+    # properties file, the JAAS line continued over two lines as such files often have it).
+    user, password = SCRAM_USERS["SCRAM-SHA-512"]
+    config = tmp_path / "client.properties"
+    config.write_text(
+        "# Kafka client settings\n"
+        "security.protocol=SASL_SSL\n"
+        f"ssl.truststore.location={certs['ca.pem']}\n"
+        "ssl.truststore.type=PEM\n"
+        "sasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\\n"
+        f'    username="{user}" password="{password}";\n'
+    )
+    at = ["-b", broker.bootstraps["SASL_SSL"]]
+    cfg = ["--command-config", str(config)]
+    for args, stdin in (
+        ([*cfg, "topics", "create", "cli-secured", "--partitions", "1", *at], ""),
+        ([*cfg, "produce", "cli-secured", *at], "one\ntwo\nthree\n"),
+    ):
+        r = _cli(args, stdin)
+        assert r.returncode == 0, r.stderr
+    r = _cli([*cfg, "consume", "cli-secured", "--from-beginning", "--max-messages", "3", *at])
+    assert r.returncode == 0 and r.stdout.split() == ["one", "two", "three"], r.stderr
+    r = _cli([*cfg, "replay", "cli-secured", "--from", "0", "--to", "9999999999999", *at])
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["value"] for line in r.stdout.splitlines()] == ["one", "two", "three"]
+    # A wrong setting is one line naming it, before anything is sent.
+    config.write_text("security.protocol=SASL_SSL\nsasl.mechanism=GSSAPI\n")
+    r = _cli([*cfg, "topics", "list", *at])
+    assert r.returncode != 0 and "sasl.mechanism GSSAPI is not offered" in r.stderr

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stratalog.client.arrow_reader import read_partition
+from stratalog.client.security import ClientSecurity
 from stratalog.client.wire import EARLIEST, LATEST, WireClient, WireError
 
 
@@ -60,13 +61,15 @@ def replay_table(
     *,
     lateness_ms: int = 0,
     include_headers: bool = False,
+    security: ClientSecurity | None = None,
 ) -> pa.Table:
-    """The records of ``topic`` with start <= timestamp < end, sorted in event-time order."""
+    """The records of ``topic`` with start <= timestamp < end, sorted in event-time order
+    (``security``: TLS and SASL for a secured listener)."""
     start_ms, end_ms = to_millis(start), to_millis(end)
     if end_ms < start_ms:
         raise ValueError(f"the range ends ({end}) before it starts ({start})")
     batches: list[pa.RecordBatch] = []
-    with WireClient(bootstrap, client_id="stratalog-replay") as client:
+    with WireClient(bootstrap, client_id="stratalog-replay", security=security) as client:
         info = client.metadata([topic]).get(topic)
         if info is None or info.error_code:
             raise WireError(f"topic {topic!r} does not exist")

@@ -19,6 +19,7 @@ import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stratalog.client.errors import WireError
@@ -116,6 +117,55 @@ def from_config(settings: Mapping[str, str]) -> ClientSecurity:
                 'password="..." in it), or sasl.username and sasl.password'
             )
     return sec
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """A Kafka client properties file (what Kafka's tools take with ``--command-config``):
+    ``key=value`` or ``key: value`` lines, ``#`` and ``!`` comments, a trailing backslash
+    continuing a line (as a JAAS line often is)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        why = e.strerror or e
+        raise SecurityConfigError(f"command config: cannot read {path}: {why}") from None
+    out: dict[str, str] = {}
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.strip() if not logical else raw.lstrip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            logical += line[:-1]
+            continue
+        logical += line
+        m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", logical)
+        if m is None:
+            raise SecurityConfigError(f"command config {path}: {logical!r} is not key=value")
+        out[m.group(1)] = m.group(2)
+        logical = ""
+    return out
+
+
+def librdkafka_settings(sec: ClientSecurity) -> dict[str, str]:
+    """The same security as librdkafka (confluent-kafka) takes it."""
+    out = {"security.protocol": sec.protocol}
+    if sec.tls:
+        if sec.truststore:
+            out["ssl.ca.location"] = sec.truststore
+        if sec.keystore:
+            out["ssl.certificate.location"] = sec.keystore
+            out["ssl.key.location"] = sec.key or sec.keystore
+        if sec.key_password:
+            out["ssl.key.password"] = sec.key_password
+        out["ssl.endpoint.identification.algorithm"] = "https" if sec.check_hostname else "none"
+    if sec.sasl:
+        assert sec.mechanism and sec.username is not None and sec.password is not None
+        out |= {
+            "sasl.mechanism": sec.mechanism,
+            "sasl.username": sec.username,
+            "sasl.password": sec.password,
+        }
+    return out
 
 
 Request = Callable[[int, int, Any], Any]
