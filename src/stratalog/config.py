@@ -98,7 +98,39 @@ SETTINGS: dict[str, Setting] = {
             str,
             "SCRAM-SHA-256,SCRAM-SHA-512",
             "SASL mechanisms of SASL_PLAINTEXT and SASL_SSL listeners: PLAIN, SCRAM-SHA-256, "
-            "SCRAM-SHA-512.",
+            "SCRAM-SHA-512, OAUTHBEARER.",
+        ),
+        _S(
+            "sasl.oauthbearer.jwks.endpoint.url",
+            str,
+            "",
+            "OAUTHBEARER: the JSON Web Key Set whose keys sign the tokens, a file (file:///path "
+            "or a path); needed when OAUTHBEARER is enabled.",
+        ),
+        _S(
+            "sasl.oauthbearer.expected.audience",
+            str,
+            "",
+            "OAUTHBEARER: audiences (comma-separated) of which a token's aud must name one; "
+            "empty: not checked.",
+        ),
+        _S(
+            "sasl.oauthbearer.expected.issuer",
+            str,
+            "",
+            "OAUTHBEARER: the iss a token must carry; empty: not checked.",
+        ),
+        _S(
+            "sasl.oauthbearer.sub.claim.name",
+            str,
+            "sub",
+            "OAUTHBEARER: the claim that names the principal (User:<its value>).",
+        ),
+        _S(
+            "sasl.oauthbearer.clock.skew.seconds",
+            int,
+            30,
+            "OAUTHBEARER: slack allowed between the broker's clock and the token's times.",
         ),
         _S(
             "sasl.plain.users.file",
@@ -665,7 +697,7 @@ AUTHORIZER_CLASSES = (
     "kafka.security.authorizer.AclAuthorizer",
 )
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 class BrokerConfig:
@@ -746,12 +778,31 @@ class BrokerConfig:
             )
         if not mechanisms and any(x.sasl for x in listeners):
             raise ConfigError("sasl.enabled.mechanisms is empty but a listener uses SASL")
+        if "OAUTHBEARER" in mechanisms and any(x.sasl for x in listeners):
+            from stratalog.security.oauthbearer import OAuthConfigError
+
+            try:
+                self.token_validator()
+            except OAuthConfigError as e:
+                raise ConfigError(str(e)) from None
         authorizer = self["authorizer.class.name"].strip()
         if authorizer and authorizer not in AUTHORIZER_CLASSES:
             raise ConfigError(
                 f"authorizer.class.name: {authorizer} is not available; Stratalog's ACL "
                 f"authorizer answers to {' or '.join(AUTHORIZER_CLASSES)} (empty: off)"
             )
+
+    def token_validator(self):
+        """OAUTHBEARER's JWT validator, from the sasl.oauthbearer.* settings."""
+        from stratalog.security.oauthbearer import JwtValidator
+
+        return JwtValidator.from_settings(
+            self["sasl.oauthbearer.jwks.endpoint.url"],
+            self["sasl.oauthbearer.expected.audience"],
+            self["sasl.oauthbearer.expected.issuer"],
+            self["sasl.oauthbearer.sub.claim.name"],
+            self["sasl.oauthbearer.clock.skew.seconds"],
+        )
 
     @property
     def authorizer_enabled(self) -> bool:

@@ -88,7 +88,11 @@ class BrokerService:
         def api_versions(req):
             return handle_api_versions(core, req, None)
 
-        return lambda: SaslAuthenticator(mechanisms, core.credentials, api_versions, reauth_ms)
+        oauth = "OAUTHBEARER" in mechanisms and config["sasl.oauthbearer.jwks.endpoint.url"]
+        tokens = config.token_validator() if oauth else None
+        return lambda: SaslAuthenticator(
+            mechanisms, core.credentials, api_versions, reauth_ms, tokens=tokens
+        )
 
     async def start(self) -> None:
         self.open_storage()

@@ -36,6 +36,7 @@ from stratalog.protocol.connection import ProtocolError, Request, parse_request
 from stratalog.protocol.errors import code
 from stratalog.protocol.versions import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from stratalog.security.credentials import CredentialStore
+from stratalog.security.oauthbearer import JwtValidator, OAuthBearerServer
 from stratalog.security.plain import PlainServer
 from stratalog.security.scram import MECHANISMS, AuthFailed, ScramServer
 
@@ -74,8 +75,10 @@ class SaslAuthenticator:
         api_versions: Callable[[Request], bytes],
         reauth_ms: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        tokens: JwtValidator | None = None,
     ) -> None:
         self.mechanisms = list(mechanisms)
+        self._tokens = tokens  # OAUTHBEARER's validator
         self._credentials = credentials
         self._api_versions = api_versions
         self._reauth_ms = reauth_ms
@@ -169,6 +172,9 @@ class SaslAuthenticator:
         creds = self._credentials
         if mechanism == "PLAIN":
             return PlainServer(creds.check_plain)
+        if mechanism == "OAUTHBEARER":
+            assert self._tokens is not None  # the broker's config checked it
+            return OAuthBearerServer(self._tokens)
         return ScramServer(MECHANISMS[mechanism], lambda user: creds.get(user, mechanism))
 
     def _authenticate(self, frame: bytes | memoryview) -> Reply:
@@ -184,13 +190,17 @@ class SaslAuthenticator:
         try:
             token = server.step(bytes(req.body.auth_bytes))
             if server.complete:
-                self._complete(server.authorization_id)
+                self._complete(server.authorization_id, getattr(server, "expires_at", None))
         except AuthFailed as e:
             return Reply(self._authenticate_reply(req, "SASL_AUTHENTICATION_FAILED", e), True)
-        lifetime = self._reauth_ms if self.state == COMPLETE and self.expires_at else 0
+        lifetime = 0
+        if self.state == COMPLETE and self.expires_at is not None:
+            lifetime = max(1, int((self.expires_at - self._clock()) * 1000))
         return Reply(self._authenticate_reply(req, "NONE", None, token, lifetime))
 
-    def _complete(self, user: str) -> None:
+    def _complete(self, user: str, credential_expiry: float | None = None) -> None:
+        """``credential_expiry``: when the credential itself ends (an OAUTHBEARER token's
+        ``exp``, seconds since the epoch), which bounds a re-authenticating session too."""
         principal = f"User:{user}"
         if self._previous is not None and principal != self._previous[1]:
             old = self._previous[1].replace(":", ".", 1)
@@ -206,6 +216,9 @@ class SaslAuthenticator:
         self.state = COMPLETE
         if self._reauth_ms > 0:
             self.expires_at = self._clock() + self._reauth_ms / 1000
+            if credential_expiry is not None:
+                remaining = max(0.0, credential_expiry - time.time())
+                self.expires_at = min(self.expires_at, self._clock() + remaining)
 
     def _authenticate_reply(
         self,
@@ -244,7 +257,7 @@ class SaslAuthenticator:
         try:
             out = server.step(token)
             if server.complete:
-                self._complete(server.authorization_id)
+                self._complete(server.authorization_id, getattr(server, "expires_at", None))
         except AuthFailed as e:
             return self._fail(f"SASL {self.mechanism} failed: {e}")
         return Reply(_I32.pack(len(out)) + out)
