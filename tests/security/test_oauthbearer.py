@@ -178,3 +178,36 @@ def test_a_broker_without_a_key_set_does_not_start(tmp_path):
     http = {**base, "sasl.oauthbearer.jwks.endpoint.url": "https://idp.example/jwks"}
     with pytest.raises(ConfigError, match="only a file of keys is read"):
         BrokerConfig(http)
+
+
+def test_kafkas_java_client_logs_in_with_a_token_file(broker, keys, tmp_path):
+    # Kafka's own login handler reading a signed token from a file (its file-based token
+    # endpoint), as a Java application or Kafka's tools are configured.
+    from stratalog.peers.kafka import run_tool
+
+    token = tmp_path / "token.jwt"
+    token.write_text(_token(keys, sub="java-app"))
+    config = tmp_path / "client.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\n"
+        "sasl.mechanism=OAUTHBEARER\n"
+        "sasl.login.callback.handler.class="
+        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler\n"
+        f"sasl.oauthbearer.token.endpoint.url={token.as_uri()}\n"
+        "sasl.jaas.config="
+        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;\n"
+    )
+    create_topic(broker.bootstrap, "oauth-java", 1)
+    allowed = {"org.apache.kafka.sasl.oauthbearer.allowed.urls": token.as_uri()}
+    at = ["--bootstrap-server", broker.bootstraps["SASL_PLAINTEXT"], "--topic", "oauth-java"]
+    produced = run_tool(
+        "kafka-console-producer", *at, "--command-config", str(config),
+        input="j1\nj2\n", timeout=90, jvm_properties=allowed,
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr[-2000:]
+    consumed = run_tool(
+        "kafka-console-consumer", *at, "--command-config", str(config),
+        "--from-beginning", "--max-messages", "2", "--timeout-ms", "30000",
+        timeout=90, jvm_properties=allowed,
+    )  # fmt: skip
+    assert consumed.stdout.split() == ["j1", "j2"], consumed.stdout + consumed.stderr[-2000:]

@@ -377,14 +377,18 @@ def run_tool(
     heap: str = "512m",
     cache_dir: Path | None = None,
     check: bool = False,
+    jvm_properties: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a Kafka command-line tool by its script name, e.g. ``run_tool("kafka-topics", ...)``.
+    """Run a Kafka command-line tool by its script name, e.g. ``run_tool("kafka-topics", ...)``
+    (``jvm_properties``: ``-D`` system properties, as KAFKA_OPTS would give them).
 
     The tool runs as ``java -cp <classpath> <MainClass> args...``, logging WARN and up to stderr.
     Output is captured as text; ``check=True`` raises on a non-zero exit.
     """
     main, classpath = tool_main_class(tool, cache_dir)
-    cmd = [*_jvm_base(_java(), heap, _tools_log_config(cache_dir), classpath), main, *args]
+    props = [f"-D{k}={v}" for k, v in (jvm_properties or {}).items()]
+    base = _jvm_base(_java(), heap, _tools_log_config(cache_dir), classpath)
+    cmd = [*base[:1], *props, *base[1:], main, *args]
     return subprocess.run(
         cmd,
         input=input,
