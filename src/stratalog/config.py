@@ -196,6 +196,14 @@ SETTINGS: dict[str, Setting] = {
             "binds to on host; 0 picks a free port.",
         ),
         _S(
+            "cluster.replication.tls",
+            bool,
+            False,
+            "Replication between brokers over mutual TLS: each broker serves and presents its "
+            "ssl.keystore.location certificate and accepts only peers whose certificates chain "
+            "to ssl.truststore.location.",
+        ),
+        _S(
             "cluster.advertised.replication.port",
             int,
             0,

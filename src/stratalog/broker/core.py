@@ -458,7 +458,12 @@ class BrokerCore:
             self.advertised_port,
         )
         node.listeners = {n: x.endpoint for n, x in self.listeners.items()}
-        replicator = Replicator(node, self.store, self.config["replica.lag.time.max.ms"])
+        tls = None
+        if self.config["cluster.replication.tls"]:
+            from stratalog.security.tls import replication_contexts
+
+            tls = replication_contexts(self.config)
+        replicator = Replicator(node, self.store, self.config["replica.lag.time.max.ms"], tls)
         try:
             cid = await node.connect(None if self.metadata.fresh else self.metadata.cluster_id)
             if self.metadata.fresh:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 
@@ -138,8 +139,15 @@ class BackupLink:
         info = p.node.brokers.get(self.backup)
         if info is None or not info.replication_port:
             raise ConnectionError(f"broker {self.backup} is not registered")
+        tls = p.tls
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(info.host, info.replication_port), 5
+            asyncio.open_connection(
+                info.host,
+                info.replication_port,
+                ssl=tls,
+                server_hostname=info.host if tls else None,
+            ),
+            5,
         )
         peer = self.peer = _Peer(reader, writer)
         name, epoch = p.vlog.name, p.epoch
@@ -254,9 +262,15 @@ class PrimaryLog:
     it keeps in etcd, and the commit rule it hands to storage."""
 
     def __init__(
-        self, node: ClusterNode, state: VirtualLogState, vlog: VirtualLog, lag_ms: int
+        self,
+        node: ClusterNode,
+        state: VirtualLogState,
+        vlog: VirtualLog,
+        lag_ms: int,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.node = node
+        self.tls = tls  # the client side of mutual TLS to the backups, if on
         self.vid = state.vid
         self.epoch = state.epoch
         self.vlog = vlog
@@ -437,10 +451,17 @@ class Replicator:
     """This broker's part in replication: a PrimaryLog for each virtual log it leads, and the
     server its primaries push to for the logs it backs up."""
 
-    def __init__(self, node: ClusterNode, store: LogStore, lag_ms: int) -> None:
+    def __init__(
+        self,
+        node: ClusterNode,
+        store: LogStore,
+        lag_ms: int,
+        tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None,
+    ) -> None:
         self.node = node
         self.store = store
         self.lag_ms = lag_ms
+        self.tls = tls  # (server, client) contexts: mutual TLS between brokers, or plain TCP
         self.primaries: dict[int, PrimaryLog] = {}
         self._server: asyncio.Server | None = None
         self._peers: set[asyncio.Task] = set()
@@ -454,7 +475,8 @@ class Replicator:
 
     async def start(self, host: str, port: int = 0) -> int:
         """Listen for primaries on ``host``:``port`` (0: a free port); returns the port."""
-        self._server = await asyncio.start_server(self._serve, host, port)
+        server_tls = self.tls[0] if self.tls else None
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=server_tls)
         return self._server.sockets[0].getsockname()[1]
 
     def reconcile(self) -> None:
@@ -537,7 +559,7 @@ class Replicator:
         except StaleEpoch:
             log.warning("%s: etcd says epoch %d, a newer one was promised", vlog.name, st.epoch)
             return
-        primary = PrimaryLog(self.node, st, vlog, self.lag_ms)
+        primary = PrimaryLog(self.node, st, vlog, self.lag_ms, self.tls[1] if self.tls else None)
         self.primaries[st.vid] = primary
         # What this log holds is committed once the in-sync set has it too; its partitions'
         # high watermarks follow then (a new primary's tail may be more than was committed).

@@ -73,6 +73,25 @@ def _versions(text: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
     return versions[0], versions[-1]
 
 
+def replication_contexts(config: Any) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts of the replication link with ``cluster.replication.tls``:
+    mutual TLS, both ends presenting the broker's own certificate and checking the peer's
+    against the truststore (and the peer's registered host name against its certificate)."""
+    truststore = config["ssl.truststore.location"]
+    if not truststore:
+        raise ConfigError(
+            "cluster.replication.tls needs ssl.truststore.location: the CAs that peer brokers' "
+            "certificates are checked against"
+        )
+    server = server_context(config, client_auth="required")
+    client = ssl.create_default_context(cafile=truststore)
+    client.minimum_version, client.maximum_version = _versions(config["ssl.enabled.protocols"])
+    client.load_cert_chain(
+        config["ssl.keystore.location"], password=config["ssl.key.password"] or None
+    )
+    return server, client
+
+
 def server_context(config: Any, client_auth: str | None = None) -> ssl.SSLContext:
     """The TLS context of a listener (``config[name]`` gives the settings); ``client_auth``
     overrides ``ssl.client.auth`` (a SASL_SSL listener asks for no certificate)."""
