@@ -116,11 +116,34 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
                 errors = True
                 continue
             if rr.size:
+                if rr.first_offset > offset:
+                    _answered_later(core, name, fp, p, rr)
                 reads.append(rr)
                 r.records = rr.parts
                 r.records_size = rr.size
                 total += rr.size
     return topics, total, reads, logs, errors
+
+
+def _answered_later(core, name: str, fp, p: PartitionLog, rr: ReadResult) -> None:
+    """A read that begins past the offset asked for: a client takes the offsets between for
+    absent and moves past them. Legitimate where compaction or a reassignment's copy left a gap;
+    anywhere else it is a consumer skipping records (the soak's poll-skip, issue 27), so it is
+    logged with what the leader knew, to tell that case from a client's own seek."""
+    v = core.cluster.vlog_of(name, fp.partition) if core.cluster is not None else None
+    log.info(
+        "fetch of %s-%d at %d (client's leader epoch %d) answered from %d: high watermark %d, "
+        "log end %d, start %d, epoch %s",
+        name,
+        fp.partition,
+        fp.fetch_offset,
+        getattr(fp, "current_leader_epoch", -1),
+        rr.first_offset,
+        p.high_watermark,
+        p.next_offset,
+        p.log_start_offset,
+        v.epoch if v is not None else "-",
+    )
 
 
 _MIN_PACED_AHEAD = 256 * 1024
