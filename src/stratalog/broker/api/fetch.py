@@ -49,6 +49,26 @@ def _leader_endpoints(core, topics: list, conn) -> list[tuple[int, str, int]]:
     return leader_hints.endpoints(core, named, conn)
 
 
+# Errors answered with the current leader (KIP-951), as Kafka's Fetch does.
+_HINTED = (leader_hints.NOT_LEADER, "FENCED_LEADER_EPOCH")
+
+
+def _epoch_error(core, name: str, fp) -> str | None:
+    """KIP-320: a leader answers a Fetch whose current leader epoch is older than its own
+    FENCED_LEADER_EPOCH and a newer one UNKNOWN_LEADER_EPOCH, and serves no records (-1: not
+    checked, as Kafka). Serving a stale-epoch fetch let a consumer go on fetching while it
+    validated its position at the new epoch; librdkafka then compared the leader's answer with
+    a position those fetches had moved meanwhile, took it for a truncation and seeked forward
+    over records it had fetched but not handed over (the soak's poll-skip, issue 27)."""
+    current = getattr(fp, "current_leader_epoch", -1)
+    if current < 0 or core.cluster is None:
+        return None
+    v = core.cluster.vlog_of(name, fp.partition)
+    if v is None or current == v.epoch:
+        return None
+    return "FENCED_LEADER_EPOCH" if current < v.epoch else "UNKNOWN_LEADER_EPOCH"
+
+
 def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = False):
     """Read every requested partition once; return (topics, size, reads, partitions, errors).
     A read_committed consumer reads up to each partition's last stable offset and gets the
@@ -65,10 +85,12 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
             r = PartitionFetchResult(fp.partition)
             results.append(r)
             lead = core.leader_error(name, fp.partition) if t is not None else None
+            if lead is None and t is not None:
+                lead = _epoch_error(core, name, fp)
             p = core.partition(name, fp.partition) if t is not None and lead is None else None
             if p is None:
                 r.error_code = code(missing or lead or "UNKNOWN_TOPIC_OR_PARTITION")
-                if lead == leader_hints.NOT_LEADER and req.api_version >= 16:
+                if lead in _HINTED and req.api_version >= 16:
                     r.current_leader = leader_hints.current_leader(core, name, fp.partition)
                 errors = True
                 continue
