@@ -2,10 +2,10 @@
 
 A Fetch whose current leader epoch is older gets FENCED_LEADER_EPOCH (with the current leader,
 KIP-951), a newer one UNKNOWN_LEADER_EPOCH, and neither any record; -1 is not checked. Serving
-a stale-epoch Fetch was the soak's poll-skip (issue 27): a consumer that learned of a new epoch
-while its fetches went on being answered validated a position those fetches then moved, took
-the leader's answer for a truncation and seeked forward over two records it had fetched but not
-handed over. Three `stratalog serve` processes, real etcd, confluent-kafka and raw requests.
+stale-epoch fetches is the likely cause of the soak's poll-skip (issue 27): a consumer that
+learned of a new epoch while a fetch was in flight validated a position that fetch then moved,
+took the leader's answer for a truncation and seeked forward over records it had fetched but
+not handed over. Three `stratalog serve` processes, real etcd, confluent-kafka, raw requests.
 """
 
 from __future__ import annotations

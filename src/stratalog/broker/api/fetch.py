@@ -56,10 +56,10 @@ _HINTED = (leader_hints.NOT_LEADER, "FENCED_LEADER_EPOCH")
 def _epoch_error(core, name: str, fp) -> str | None:
     """KIP-320: a leader answers a Fetch whose current leader epoch is older than its own
     FENCED_LEADER_EPOCH and a newer one UNKNOWN_LEADER_EPOCH, and serves no records (-1: not
-    checked, as Kafka). Serving a stale-epoch fetch let a consumer go on fetching while it
-    validated its position at the new epoch; librdkafka then compared the leader's answer with
-    a position those fetches had moved meanwhile, took it for a truncation and seeked forward
-    over records it had fetched but not handed over (the soak's poll-skip, issue 27)."""
+    checked, as Kafka). Served, a stale-epoch fetch in flight moves a consumer's position while
+    librdkafka validates it at the new epoch, and a Metadata answer meanwhile makes it compare
+    the leader's end offset with the moved position: a false truncation, and a seek forward over
+    records fetched but not handed over (the likely cause of the soak's poll-skip, issue 27)."""
     current = getattr(fp, "current_leader_epoch", -1)
     if current < 0 or core.cluster is None:
         return None
