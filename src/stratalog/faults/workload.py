@@ -272,10 +272,13 @@ class Workload:
             pending.clear()
 
     # -- consumers ---------------------------------------------------------------------------
-    def _consumer(self, group: str, extra: dict[str, Any]) -> Consumer:
+    def _consumer(self, proc: int, group: str, extra: dict[str, Any]) -> Consumer:
         return Consumer(
             {
                 **self._common(),
+                # librdkafka names its log lines after it ("faults-p8#consumer-12"): a session's
+                # lines in clients.log are found by the history's process number
+                "client.id": f"faults-p{proc}",
                 "group.id": group,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
@@ -314,7 +317,7 @@ class Workload:
 
     def _assign_as(self, proc: int, rng: random.Random, positions: dict[int, int]) -> None:
         h = self.history
-        c = self._consumer(f"faults-assign-{proc}", {"enable.auto.commit": False})
+        c = self._consumer(proc, f"faults-assign-{proc}", {"enable.auto.commit": False})
         try:
             n = self.cfg.partitions
             parts = sorted(rng.sample(range(n), rng.randint(max(1, n // 2), n)))
@@ -357,6 +360,7 @@ class Workload:
     def _subscribe_as(self, proc: int, rng: random.Random) -> None:
         h = self.history
         c = self._consumer(
+            proc,
             "faults-subscribe",
             {
                 "enable.auto.commit": True,

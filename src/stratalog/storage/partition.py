@@ -141,6 +141,7 @@ class ReadResult:
     size: int
     at_end: bool = False  # the read reached the high watermark: the reader is at the tail
     next_offset: int = -1  # the offset after the last batch read (-1: nothing read)
+    first_offset: int = -1  # the base offset of the first batch read (-1: nothing read)
 
     def release(self) -> None:
         for p in self.parts:
@@ -756,13 +757,16 @@ class PartitionLog:
         size = 0
         cold = self.cold
         hwm = self.high_watermark if upto is None else upto
+        first = -1
         if len(cold) and offset <= cold.next_offset - 1:
-            size, offset = self._read_cold(offset, max_bytes, min_one, parts, hwm)
+            size, first, offset = self._read_cold(offset, max_bytes, min_one, parts, hwm)
             if size and size >= max_bytes:
-                return ReadResult(parts, size, next_offset=offset)
+                return ReadResult(parts, size, next_offset=offset, first_offset=first)
             if offset <= cold.next_offset - 1:
                 # stopped inside the cold tier (budget, or the stable offset)
-                return ReadResult(parts, size, next_offset=offset if size else -1)
+                return ReadResult(
+                    parts, size, next_offset=offset if size else -1, first_offset=first
+                )
         chunks = self.chunks
         n = len(chunks)
         i = chunks.locate(offset)
@@ -791,19 +795,22 @@ class PartitionLog:
                     break
                 loc = chunks[i]
                 parts.append(FileSlice(seg.acquire(), loc.position, loc.size))
+            if first < 0:
+                first = base
             size += s
             nxt = chunks.last_of(i) + 1
             i += 1
-        return ReadResult(parts, size, at_end, nxt)
+        return ReadResult(parts, size, at_end, nxt, first)
 
     def _read_cold(
         self, offset: int, max_bytes: int, min_one: bool, parts: list, upto: int
-    ) -> tuple[int, int]:
-        """Append slices of cold chunks from ``offset`` below ``upto``; return (bytes, next
-        offset)."""
+    ) -> tuple[int, int, int]:
+        """Append slices of cold chunks from ``offset`` below ``upto``; return (bytes, base
+        offset of the first chunk taken or -1, next offset)."""
         cold = self.cold
         n = len(cold)
         i = cold.locate(offset)
+        first = cold.base_of(i) if i < n else -1
         size = 0
         nxt = offset
         while i < n:
@@ -826,7 +833,7 @@ class PartitionLog:
                 size += run
             if i < n and cold.segment_of(i) == seq:
                 break  # the budget ran out inside this segment
-        return size, nxt
+        return size, (first if size else -1), nxt
 
     # -- the cold tier -------------------------------------------------------------------------
     def add_cold_segment(self, seg, piece: ChunkIndex | None = None, after: int = -1) -> None:

@@ -49,6 +49,26 @@ def _leader_endpoints(core, topics: list, conn) -> list[tuple[int, str, int]]:
     return leader_hints.endpoints(core, named, conn)
 
 
+# Errors answered with the current leader (KIP-951), as Kafka's Fetch does.
+_HINTED = (leader_hints.NOT_LEADER, "FENCED_LEADER_EPOCH")
+
+
+def _epoch_error(core, name: str, fp) -> str | None:
+    """KIP-320: a leader answers a Fetch whose current leader epoch is older than its own
+    FENCED_LEADER_EPOCH and a newer one UNKNOWN_LEADER_EPOCH, and serves no records (-1: not
+    checked, as Kafka). Served, a stale-epoch fetch in flight moves a consumer's position while
+    librdkafka validates it at the new epoch, and a Metadata answer meanwhile makes it compare
+    the leader's end offset with the moved position: a false truncation, and a seek forward over
+    records fetched but not handed over (the likely cause of the soak's poll-skip, issue 27)."""
+    current = getattr(fp, "current_leader_epoch", -1)
+    if current < 0 or core.cluster is None:
+        return None
+    v = core.cluster.vlog_of(name, fp.partition)
+    if v is None or current == v.epoch:
+        return None
+    return "FENCED_LEADER_EPOCH" if current < v.epoch else "UNKNOWN_LEADER_EPOCH"
+
+
 def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = False):
     """Read every requested partition once; return (topics, size, reads, partitions, errors).
     A read_committed consumer reads up to each partition's last stable offset and gets the
@@ -65,10 +85,12 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
             r = PartitionFetchResult(fp.partition)
             results.append(r)
             lead = core.leader_error(name, fp.partition) if t is not None else None
+            if lead is None and t is not None:
+                lead = _epoch_error(core, name, fp)
             p = core.partition(name, fp.partition) if t is not None and lead is None else None
             if p is None:
                 r.error_code = code(missing or lead or "UNKNOWN_TOPIC_OR_PARTITION")
-                if lead == leader_hints.NOT_LEADER and req.api_version >= 16:
+                if lead in _HINTED and req.api_version >= 16:
                     r.current_leader = leader_hints.current_leader(core, name, fp.partition)
                 errors = True
                 continue
@@ -116,11 +138,34 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
                 errors = True
                 continue
             if rr.size:
+                if rr.first_offset > offset:
+                    _answered_later(core, name, fp, p, rr)
                 reads.append(rr)
                 r.records = rr.parts
                 r.records_size = rr.size
                 total += rr.size
     return topics, total, reads, logs, errors
+
+
+def _answered_later(core, name: str, fp, p: PartitionLog, rr: ReadResult) -> None:
+    """A read that begins past the offset asked for: a client takes the offsets between for
+    absent and moves past them. Legitimate where compaction or a reassignment's copy left a gap;
+    anywhere else it is a consumer skipping records (the soak's poll-skip, issue 27), so it is
+    logged with what the leader knew, to tell that case from a client's own seek."""
+    v = core.cluster.vlog_of(name, fp.partition) if core.cluster is not None else None
+    log.info(
+        "fetch of %s-%d at %d (client's leader epoch %d) answered from %d: high watermark %d, "
+        "log end %d, start %d, epoch %s",
+        name,
+        fp.partition,
+        fp.fetch_offset,
+        getattr(fp, "current_leader_epoch", -1),
+        rr.first_offset,
+        p.high_watermark,
+        p.next_offset,
+        p.log_start_offset,
+        v.epoch if v is not None else "-",
+    )
 
 
 _MIN_PACED_AHEAD = 256 * 1024

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from stratalog.protocol.connection import Request
 
 from .common import NONE, err, reply, sub
+
+log = logging.getLogger(__name__)
 
 LATEST = -1
 EARLIEST = -2
@@ -131,6 +135,22 @@ def _epoch_end(core, req: Request, topic: str, rp, p) -> object:
         # Exact (KIP-101/279): batches carry the epoch they were written in (stamped by the
         # primary), so a consumer's epoch is its records' and a real truncation shows.
         epoch, end = p.epoch_end(rp.leader_epoch)
+        if 0 <= end < p.next_offset:
+            # A client past ``end`` takes it for a truncation and seeks back there, dropping
+            # what it fetched and had not handed over: the one broker answer that moves a
+            # consumer (issue 27's poll-skip), so each is logged.
+            log.info(
+                "OffsetForLeaderEpoch of %s-%d: epoch %d (asked %d, current %d) ends at %d, "
+                "log end %d, high watermark %d",
+                topic,
+                rp.partition,
+                epoch,
+                rp.leader_epoch,
+                v.epoch,
+                end,
+                p.next_offset,
+                p.high_watermark,
+            )
     return sub(
         req,
         "EpochEndOffset",
