@@ -240,16 +240,12 @@ class ConsumerGroups:
             raise GroupError(
                 "UNKNOWN_MEMBER_ID", f"Member {hb.member_id} is not a member of group {g.group_id}."
             )
-        if hb.member_epoch > m.epoch or (
-            hb.member_epoch < m.epoch
-            and (hb.member_epoch != m.previous_epoch or not _within(hb.owned, m.assigned))
+        if hb.member_epoch > m.epoch:
+            raise _fenced("greater", hb.member_epoch, m.epoch)
+        if hb.member_epoch < m.epoch and (
+            hb.member_epoch != m.previous_epoch or not _within(hb.owned, m.assigned)
         ):
-            raise GroupError(
-                "FENCED_MEMBER_EPOCH",
-                f"The consumer group member has a different member epoch ({hb.member_epoch}) "
-                f"than the one known by the group coordinator ({m.epoch}). The member must "
-                f"abandon all its partitions and rejoin.",
-            )
+            raise _fenced("smaller", hb.member_epoch, m.epoch)
         return m
 
     def _new_target(self, g: ConsumerGroup, topics: Topics) -> None:
@@ -365,6 +361,15 @@ class ConsumerGroups:
             del self.groups[group_id]
 
 
+def _fenced(than: str, received: int, known: int) -> GroupError:
+    return GroupError(
+        "FENCED_MEMBER_EPOCH",
+        f"The consumer group member has a {than} member epoch ({received}) than the one known "
+        f"by the group coordinator ({known}). The member must abandon all its partitions and "
+        f"rejoin.",
+    )
+
+
 # -- the request's checks ----------------------------------------------------------------------
 def _validate(hb: Heartbeat) -> None:
     """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
@@ -400,7 +405,8 @@ def _validate(hb: Heartbeat) -> None:
         except re.error as e:
             raise GroupError(
                 "INVALID_REGULAR_EXPRESSION",
-                f"SubscribedTopicRegex {hb.subscribed_topic_regex} is invalid: {e}",
+                f"SubscribedTopicRegex `{hb.subscribed_topic_regex}` is not a valid regular "
+                f"expression: {e}.",
             ) from None
     if hb.server_assignor is not None and hb.server_assignor not in assignors.ASSIGNORS:
         raise GroupError(
