@@ -37,6 +37,14 @@ DELIBERATE: dict[str, str] = {
         "member's Heartbeat is answered UNKNOWN_MEMBER_ID and it rejoins; committed offsets are "
         "durable and survive the restart."
     ),
+    "groups.consumer-protocol-without-classic-members": (
+        "A group of the consumer protocol (KIP-848) takes no classic members and is not converted "
+        "between protocols: a JoinGroup for one with members is answered "
+        "INCONSISTENT_GROUP_PROTOCOL, and a ConsumerGroupHeartbeat for a classic group with "
+        "members GROUP_ID_NOT_FOUND. Kafka 4.4 (group.consumer.migration.policy=bidirectional) "
+        "lets classic members join a consumer group and converts a group between the protocols "
+        "as its members move."
+    ),
     "offsets.commit-value-version-3": (
         "Committed offsets are written to __consumer_offsets as OffsetCommitValue version 3, "
         "the newest non-flexible version, which Kafka's readers since 2.1 decode; Kafka 4.4 "

@@ -10,6 +10,7 @@ committed offsets, and the errors of bad requests.
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
 from typing import Any
@@ -18,6 +19,7 @@ from confluent_kafka import Consumer, Producer
 
 from . import wire
 from .conftest import both
+from .deliberate import check_deliberate
 
 SETTLE_S = 60  # Kafka tells members to heartbeat every 5 s; a hand-over takes two heartbeats
 
@@ -262,3 +264,51 @@ def test_bad_requests_get_kafkas_errors(pair, name):
     assert kafka["commit_stale"]["topics"][0]["partitions"][0]["error_code"] == 113  # STALE
     assert kafka["fetch_stale"]["groups"][0]["error_code"] == 113
     assert kafka["leave"]["member_epoch"] == -1
+
+
+def _classic_member(bs: str, group: str, topic: str) -> str:
+    """A classic member (JoinGroup v9, two steps) subscribed to ``topic``; its member id."""
+    name = topic.encode()
+    subscription = struct.pack(">hih", 0, 1, len(name)) + name + struct.pack(">i", -1)
+    join = dict(group_id=group, session_timeout=30000, rebalance_timeout=30000,
+                group_instance_id=None, protocol_type="consumer", reason=None,
+                protocols=[{"name": "range", "metadata": subscription}])  # fmt: skip
+    first = wire.call(bs, 11, 9, **join, member_id="")
+    assert first["error_code"] == 79, first  # MEMBER_ID_REQUIRED
+    joined = wire.call(bs, 11, 9, **join, member_id=first["member_id"])
+    assert joined["error_code"] == 0, joined
+    return joined["member_id"]
+
+
+def mixed_protocols(bs: str, topic: str, group: str, member: str) -> dict[str, str]:
+    assert wire.create_topic(bs, topic, 1) == 0
+    wire.wait_for_topic(bs, topic, 1)
+    joined = _hb(bs, group_id=group, member_id=member, member_epoch=0, rebalance_timeout=30000,
+                 subscribed_topic_names=[topic], topic_partitions=[])  # fmt: skip
+    assert joined["error_code"] == 0, joined
+    classic_join = wire.call(
+        bs, 11, 9, group_id=group, session_timeout=30000, rebalance_timeout=30000, member_id="",
+        group_instance_id=None, protocol_type="consumer", reason=None,
+        protocols=[{"name": "range", "metadata": b""}],
+    )  # fmt: skip
+    _classic_member(bs, f"{group}-classic", topic)
+    to_classic = _hb(bs, group_id=f"{group}-classic", member_id=member, member_epoch=0,
+                     rebalance_timeout=30000, subscribed_topic_names=[topic],
+                     topic_partitions=[])  # fmt: skip
+    return {
+        "classic_join": wire.error_names(classic_join["error_code"]).upper(),
+        "consumer_heartbeat_to_classic": wire.error_names(to_classic["error_code"]).upper(),
+    }
+
+
+def test_no_classic_members_in_consumer_groups(pair, name):
+    strat, kafka = both(pair, mixed_protocols, name, f"{name}-group", str(uuid.uuid4()))
+    check_deliberate(
+        "groups.consumer-protocol-without-classic-members",
+        strat,
+        kafka,
+        documented={
+            "classic_join": "INCONSISTENT_GROUP_PROTOCOL",
+            "consumer_heartbeat_to_classic": "GROUP_ID_NOT_FOUND",
+        },
+    )
