@@ -172,9 +172,11 @@ def _describe_check(groups_field: str, denied_entry: Callable[[Request, str], ob
         extra = tuple(denied_entry(req, g) for g in denied)
 
         def edit(resp):
+            # A group answered with an error (one ConsumerGroupDescribe cannot find) carries
+            # no operations, as in Kafka.
             groups = tuple(
                 dataclasses.replace(g, authorized_operations=a.operations(R.GROUP, g.group_id))
-                if want_ops
+                if want_ops and not g.error_code
                 else g
                 for g in resp.groups
             )
