@@ -219,3 +219,31 @@ def test_java_consumer_and_kafka_consumer_groups(bootstrap: str) -> None:
         assert [group, "Consumer"] in [line.split() for line in listed.stdout.splitlines()]
     finally:
         c.close()
+
+
+def test_transactional_offsets_of_a_consumer_protocol_member(bootstrap: str) -> None:
+    """Read-process-write: the consumer's group metadata (member id and epoch) goes with the
+    offsets in TxnOffsetCommit, and they are committed with the transaction."""
+    src, out, group = "kip848-txn-in", "kip848-txn-out", "kip848-txn-g"
+    create_topic(bootstrap, src, 2)
+    create_topic(bootstrap, out, 1)
+    _produce(bootstrap, src, 2, 0, 20)
+    c = _consumer(bootstrap, group, src, "txn-member")
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "kip848-txn"})
+    try:
+        p.init_transactions(30)
+        got = []
+        deadline = time.monotonic() + SETTLE_S
+        while len(got) < 20:
+            got += [m for m in c.consume(num_messages=100, timeout=0.2) if m.error() is None]
+            assert time.monotonic() < deadline, len(got)
+        p.begin_transaction()
+        for m in got:
+            p.produce(out, value=m.value())
+        positions = c.position(c.assignment())
+        p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+        committed = c.committed(c.assignment(), timeout=15)
+        assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 10), (1, 10)]
+    finally:
+        c.close()

@@ -261,3 +261,24 @@ def test_uniform_with_different_subscriptions() -> None:
 def test_range_splits_each_topic_in_ranges() -> None:
     out = range_({"a": frozenset({T1}), "b": frozenset({T1})}, {T1: 5}, {})
     assert out["a"][T1] == {0, 1, 2} and out["b"][T1] == {3, 4}
+
+
+def test_commit_and_fetch_validation() -> None:
+    groups, topics = ConsumerGroups(), Topics(t1=1)
+    assert groups.validate_commit("g", "m", 3, 9) is None  # not a consumer group: classic rules
+    join(groups, topics, "a")
+    assert groups.validate_commit("g", "a", 1, 9) == "NONE"
+    assert groups.validate_commit("g", "a", 2, 9) == "STALE_MEMBER_EPOCH"
+    assert groups.validate_commit("g", "a", 1, 8) == "UNSUPPORTED_VERSION"
+    assert groups.validate_commit("g", "x", 1, 9) == "UNKNOWN_MEMBER_ID"
+    assert groups.validate_commit("g", "", -1, 9) == "UNKNOWN_MEMBER_ID"  # the group has members
+    # TxnOffsetCommit: any version; a producer without group metadata passes.
+    assert groups.validate_commit("g", "a", 1, 0, transactional=True) == "NONE"
+    assert groups.validate_commit("g", "", -1, 0, transactional=True) == "NONE"
+    assert groups.validate_commit("g", "a", 0, 0, transactional=True) == "STALE_MEMBER_EPOCH"
+    assert groups.validate_fetch("g", None, -1) == "NONE"
+    assert groups.validate_fetch("g", "a", 1) == "NONE"
+    assert groups.validate_fetch("g", "a", 4) == "STALE_MEMBER_EPOCH"
+    assert groups.validate_fetch("g", "x", 1) == "UNKNOWN_MEMBER_ID"
+    groups.heartbeat(Heartbeat("g", "a", -1), topics, 0)
+    assert groups.validate_commit("g", "", -1, 9) == "NONE"  # empty: commits from outside

@@ -329,19 +329,27 @@ class ConsumerGroups:
 
     # -- offsets (KIP-848: OffsetCommit v9+ and OffsetFetch v9+ carry the member epoch) ----------
     def validate_commit(
-        self, group_id: str, member_id: str, member_epoch: int, api_version: int
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        api_version: int,
+        transactional: bool = False,
+        instance_id: str | None = None,
     ) -> str | None:
-        """Kafka's answer to an OffsetCommit for this group, or None when the group is not a
-        consumer group (the classic coordinator judges it) or the commit may be applied."""
+        """Kafka's answer to an OffsetCommit (or TxnOffsetCommit) for this group; None when the
+        group is not a consumer group (the classic coordinator judges it)."""
         g = self.groups.get(group_id)
         if g is None:
             return None
         if member_epoch < 0 and not g.members:
             return "NONE"  # an admin client or an assign() consumer, on an empty group
+        if transactional and member_epoch < 0 and not member_id and instance_id is None:
+            return "NONE"  # a transactional producer that sent no group metadata
         m = g.members.get(member_id)
         if m is None:
             return "UNKNOWN_MEMBER_ID"
-        if api_version < 9:
+        if api_version < 9 and not transactional:
             return "UNSUPPORTED_VERSION"
         return "NONE" if member_epoch == m.epoch else "STALE_MEMBER_EPOCH"
 
