@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from stratalog.peers.kafka import run_tool
 
+from .conformance import wire
 from .conftest import BrokerProcess, create_topic
 
 HEARTBEAT_MS = 1000
@@ -245,5 +246,39 @@ def test_transactional_offsets_of_a_consumer_protocol_member(bootstrap: str) -> 
         p.commit_transaction(30)
         committed = c.committed(c.assignment(), timeout=15)
         assert sorted((tp.partition, tp.offset) for tp in committed) == [(0, 10), (1, 10)]
+    finally:
+        c.close()
+
+
+def _wait_owned(c: Consumer, want: set[tuple[str, int]]) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while {(tp.topic, tp.partition) for tp in c.assignment()} != want:
+        c.poll(0.1)
+        assert time.monotonic() < deadline, (c.assignment(), want)
+
+
+def test_regex_subscription_and_new_partitions_are_picked_up(bootstrap: str) -> None:
+    create_topic(bootstrap, "kip848-re-a", 1)
+    create_topic(bootstrap, "kip848-re-b", 2)
+    create_topic(bootstrap, "kip848-other", 1)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kip848-re-g",
+                  "group.protocol": "consumer", "auto.offset.reset": "earliest"})  # fmt: skip
+    c.subscribe(["^kip848-re-.*"])
+    try:
+        _wait_owned(c, {("kip848-re-a", 0), ("kip848-re-b", 0), ("kip848-re-b", 1)})
+        raw = wire.call(bootstrap, 69, 1, group_ids=["kip848-re-g"],
+                        include_authorized_operations=False)["groups"][0]  # fmt: skip
+        # librdkafka hands the broker the expression; the broker resolved it.
+        assert raw["members"][0]["subscribed_topic_regex"] == "(^kip848-re-.*)"
+        assert raw["members"][0]["subscribed_topic_names"] == []
+        # A new matching topic and a grown one join the assignment; the other topic never does.
+        create_topic(bootstrap, "kip848-re-c", 1)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_partitions([NewPartitions("kip848-re-a", 2)])["kip848-re-a"].result(15)
+        _wait_owned(
+            c,
+            {("kip848-re-a", 0), ("kip848-re-a", 1), ("kip848-re-b", 0), ("kip848-re-b", 1),
+             ("kip848-re-c", 0)},
+        )  # fmt: skip
     finally:
         c.close()
