@@ -4,7 +4,7 @@ librdkafka (confluent-kafka, ``group.protocol=consumer``) and Kafka's Java consu
 command-line tools with ``group.protocol=consumer``) on one broker process on loopback. The
 broker tells members to heartbeat every second (``group.consumer.heartbeat.interval.ms``; Kafka's
 default is five) so that hand-overs, which take a heartbeat of the old owner and one of the new,
-settle within a test.
+settle within a test, and removes members silent for four seconds.
 """
 
 from __future__ import annotations
@@ -25,13 +25,18 @@ from .conformance import wire
 from .conftest import BrokerProcess, create_topic
 
 HEARTBEAT_MS = 1000
+SESSION_MS = 4000
 SETTLE_S = 30
 
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = Path(tmp_path_factory.mktemp("kip848")) / "data"
-    bp = BrokerProcess(data, settings={"group.consumer.heartbeat.interval.ms": str(HEARTBEAT_MS)})
+    settings = {
+        "group.consumer.heartbeat.interval.ms": str(HEARTBEAT_MS),
+        "group.consumer.session.timeout.ms": str(SESSION_MS),
+    }
+    bp = BrokerProcess(data, settings=settings)
     bp.start()
     try:
         yield bp.bootstrap
@@ -280,5 +285,25 @@ def test_regex_subscription_and_new_partitions_are_picked_up(bootstrap: str) -> 
             {("kip848-re-a", 0), ("kip848-re-a", 1), ("kip848-re-b", 0), ("kip848-re-b", 1),
              ("kip848-re-c", 0)},
         )  # fmt: skip
+    finally:
+        c.close()
+
+
+def test_a_silent_member_is_removed_and_its_partitions_reassigned(bootstrap: str) -> None:
+    topic, group = "kip848-silent", "kip848-silent-g"
+    create_topic(bootstrap, topic, 2)
+    # A member that joins (taking both partitions) and never heartbeats again.
+    silent = wire.call(bootstrap, 68, 1, group_id=group, member_id="silent", member_epoch=0,
+                       rebalance_timeout=60000, subscribed_topic_names=[topic],
+                       topic_partitions=[])  # fmt: skip
+    assert silent["error_code"] == 0 and silent["assignment"]["topic_partitions"], silent
+    joined = time.monotonic()
+    c = _consumer(bootstrap, group, topic, "alive")
+    try:
+        _wait_owned(c, {(topic, 0), (topic, 1)})
+        # Only once the session timeout removed the silent member (it never revoked).
+        assert time.monotonic() - joined >= SESSION_MS / 1000 - 0.5
+        members = [m.member_id for m in _describe(bootstrap, group).members]
+        assert "silent" not in members and len(members) == 1
     finally:
         c.close()
