@@ -48,7 +48,7 @@ def _group_view(bs: str, group: str) -> dict[str, Any]:
         (
             m["client_id"],
             m["member_type"],
-            tuple(m["subscribed_topic_names"]),
+            tuple(sorted(m["subscribed_topic_names"])),  # a set in Kafka: no order
             m["subscribed_topic_regex"],
             sum(len(tp["partitions"]) for tp in m["assignment"]["topic_partitions"]),
         )
@@ -158,15 +158,23 @@ def _hb(bs: str, version: int = 1, **fields: Any) -> dict[str, Any]:
 
 
 def _heartbeat_until_settled(
-    bs: str, group: str, member: str, r: dict[str, Any], want: set[tuple[uuid.UUID, int]]
+    bs: str,
+    group: str,
+    member: str,
+    r: dict[str, Any],
+    want: set[tuple[uuid.UUID, int]],
+    owned: dict[str, list[int]],
 ) -> int:
-    """Heartbeat as a client does (reporting what it owns) until the member holds ``want`` and
-    the group settled; the member's epoch then."""
+    """Heartbeat as a client does (reporting what it owns, ``owned``, kept current: an answer
+    without an assignment leaves it as it was) until the member holds ``want`` and the group
+    settled; the member's epoch then."""
     deadline = time.monotonic() + SETTLE_S
-    owned: dict[str, list[int]] = {}
     while True:
         if r["assignment"] is not None:
-            owned = {tp["topic_id"]: tp["partitions"] for tp in r["assignment"]["topic_partitions"]}
+            owned.clear()
+            owned.update(
+                (tp["topic_id"], tp["partitions"]) for tp in r["assignment"]["topic_partitions"]
+            )
         epoch = r["member_epoch"]
         held = {(uuid.UUID(str(t)), p) for t, ps in owned.items() for p in ps}
         if held == want and _settled(_describe(bs, group)):
@@ -187,7 +195,8 @@ def bad_requests(bs: str, topic: str, group: str, member: str) -> dict[str, Any]
                 subscribed_topic_names=[topic], topic_partitions=[])  # fmt: skip
     r = _hb(bs, **join)
     assert r["error_code"] == 0, r
-    epoch = _heartbeat_until_settled(bs, group, member, r, {(tid, 0), (tid, 1)})
+    owned: dict[str, list[int]] = {}
+    epoch = _heartbeat_until_settled(bs, group, member, r, {(tid, 0), (tid, 1)}, owned)
     # A second topic joins the subscription: a new target, so the member's epoch moves on and
     # an older epoch than its previous one exists on both brokers.
     assert wire.create_topic(bs, f"{topic}-b", 1) == 0
@@ -196,7 +205,8 @@ def bad_requests(bs: str, topic: str, group: str, member: str) -> dict[str, Any]
     r = _hb(bs, group_id=group, member_id=member, member_epoch=epoch,
             subscribed_topic_names=[topic, f"{topic}-b"])  # fmt: skip
     assert r["error_code"] == 0, r
-    epoch = _heartbeat_until_settled(bs, group, member, r, {(tid, 0), (tid, 1), (tid_b, 0)})
+    want = {(tid, 0), (tid, 1), (tid_b, 0)}
+    epoch = _heartbeat_until_settled(bs, group, member, r, want, owned)
     out["settled"] = _group_view(bs, group)
     beat = dict(group_id=group, member_id=member)
     out["greater_epoch"] = _hb(bs, **beat, member_epoch=epoch + 5)
@@ -238,6 +248,10 @@ def bad_requests(bs: str, topic: str, group: str, member: str) -> dict[str, Any]
     out["fetch"] = fetch(member, epoch)
     out["fetch_as_admin"] = fetch(None, -1)
     out["delete_live_group"] = wire.call(bs, 42, 2, groups_names=[group])
+    offsets_of = dict(
+        group_id=group, topics=[{"name": topic, "partitions": [{"partition_index": 0}]}]
+    )
+    out["offset_delete_subscribed"] = wire.call(bs, 47, 0, **offsets_of)
 
     out["leave"] = _hb(bs, **beat, member_epoch=-1)
     out["after_leave"] = _hb(bs, **beat, member_epoch=epoch)
@@ -245,6 +259,10 @@ def bad_requests(bs: str, topic: str, group: str, member: str) -> dict[str, Any]
     out["listed_empty"] = _listed(bs, group)
     out["describe_missing"] = wire.call(bs, 69, 0, group_ids=[f"{group}-missing"],
                                         include_authorized_operations=False)  # fmt: skip
+    out["offset_delete_empty"] = wire.call(bs, 47, 0, **offsets_of)
+    out["delete_empty_group"] = wire.call(bs, 42, 2, groups_names=[group])
+    out["describe_deleted"] = _describe(bs, group)
+    out["listed_deleted"] = _listed(bs, group)
     return out
 
 
@@ -264,6 +282,9 @@ def test_bad_requests_get_kafkas_errors(pair, name):
     assert kafka["commit_stale"]["topics"][0]["partitions"][0]["error_code"] == 113  # STALE
     assert kafka["fetch_stale"]["groups"][0]["error_code"] == 113
     assert kafka["leave"]["member_epoch"] == -1
+    deleted = kafka["offset_delete_subscribed"]["topics"][0]["partitions"][0]
+    assert deleted["error_code"] == 86  # GROUP_SUBSCRIBED_TO_TOPIC
+    assert kafka["describe_deleted"]["error_code"] == 69 and kafka["listed_deleted"] == []
 
 
 def _classic_member(bs: str, group: str, topic: str) -> str:

@@ -134,8 +134,8 @@ async def handle_offset_delete(core, req: Request, conn) -> bytes:
     subscribed: set[str] | None = set()
     cg = core.consumer_groups.group(gid)
     if cg is not None:
-        # A consumer-protocol group: its members' subscriptions are the topics they named.
-        subscribed = {t for m in cg.members.values() for t in m.subscribed_topic_names}
+        # A consumer-protocol group: the topics its members subscribe to, by name or regex.
+        subscribed = set(cg.subscribed)
     elif live:
         if g.protocol_type != CONSUMER_PROTOCOL:
             return top("NON_EMPTY_GROUP")
