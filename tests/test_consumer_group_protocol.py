@@ -307,3 +307,26 @@ def test_a_silent_member_is_removed_and_its_partitions_reassigned(bootstrap: str
         assert "silent" not in members and len(members) == 1
     finally:
         c.close()
+
+
+def test_members_rejoin_after_a_restart(broker_process: BrokerProcess) -> None:
+    """Membership is not persisted: after a restart the broker does not know the group, the
+    member is told UNKNOWN_MEMBER_ID, rejoins and resumes from its committed offsets."""
+    broker_process.settings = {"group.consumer.heartbeat.interval.ms": str(HEARTBEAT_MS)}
+    bs = broker_process.start().bootstrap
+    topic, group = "kip848-restart", "kip848-restart-g"
+    create_topic(bs, topic, 2)
+    _produce(bs, topic, 2, 0, 20)
+    work = Work()
+    members = {"m": _consumer(bs, group, topic, "m")}
+    try:
+        work.until(members, 20, 2)
+        broker_process.stop()
+        broker_process.start()
+        _produce(bs, topic, 2, 20, 20)
+        work.until(members, 40, 2)  # nothing committed read again (Work checks)
+        d = _describe(bs, group)
+        assert d.state == ConsumerGroupState.STABLE and len(d.members) == 1
+    finally:
+        members["m"].close()
+    assert work.committed == {0: 20, 1: 20}

@@ -177,9 +177,10 @@ def _heartbeat_until_settled(
             )
         epoch = r["member_epoch"]
         held = {(uuid.UUID(str(t)), p) for t, ps in owned.items() for p in ps}
-        if held == want and _settled(_describe(bs, group)):
+        described = _describe(bs, group)
+        if held == want and _settled(described):
             return epoch
-        assert time.monotonic() < deadline, r
+        assert time.monotonic() < deadline, (bs, r, held, want, described)
         time.sleep(0.3)
         report = [{"topic_id": uuid.UUID(str(t)), "partitions": ps} for t, ps in owned.items()]
         r = _hb(bs, group_id=group, member_id=member, member_epoch=epoch, topic_partitions=report)
@@ -214,7 +215,7 @@ def bad_requests(bs: str, topic: str, group: str, member: str) -> dict[str, Any]
     out["smaller_epoch"] = _hb(bs, **beat, member_epoch=epoch - 1, topic_partitions=not_its_own)
     out["unknown_member"] = _hb(bs, group_id=group, member_id=str(uuid.UUID(int=7)),
                                 member_epoch=epoch)  # fmt: skip
-    out["unknown_group"] = _hb(bs, **dict(beat, group_id=f"{group}-missing"), member_epoch=3)
+    out["leave_unknown_group"] = _hb(bs, **dict(beat, group_id=f"{group}-missing"), member_epoch=-1)
     out["invalid_assignor"] = _hb(bs, **dict(join, member_id=str(uuid.UUID(int=8))),
                                   server_assignor="no-such-assignor")  # fmt: skip
     out["empty_member_id"] = _hb(bs, **dict(join, member_id=""))
@@ -276,7 +277,7 @@ def test_bad_requests_get_kafkas_errors(pair, name):
     assert codes["greater_epoch"] == codes["smaller_epoch"] == 110  # FENCED_MEMBER_EPOCH
     assert codes["unknown_member"] == codes["after_leave"] == 25  # UNKNOWN_MEMBER_ID
     assert codes["invalid_assignor"] == 112  # UNSUPPORTED_ASSIGNOR
-    assert codes["unknown_group"] == 69  # GROUP_ID_NOT_FOUND
+    assert codes["leave_unknown_group"] == 69  # GROUP_ID_NOT_FOUND
     assert codes["bad_regex"] == 128  # INVALID_REGULAR_EXPRESSION
     assert codes["empty_member_id"] == codes["join_owning_partitions"] == 42  # INVALID_REQUEST
     assert kafka["commit_stale"]["topics"][0]["partitions"][0]["error_code"] == 113  # STALE
@@ -332,4 +333,19 @@ def test_no_classic_members_in_consumer_groups(pair, name):
             "classic_join": "INCONSISTENT_GROUP_PROTOCOL",
             "consumer_heartbeat_to_classic": "GROUP_ID_NOT_FOUND",
         },
+    )
+
+
+def member_of_an_unknown_group(bs: str, group: str, member: str) -> dict[str, str]:
+    r = _hb(bs, group_id=group, member_id=member, member_epoch=3)
+    return {"heartbeat": wire.error_names(r["error_code"]).upper()}
+
+
+def test_a_member_of_an_unknown_group_rejoins(pair, name):
+    strat, kafka = both(pair, member_of_an_unknown_group, f"{name}-group", str(uuid.uuid4()))
+    check_deliberate(
+        "groups.consumer-protocol-unknown-group-rejoins",
+        strat,
+        kafka,
+        documented={"heartbeat": "UNKNOWN_MEMBER_ID"},
     )

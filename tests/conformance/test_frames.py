@@ -545,12 +545,12 @@ def req_list_transactions(bs: str, v: int) -> dict[str, Any]:
 
 
 def req_consumer_group_heartbeat(bs: str, v: int) -> dict[str, Any]:
-    # A member's heartbeat (epoch 3) to a group that does not exist: GROUP_ID_NOT_FOUND. (A
-    # join's epochs and assignment depend on when Kafka's assignor runs; the differential test
-    # in test_consumer_group_protocol.py compares joins once they settle.)
+    # A join asking for an assignor neither broker has: UNSUPPORTED_ASSIGNOR, the same message.
+    # (A join's epochs and assignment depend on when Kafka's assignor runs; the differential
+    # test in test_consumer_group_protocol.py compares joins once they settle.)
     return dict(group_id=_v("cg-heartbeat", v), member_id=str(uuid.UUID(int=v + 1)),
-                member_epoch=3, rebalance_timeout=-1, subscribed_topic_names=None,
-                topic_partitions=None)  # fmt: skip
+                member_epoch=0, rebalance_timeout=30000, subscribed_topic_names=[TOPIC],
+                server_assignor="no-such-assignor", topic_partitions=[])  # fmt: skip
 
 
 def req_consumer_group_describe(bs: str, v: int) -> dict[str, Any]:

@@ -17,9 +17,11 @@ The rules are KIP-848's, as Kafka's group coordinator applies them:
   target is at the assignment epoch.
 * A heartbeat with another epoch than the member's is FENCED_MEMBER_EPOCH (the previous epoch is
   accepted while the member only owns partitions still assigned to it: the answer that bumped
-  it may have been lost); an unknown member is UNKNOWN_MEMBER_ID. Epoch -1 leaves (-2: a static
-  member leaves for now; here it leaves as well). A member silent past the session timeout, or
-  one not revoking within its rebalance timeout, is removed, and its partitions are free.
+  it may have been lost); an unknown member is UNKNOWN_MEMBER_ID, and so is a member of a group
+  the broker does not know (membership is not persisted: after a restart members rejoin).
+  Epoch -1 leaves (-2: a static member leaves for now; here it leaves as well). A member silent
+  past the session timeout, or one not revoking within its rebalance timeout, is removed, and
+  its partitions are free.
 
 Membership lives in memory only (as the classic groups'); committed offsets are the offset
 store's.
@@ -182,7 +184,14 @@ class ConsumerGroups:
         g = self.groups.get(hb.group_id)
         if g is None:
             if not joining:
-                raise GroupError("GROUP_ID_NOT_FOUND", f"Consumer group {hb.group_id} not found.")
+                # Kafka says GROUP_ID_NOT_FOUND, which its clients take as fatal; a group only
+                # disappears under a member here when the broker restarted (or a new
+                # coordinator took over) without it, so the member is told to rejoin.
+                raise GroupError(
+                    "UNKNOWN_MEMBER_ID",
+                    f"Member {hb.member_id} is not a member of group {hb.group_id}: the "
+                    f"coordinator does not know the group.",
+                )
             g = ConsumerGroup(hb.group_id)
         member = self._member(g, hb, topics)
         self.groups[g.group_id] = g
