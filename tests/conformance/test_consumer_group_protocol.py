@@ -349,3 +349,44 @@ def test_a_member_of_an_unknown_group_rejoins(pair, name):
         kafka,
         documented={"heartbeat": "UNKNOWN_MEMBER_ID"},
     )
+
+
+def java_tools(bs: str, topic: str, group: str) -> dict[str, Any]:
+    """Kafka's Java consumer in the consumer protocol (kafka-console-consumer), then
+    kafka-consumer-groups on the group it leaves behind."""
+    from stratalog.peers.kafka import run_tool
+
+    assert wire.create_topic(bs, topic, 3) == 0
+    wire.wait_for_topic(bs, topic, 3)
+    p = Producer({"bootstrap.servers": bs})
+    for i in range(30):
+        p.produce(topic, value=b"j%d" % i, partition=i % 3)
+    assert p.flush(30) == 0
+
+    def tool(name: str, *args: str) -> list[list[str]]:
+        r = run_tool(name, "--bootstrap-server", bs, *args, timeout=120)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        lines = (r.stdout + r.stderr).splitlines()
+        return [line.split() for line in lines if line.strip() and "WARN" not in line]
+
+    consumed = tool(
+        "kafka-console-consumer", "--topic", topic, "--group", group, "--from-beginning",
+        "--max-messages", "30", "--timeout-ms", "60000",
+        "--consumer-property", "group.protocol=consumer",
+    )  # fmt: skip
+    state = tool("kafka-consumer-groups", "--describe", "--state", "--group", group)
+    return {
+        "records": sorted(w[0] for w in consumed if w[0].startswith("j")),
+        "offsets": tool("kafka-consumer-groups", "--describe", "--group", group),
+        # GROUP COORDINATOR (ID) ASSIGNMENT-STRATEGY STATE #MEMBERS: the coordinator aside.
+        "state": [row[:1] + row[-3:] for row in state],
+        "listed": [r for r in tool("kafka-consumer-groups", "--list", "--type") if r[0] == group],
+    }
+
+
+def test_kafka_tools_alike(pair, name):
+    strat, kafka = both(pair, java_tools, name, f"{name}-group")
+    assert strat == kafka, wire.differences(strat, kafka)
+    assert kafka["records"] == sorted(f"j{i}" for i in range(30))
+    assert kafka["listed"] == [[f"{name}-group", "Consumer"]]
+    assert [f"{name}-group", "uniform", "Empty", "0"] in kafka["state"]
