@@ -10,11 +10,9 @@ The rules are KIP-848's, as Kafka's group coordinator applies them:
   topics' partitions) bumps the *group epoch*. When the group epoch is ahead of the *assignment
   epoch*, the next heartbeat computes a new *target assignment* for every member with the
   group's assignor (``assignors.py``) and the assignment epoch catches up.
-* Each member then moves toward its target on its own heartbeats, never all at once: partitions
-  it must give up are revoked first (it keeps its epoch until a heartbeat no longer lists them);
-  partitions it gains are handed over only once no other member holds them (assigned or still
-  revoking), so a partition never has two owners. A member whose current assignment is its
-  target is at the assignment epoch.
+* Each member then moves toward its target on its own heartbeats, never all at once
+  (``reconciliation.py``: revocation first, and a partition handed over only once nobody else
+  holds it). A member whose current assignment is its target is at the assignment epoch.
 * A heartbeat with another epoch than the member's is FENCED_MEMBER_EPOCH (the previous epoch is
   accepted while the member only owns partitions still assigned to it: the answer that bumped
   it may have been lost); an unknown member is UNKNOWN_MEMBER_ID, and so is a member of a group
@@ -31,13 +29,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from stratalog.broker import assignors
 from stratalog.broker.assignors import Assignment
 from stratalog.broker.group_coordinator import GroupError
+from stratalog.broker.reconciliation import M_STABLE, Member, Owned, reconcile, within
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
@@ -48,11 +47,6 @@ EMPTY = "Empty"
 ASSIGNING = "Assigning"
 RECONCILING = "Reconciling"
 STABLE = "Stable"
-
-# Member states of the reconciliation (Kafka's MemberState).
-M_STABLE = "stable"
-M_UNREVOKED = "unrevoked_partitions"
-M_UNRELEASED = "unreleased_partitions"
 
 
 class Topics(Protocol):
@@ -78,7 +72,7 @@ class Heartbeat:
     subscribed_topic_names: tuple[str, ...] | None = None
     subscribed_topic_regex: str | None = None
     server_assignor: str | None = None
-    owned: Mapping[uuid.UUID, frozenset[int]] | None = None
+    owned: Owned = None
     client_id: str = ""
     client_host: str = ""
 
@@ -89,31 +83,6 @@ class Answer:
     member_epoch: int
     heartbeat_interval_ms: int
     assignment: Assignment | None = None  # None: unchanged, not sent
-
-
-@dataclass
-class Member:
-    member_id: str
-    instance_id: str | None = None
-    rack_id: str | None = None
-    client_id: str = ""
-    client_host: str = ""
-    rebalance_timeout_ms: int = 300000
-    subscribed_topic_names: tuple[str, ...] = ()
-    subscribed_topic_regex: str | None = None
-    server_assignor: str | None = None
-    epoch: int = 0
-    previous_epoch: int = -1
-    state: str = M_STABLE
-    assigned: Assignment = field(default_factory=dict)
-    pending_revocation: Assignment = field(default_factory=dict)
-    session_deadline: int = 0
-    rebalance_deadline: int | None = None
-
-    def owns(self, topic_id: uuid.UUID, partition: int) -> bool:
-        return partition in self.assigned.get(topic_id, ()) or partition in (
-            self.pending_revocation.get(topic_id, ())
-        )
 
 
 @dataclass
@@ -206,7 +175,14 @@ class ConsumerGroups:
             g.group_epoch += 1
         if g.group_epoch > g.assignment_epoch:
             self._new_target(g, topics)
-        self._reconcile(g, member, hb.owned, now)
+        reconcile(
+            member,
+            g.target.get(member.member_id, {}),
+            g.assignment_epoch,
+            lambda tid, p: g.held_by_other(member.member_id, tid, p),
+            hb.owned,
+            now,
+        )
 
         full = joining or (
             hb.rebalance_timeout_ms != -1
@@ -224,7 +200,7 @@ class ConsumerGroups:
     def _member(self, g: ConsumerGroup, hb: Heartbeat, topics: Topics) -> Member:
         m = g.members.get(hb.member_id)
         if hb.member_epoch == JOIN_EPOCH:
-            if m is not None and not (m.previous_epoch == 0 and _within(hb.owned, m.assigned)):
+            if m is not None and not (m.previous_epoch == 0 and within(hb.owned, m.assigned)):
                 # A rejoin after being fenced: the old incarnation's partitions are released.
                 self._remove(g, m, topics)
                 m = None
@@ -252,7 +228,7 @@ class ConsumerGroups:
         if hb.member_epoch > m.epoch:
             raise _fenced("greater", hb.member_epoch, m.epoch)
         if hb.member_epoch < m.epoch and (
-            hb.member_epoch != m.previous_epoch or not _within(hb.owned, m.assigned)
+            hb.member_epoch != m.previous_epoch or not within(hb.owned, m.assigned)
         ):
             raise _fenced("smaller", hb.member_epoch, m.epoch)
         return m
@@ -267,28 +243,6 @@ class ConsumerGroups:
         sizes = {tid: n for tid, n in g.subscribed.values()}
         g.target = assignors.ASSIGNORS[g.assignor](subscriptions, sizes, g.target)
         g.assignment_epoch = g.group_epoch
-
-    def _reconcile(
-        self,
-        g: ConsumerGroup,
-        m: Member,
-        owned: Mapping[uuid.UUID, frozenset[int]] | None,
-        now: int,
-    ) -> None:
-        """One step of the member toward its target (Kafka's CurrentAssignmentBuilder)."""
-        if m.state == M_STABLE and m.epoch == g.assignment_epoch:
-            return
-        if m.state == M_UNREVOKED:
-            if _holds_any(owned, m.pending_revocation):
-                return
-            _next_assignment(g, m, m.epoch + 1, owned)
-        else:
-            _next_assignment(g, m, m.epoch, owned)
-        if m.state == M_UNREVOKED:
-            if m.rebalance_deadline is None:
-                m.rebalance_deadline = now + m.rebalance_timeout_ms
-        else:
-            m.rebalance_deadline = None
 
     # -- leaving, expiry -------------------------------------------------------------------------
     def _leave(self, hb: Heartbeat, topics: Topics) -> Answer:
@@ -475,60 +429,3 @@ def _subscribed_topics(g: ConsumerGroup, topics: Topics) -> dict[str, tuple[uuid
             if found is not None and found[1] > 0:
                 out[name] = found
     return out
-
-
-def _within(owned: Mapping[uuid.UUID, frozenset[int]] | None, assigned: Assignment) -> bool:
-    """Whether the partitions a heartbeat reports owning are all in ``assigned``."""
-    if owned is None:
-        return False
-    return all(ps <= assigned.get(tid, frozenset()) for tid, ps in owned.items())
-
-
-def _holds_any(owned: Mapping[uuid.UUID, frozenset[int]] | None, partitions: Assignment) -> bool:
-    """Whether the member may still hold some of ``partitions`` (not reporting counts as yes)."""
-    if owned is None:
-        return True
-    return any(ps & partitions.get(tid, frozenset()) for tid, ps in owned.items())
-
-
-def _next_assignment(
-    g: ConsumerGroup, m: Member, epoch: int, owned: Mapping[uuid.UUID, frozenset[int]] | None
-) -> None:
-    """Kafka's computeNextAssignment: keep what stays, revoke what goes (the member keeps
-    ``epoch`` until it has), then take the target's new partitions that nobody else holds."""
-    target = g.target.get(m.member_id, {})
-    assigned: dict[uuid.UUID, frozenset[int]] = {}
-    revoking: dict[uuid.UUID, frozenset[int]] = {}
-    adding: dict[uuid.UUID, frozenset[int]] = {}
-    unreleased = False
-    for tid in set(target) | set(m.assigned):
-        want = target.get(tid, frozenset())
-        have = m.assigned.get(tid, frozenset())
-        keep = have & want
-        gone = have - keep
-        free = {p for p in want - keep if not g.held_by_other(m.member_id, tid, p)}
-        unreleased |= len(free) < len(want - keep)
-        if keep:
-            assigned[tid] = keep
-        if gone:
-            revoking[tid] = gone
-        if free:
-            adding[tid] = frozenset(free)
-    if revoking and _holds_any(owned, revoking):
-        m.state = M_UNREVOKED
-        _set_epoch(m, epoch)
-        m.assigned = assigned
-        m.pending_revocation = revoking
-        return
-    for tid, ps in adding.items():
-        assigned[tid] = assigned.get(tid, frozenset()) | ps
-    m.state = M_UNRELEASED if unreleased else M_STABLE
-    _set_epoch(m, g.assignment_epoch)
-    m.assigned = assigned
-    m.pending_revocation = {}
-
-
-def _set_epoch(m: Member, epoch: int) -> None:
-    if epoch != m.epoch:
-        m.previous_epoch = m.epoch
-        m.epoch = epoch

@@ -10,7 +10,8 @@ import uuid
 from collections.abc import Iterable
 
 from stratalog.broker.assignors import Assignment
-from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat, Member
+from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat
+from stratalog.broker.reconciliation import Member
 from stratalog.cluster.metadata import is_internal
 from stratalog.protocol.connection import Request
 
