@@ -34,9 +34,17 @@ def _listed(bs: str, group: str) -> list[dict[str, Any]]:
     return [g for g in groups if g["group_id"] == group]
 
 
+def _partitions(assignment: dict[str, Any]) -> set[tuple[str, int]]:
+    # Kafka lists an assignment's topics and partitions from hash sets: compared as sets.
+    return {
+        (tp["topic_name"], p) for tp in assignment["topic_partitions"] for p in tp["partitions"]
+    }
+
+
 def _settled(d: dict[str, Any]) -> bool:
     return d["group_state"] == "Stable" and all(
-        m["member_epoch"] == d["assignment_epoch"] and m["assignment"] == m["target_assignment"]
+        m["member_epoch"] == d["assignment_epoch"]
+        and _partitions(m["assignment"]) == _partitions(m["target_assignment"])
         for m in d["members"]
     )
 
