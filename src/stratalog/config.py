@@ -608,6 +608,18 @@ SETTINGS: dict[str, Setting] = {
             "Largest session timeout a member may ask.",
         ),
         _S(
+            "group.consumer.session.timeout.ms",
+            int,
+            45000,
+            "Consumer group protocol (KIP-848): a member silent this long is removed.",
+        ),
+        _S(
+            "group.consumer.heartbeat.interval.ms",
+            int,
+            5000,
+            "Consumer group protocol (KIP-848): how often members are told to heartbeat.",
+        ),
+        _S(
             "group.initial.rebalance.delay.ms",
             int,
             0,
@@ -895,6 +907,8 @@ class BrokerConfig:
         "group.min.session.timeout.ms": 1,
         "group.max.session.timeout.ms": 1,
         "group.initial.rebalance.delay.ms": 0,
+        "group.consumer.session.timeout.ms": 1,
+        "group.consumer.heartbeat.interval.ms": 1,
         "offsets.topic.num.partitions": 1,
         "connections.max.reauth.ms": 0,
         "sasl.server.max.receive.size": 1,

@@ -165,6 +165,61 @@ def test_offsets_are_committed_at_each_groups_coordinator(cluster):
         assert got == [10 + i, i]
 
 
+def test_consumer_protocol_group_at_its_coordinator(cluster):
+    """KIP-848 in a cluster: librdkafka members (group.protocol=consumer) find the group's
+    coordinator, share the partitions and commit there; the other brokers answer the group's
+    heartbeats NOT_COORDINATOR."""
+    topic, group, parts = "kip848", "kip848-cluster", PARTITIONS
+    create_spread_topic(cluster.brokers[0].bootstrap, topic, parts)
+    acked = produce_acked(cluster.bootstrap, topic, 40, "kip848")
+    members = []
+    for name in ("a", "b"):
+        c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group,
+                      "group.protocol": "consumer", "client.id": name,
+                      "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+        c.subscribe([topic])
+        members.append(c)
+    read: dict[tuple[int, int], bytes] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            for c in members:
+                msgs = c.consume(num_messages=100, timeout=0.1)
+                read.update(((m.partition(), m.offset()), m.value()) for m in msgs)
+                if msgs:
+                    c.commit(asynchronous=False)
+            owned = [sorted(tp.partition for tp in c.assignment()) for c in members]
+            flat = sorted(p for ps in owned for p in ps)
+            if read == acked and all(owned) and flat == list(range(parts)):
+                break
+            assert time.monotonic() < deadline, (owned, len(read))
+    finally:
+        for c in members:
+            c.close()
+    coordinator = wire.call(cluster.brokers[0].bootstrap, 10, 6, key_type=0,
+                            coordinator_keys=[group])["coordinators"][0]  # fmt: skip
+    assert coordinator["error_code"] == 0, coordinator
+    checker = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    try:
+        tps = [TopicPartition(topic, p) for p in range(parts)]
+        committed = {tp.partition: tp.offset for tp in checker.committed(tps, timeout=30)}
+    finally:
+        checker.close()
+    ends = {p: 1 + max(o for q, o in acked if q == p) for p in range(parts)}
+    assert committed == ends
+    for b in cluster.brokers:
+        described = wire.call(b.bootstrap, 69, 1, group_ids=[group],
+                              include_authorized_operations=False)["groups"][0]  # fmt: skip
+        if b.node_id == coordinator["node_id"]:
+            assert (described["error_code"], described["group_state"]) == (0, "Empty")
+        else:
+            assert described["error_code"] == 16  # NOT_COORDINATOR
+            hb = wire.call(b.bootstrap, 68, 1, group_id=group, member_id="m", member_epoch=0,
+                           rebalance_timeout=1000, subscribed_topic_names=[topic],
+                           topic_partitions=[])  # fmt: skip
+            assert hb["error_code"] == 16
+
+
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "kill"])
 def test_the_client_follows_a_leader_that_moves(cluster, how):
     topic = f"moving-{how.name.lower()}"

@@ -37,6 +37,20 @@ DELIBERATE: dict[str, str] = {
         "member's Heartbeat is answered UNKNOWN_MEMBER_ID and it rejoins; committed offsets are "
         "durable and survive the restart."
     ),
+    "groups.consumer-protocol-without-classic-members": (
+        "A group of the consumer protocol (KIP-848) takes no classic members and is not converted "
+        "between protocols: a JoinGroup for one with members is answered "
+        "INCONSISTENT_GROUP_PROTOCOL, and a ConsumerGroupHeartbeat for a classic group with "
+        "members GROUP_ID_NOT_FOUND. Kafka 4.4 (group.consumer.migration.policy=bidirectional) "
+        "lets classic members join a consumer group and converts a group between the protocols "
+        "as its members move."
+    ),
+    "groups.consumer-protocol-unknown-group-rejoins": (
+        "A ConsumerGroupHeartbeat of a member (epoch above 0) of a group the broker does not know "
+        "is answered UNKNOWN_MEMBER_ID, so the member rejoins: membership lives in memory, and "
+        "after a restart (or a new coordinator in a cluster) the group is gone. Kafka, which "
+        "never loses a group, answers GROUP_ID_NOT_FOUND, which its clients take as fatal."
+    ),
     "offsets.commit-value-version-3": (
         "Committed offsets are written to __consumer_offsets as OffsetCommitValue version 3, "
         "the newest non-flexible version, which Kafka's readers since 2.1 decode; Kafka 4.4 "

@@ -544,6 +544,19 @@ def req_list_transactions(bs: str, v: int) -> dict[str, Any]:
                 duration_filter=-1, transactional_id_pattern=None)  # fmt: skip
 
 
+def req_consumer_group_heartbeat(bs: str, v: int) -> dict[str, Any]:
+    # A join asking for an assignor neither broker has: UNSUPPORTED_ASSIGNOR, the same message.
+    # (A join's epochs and assignment depend on when Kafka's assignor runs; the differential
+    # test in test_consumer_group_protocol.py compares joins once they settle.)
+    return dict(group_id=_v("cg-heartbeat", v), member_id=str(uuid.UUID(int=v + 1)),
+                member_epoch=0, rebalance_timeout=30000, subscribed_topic_names=[TOPIC],
+                server_assignor="no-such-assignor", topic_partitions=[])  # fmt: skip
+
+
+def req_consumer_group_describe(bs: str, v: int) -> dict[str, Any]:
+    return dict(group_ids=[_v("cg-describe", v)], include_authorized_operations=True)
+
+
 REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     0: req_produce,
     1: req_fetch,
@@ -585,6 +598,8 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     61: req_describe_producers,
     65: req_describe_transactions,
     66: req_list_transactions,
+    68: req_consumer_group_heartbeat,
+    69: req_consumer_group_describe,
     75: req_describe_topic_partitions,
     17: req_sasl_handshake,
     36: req_sasl_authenticate,

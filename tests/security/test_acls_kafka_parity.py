@@ -265,6 +265,11 @@ CASES: dict[str, tuple[int, int, dict[str, Any]]] = {
     "describe-groups": (15, 5, dict(groups=[G_OPEN, G_CLOSED],
                                     include_authorized_operations=True)),
     "delete-groups": (42, 2, dict(groups_names=[G_CLOSED, G_OPEN])),
+    "consumer-group-heartbeat-denied": (68, 1, dict(
+        group_id=G_CLOSED, member_id="m-closed", member_epoch=0, rebalance_timeout=30000,
+        subscribed_topic_names=[T_OPEN], topic_partitions=[])),
+    "consumer-group-describe": (69, 1, dict(group_ids=[G_OPEN, G_CLOSED, f"{P}-g-missing"],
+                                            include_authorized_operations=True)),
     "offset-delete": (47, 0, dict(group_id=G_OPEN, topics=[
         {"name": T_OPEN, "partitions": [{"partition_index": 0}]}])),
     "init-producer-id-transactional": (22, 5, dict(

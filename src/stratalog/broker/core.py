@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogSender
+from stratalog.broker.consumer_groups import ConsumerGroups
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
 from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
@@ -126,6 +127,11 @@ class BrokerCore:
             max_session_ms=config["group.max.session.timeout.ms"],
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
         )
+        self.consumer_groups = ConsumerGroups(
+            session_timeout_ms=config["group.consumer.session.timeout.ms"],
+            heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
+        )
+        self.consumer_group_timer: asyncio.TimerHandle | None = None  # expiry (api/consumer_groups)
         RUN_CACHE.capacity = config["storage.index_cache_bytes"]
         self.store = LogStore(
             StorageConfig(
@@ -327,6 +333,8 @@ class BrokerCore:
         self.migrator.close()
         self.cleaner.close()
         self.coordinator.shutdown()
+        if self.consumer_group_timer is not None:
+            self.consumer_group_timer.cancel()
         await stop.step("the transaction coordinator", self.txn.close())
         await stop.step("the offsets topic's last commits", self.offsets.close())
         await stop.step("the logs' last fsyncs and clean-shutdown markers", self.store.close())
@@ -344,6 +352,8 @@ class BrokerCore:
         self.migrator.close()
         self.cleaner.close()
         self.coordinator.shutdown()
+        if self.consumer_group_timer is not None:
+            self.consumer_group_timer.cancel()
         self.txn.abandon()
         self.offsets.abandon()
         self.store.abandon()

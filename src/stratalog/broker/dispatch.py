@@ -14,6 +14,7 @@ from stratalog.protocol.fetch import encode_fetch_response
 from .api import (
     acls,
     admin,
+    consumer_groups,
     delete_records,
     elections,
     fetch,
@@ -62,6 +63,8 @@ HANDLERS = {
     v.OFFSET_FETCH: groups.handle_offset_fetch,
     v.LIST_GROUPS: groups.handle_list_groups,
     v.DESCRIBE_GROUPS: groups.handle_describe_groups,
+    v.CONSUMER_GROUP_HEARTBEAT: consumer_groups.handle_consumer_group_heartbeat,
+    v.CONSUMER_GROUP_DESCRIBE: consumer_groups.handle_consumer_group_describe,
     v.SASL_HANDSHAKE: sasl.handle_sasl_handshake,
     v.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
     v.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_users.handle_describe_user_scram_credentials,

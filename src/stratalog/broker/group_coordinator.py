@@ -24,9 +24,12 @@ DEAD = "Dead"
 
 
 class GroupError(Exception):
+    """A group request refused: ``error`` is Kafka's error name, ``message`` its text."""
+
     def __init__(self, error: str, message: str = "") -> None:
         super().__init__(message or error)
         self.error = error
+        self.message = message or None
 
 
 @dataclass

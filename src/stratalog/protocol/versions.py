@@ -53,6 +53,8 @@ DESCRIBE_CLUSTER = 60
 DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
+CONSUMER_GROUP_HEARTBEAT = 68
+CONSUMER_GROUP_DESCRIBE = 69
 DESCRIBE_TOPIC_PARTITIONS = 75
 
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -100,6 +102,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 2),
     DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    # The consumer group protocol (KIP-848; broker/api/consumer_groups.py).
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
     # Security (security/, broker/api/sasl.py, broker/api/scram_users.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),

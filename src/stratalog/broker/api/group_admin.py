@@ -37,7 +37,7 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
-def _coordinator_error(core, group_id: str) -> str | None:
+def coordinator_error(core, group_id: str) -> str | None:
     """In a cluster, NOT_COORDINATOR unless this broker leads the group's offsets partition."""
     if core.cluster is None:
         return None
@@ -63,10 +63,10 @@ def _failed_write(e: Exception) -> str:
 async def handle_delete_groups(core, req: Request, conn) -> bytes:
     results: dict[str, str] = {}
     for gid in dict.fromkeys(req.body.groups_names):  # distinct, in order (as Kafka)
-        error = _coordinator_error(core, gid)
+        error = coordinator_error(core, gid)
         if error is None:
             g = core.coordinator.group(gid)
-            if g is not None and g.members:
+            if (g is not None and g.members) or core.consumer_groups.has_members(gid):
                 error = "NON_EMPTY_GROUP"
             elif not _exists(core, gid):
                 error = "GROUP_ID_NOT_FOUND"
@@ -75,6 +75,7 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
             try:
                 await core.offsets.write([(k, None) for k in keys])
                 core.coordinator.forget(gid)
+                core.consumer_groups.forget(gid)
             except (StorageFailure, OffsetRecordError) as e:
                 error = _failed_write(e)
         results[gid] = error or "NONE"
@@ -123,7 +124,7 @@ async def handle_offset_delete(core, req: Request, conn) -> bytes:
 
     if not gid:
         return top("INVALID_GROUP_ID")
-    error = _coordinator_error(core, gid)
+    error = coordinator_error(core, gid)
     if error is not None:
         return top(error)
     if not _exists(core, gid):
@@ -131,7 +132,11 @@ async def handle_offset_delete(core, req: Request, conn) -> bytes:
     g = core.coordinator.group(gid)
     live = g is not None and bool(g.members)
     subscribed: set[str] | None = set()
-    if live:
+    cg = core.consumer_groups.group(gid)
+    if cg is not None:
+        # A consumer-protocol group: the topics its members subscribe to, by name or regex.
+        subscribed = set(cg.subscribed)
+    elif live:
         if g.protocol_type != CONSUMER_PROTOCOL:
             return top("NON_EMPTY_GROUP")
         subscribed = subscribed_topics(g)

@@ -84,6 +84,11 @@ def _coordinator(req: Request, key: str, where: tuple[int, str, int] | None):
 async def handle_join_group(core, req: Request, conn) -> bytes:
     b = req.body
     rebalance_ms = b.rebalance_timeout if req.api_version >= 1 else b.session_timeout
+    if core.consumer_groups.has_members(b.group_id):
+        # A group of the consumer protocol (KIP-848): classic members are not taken into it
+        # (Kafka's group.consumer.migration.policy=disabled; docs/compatibility.md).
+        return _join_refused(req, "INCONSISTENT_GROUP_PROTOCOL")
+    core.consumer_groups.forget(b.group_id)  # an empty one gives the id to the classic group
     res = await core.coordinator.join(
         b.group_id,
         b.member_id,
@@ -113,6 +118,20 @@ async def handle_join_group(core, req: Request, conn) -> bytes:
         skip_assignment=False,
         member_id=res.member_id,
         members=members,
+    )
+
+
+def _join_refused(req: Request, error: str) -> bytes:
+    return reply(
+        req,
+        error_code=err(error),
+        generation_id=-1,
+        protocol_type=None,
+        protocol_name=None if req.api_version >= 7 else "",
+        leader="",
+        skip_assignment=False,
+        member_id=req.body.member_id,
+        members=(),
     )
 
 
@@ -204,7 +223,10 @@ def fail_unwritten(answers: list[tuple[str, list[list]]], failed: str) -> None:
 async def handle_offset_commit(core, req: Request, conn):
     b = req.body
     generation = b.generation_id_or_member_epoch
-    group_error = core.coordinator.validate_commit(b.group_id, generation, b.member_id)
+    # A consumer-protocol group judges the member epoch (KIP-848), else the classic coordinator.
+    group_error = core.consumer_groups.validate_commit(
+        b.group_id, b.member_id, generation, req.api_version
+    ) or core.coordinator.validate_commit(b.group_id, generation, b.member_id)
     writes, answers = offset_writes(core, b, group_error)
     if writes:
         # Durable before the answer: the offsets topic's append waits for its group commit.
@@ -287,23 +309,7 @@ def _fetch_group_offsets(core, req: Request, group_id: str, topics, names: tuple
 def handle_offset_fetch(core, req: Request, conn) -> bytes:
     b = req.body
     if req.api_version >= 8:
-        groups = tuple(
-            sub(
-                req,
-                "OffsetFetchResponseGroup",
-                group_id=g.group_id,
-                error_code=NONE,
-                topics=_fetch_group_offsets(
-                    core,
-                    req,
-                    g.group_id,
-                    g.topics,
-                    ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions"),
-                ),
-            )
-            for g in b.groups
-        )
-        return reply(req, groups=groups)
+        return reply(req, groups=tuple(_fetch_group(core, req, g) for g in b.groups))
     topics = _fetch_group_offsets(
         core,
         req,
@@ -314,16 +320,39 @@ def handle_offset_fetch(core, req: Request, conn) -> bytes:
     return reply(req, topics=topics, error_code=NONE)
 
 
-def _known_groups(core) -> dict[str, tuple[str, str]]:
-    """group id -> (state, protocol type) for live groups and offset-only groups."""
+def _fetch_group(core, req: Request, g):
+    # v9+ (KIP-848): a member of a consumer-protocol group names itself and its epoch.
+    error = core.consumer_groups.validate_fetch(
+        g.group_id, getattr(g, "member_id", None), getattr(g, "member_epoch", -1)
+    )
+    topics = ()
+    if error == "NONE":
+        names = ("OffsetFetchResponseTopics", "OffsetFetchResponsePartitions")
+        topics = _fetch_group_offsets(core, req, g.group_id, g.topics, names)
+    return sub(
+        req, "OffsetFetchResponseGroup", group_id=g.group_id, error_code=err(error), topics=topics
+    )
+
+
+CLASSIC = "classic"
+CONSUMER = "consumer"
+
+
+def _known_groups(core) -> dict[str, tuple[str, str, str]]:
+    """group id -> (state, protocol type, group type) for live groups and offset-only
+    groups."""
     out = {}
     for gid in core.offsets.groups():
-        out[gid] = (EMPTY, "")
+        out[gid] = (EMPTY, "", CLASSIC)
     for gid, g in core.coordinator.groups.items():
         if g.state == EMPTY and gid not in out and not g.members:
             # As Kafka: an empty group with no committed offsets is deleted, not listed.
             continue
-        out[gid] = (g.state, g.protocol_type or "")
+        out[gid] = (g.state, g.protocol_type or "", CLASSIC)
+    for gid, cg in core.consumer_groups.groups.items():
+        # Kafka keeps an empty consumer-protocol group (its records are in the log) until
+        # DeleteGroups or offset expiry, so it stays listed as one.
+        out[gid] = (cg.state, CONSUMER, CONSUMER)
     return out
 
 
@@ -332,10 +361,10 @@ def handle_list_groups(core, req: Request, conn) -> bytes:
     states = set(getattr(b, "states_filter", ()) or ())
     types = {t.lower() for t in (getattr(b, "types_filter", ()) or ())}
     groups = []
-    for gid, (state, ptype) in sorted(_known_groups(core).items()):
+    for gid, (state, ptype, gtype) in sorted(_known_groups(core).items()):
         if states and state not in states:
             continue
-        if types and "classic" not in types:
+        if types and gtype not in types:
             continue
         groups.append(
             sub(
@@ -344,7 +373,7 @@ def handle_list_groups(core, req: Request, conn) -> bytes:
                 group_id=gid,
                 protocol_type=ptype,
                 group_state=state,
-                group_type="classic",
+                group_type=gtype,
             )
         )
     return reply(req, error_code=NONE, groups=tuple(groups))
@@ -357,7 +386,8 @@ def handle_describe_groups(core, req: Request, conn) -> bytes:
     for gid in req.body.groups:
         g = core.coordinator.group(gid)
         if g is None or (not g.members and g.state == EMPTY):
-            state = EMPTY if gid in known else DEAD
+            # As Kafka 4.4 (v0-v5): a consumer-protocol group is not a classic one: Dead.
+            state = EMPTY if gid in known and known[gid][2] == CLASSIC else DEAD
             out.append(
                 sub(
                     req,

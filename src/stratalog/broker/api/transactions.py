@@ -212,6 +212,11 @@ def _group_check(core, b) -> str:
     generation = getattr(b, "generation_id", -1)
     member = getattr(b, "member_id", "")
     instance = getattr(b, "group_instance_id", None)
+    judged = core.consumer_groups.validate_commit(
+        b.group_id, member, generation, 9, transactional=True, instance_id=instance
+    )
+    if judged is not None:  # a consumer-protocol group: the generation is the member epoch
+        return judged
     g = core.coordinator.groups.get(b.group_id)
     live = g is not None and bool(g.members)
     exists = live or b.group_id in core.offsets.groups() or bool(core.offsets.unstable(b.group_id))

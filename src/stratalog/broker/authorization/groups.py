@@ -157,30 +157,55 @@ def check_list_groups(core, req: Request, conn, handler: Handler, a: Access):
     )
 
 
-def check_describe_groups(core, req: Request, conn, handler: Handler, a: Access):
-    body = req.body
-    want_ops = getattr(body, "include_authorized_operations", False)
-    kept, denied = split(body.groups, lambda g: a.group(Op.DESCRIBE, g))
-    if not denied and not want_ops:
-        return handler(core, req, conn)
-    answer = handler(core, with_body(req, groups=tuple(kept)) if denied else req, conn)
-    extra = tuple(
-        sub(req, "DescribedGroup", error_code=err(GROUP_DENIED), group_id=g, group_state="",
-            protocol_type="", protocol_data="", members=(),
-            authorized_operations=AUTHORIZED_OPS_OMITTED)
-        for g in denied
-    )  # fmt: skip
+def _describe_check(groups_field: str, denied_entry: Callable[[Request, str], object]):
+    """DescribeGroups and ConsumerGroupDescribe: DESCRIBE on each group named; a denied group
+    is answered GROUP_AUTHORIZATION_FAILED, and the allowed ones' operations are filled in."""
 
-    def edit(resp):
-        groups = tuple(
-            dataclasses.replace(g, authorized_operations=a.operations(R.GROUP, g.group_id))
-            if want_ops
-            else g
-            for g in resp.groups
-        )
-        return dataclasses.replace(resp, groups=groups + extra)
+    def check(core, req: Request, conn, handler: Handler, a: Access):
+        body = req.body
+        want_ops = getattr(body, "include_authorized_operations", False)
+        kept, denied = split(getattr(body, groups_field), lambda g: a.group(Op.DESCRIBE, g))
+        if not denied and not want_ops:
+            return handler(core, req, conn)
+        asked = with_body(req, **{groups_field: tuple(kept)}) if denied else req
+        answer = handler(core, asked, conn)
+        extra = tuple(denied_entry(req, g) for g in denied)
 
-    return edited(req, answer, edit)
+        def edit(resp):
+            # A group answered with an error (one ConsumerGroupDescribe cannot find) carries
+            # no operations, as in Kafka.
+            groups = tuple(
+                dataclasses.replace(g, authorized_operations=a.operations(R.GROUP, g.group_id))
+                if want_ops and not g.error_code
+                else g
+                for g in resp.groups
+            )
+            return dataclasses.replace(resp, groups=groups + extra)
+
+        return edited(req, answer, edit)
+
+    return check
+
+
+def _denied_classic(req: Request, g: str):
+    return sub(req, "DescribedGroup", error_code=err(GROUP_DENIED), group_id=g, group_state="",
+               protocol_type="", protocol_data="", members=(),
+               authorized_operations=AUTHORIZED_OPS_OMITTED)  # fmt: skip
+
+
+def _denied_consumer(req: Request, g: str):
+    return sub(req, "DescribedGroup", error_code=err(GROUP_DENIED), group_id=g, group_state="",
+               group_epoch=0, assignment_epoch=0, assignor_name="", members=(),
+               authorized_operations=AUTHORIZED_OPS_OMITTED)  # fmt: skip
+
+
+def _refuse_consumer_heartbeat(req: Request) -> bytes:
+    return reply(req, error_code=err(GROUP_DENIED), member_id=None, member_epoch=0,
+                 heartbeat_interval=0, assignment=None)  # fmt: skip
+
+
+check_describe_groups = _describe_check("groups", _denied_classic)
+check_consumer_group_describe = _describe_check("group_ids", _denied_consumer)
 
 
 def check_delete_groups(core, req: Request, conn, handler: Handler, a: Access):
@@ -245,6 +270,8 @@ CHECKS = {
     v.OFFSET_FETCH: check_offset_fetch,
     v.LIST_GROUPS: check_list_groups,
     v.DESCRIBE_GROUPS: check_describe_groups,
+    v.CONSUMER_GROUP_HEARTBEAT: _group_check(Op.READ, _refuse_consumer_heartbeat),
+    v.CONSUMER_GROUP_DESCRIBE: check_consumer_group_describe,
     v.DELETE_GROUPS: check_delete_groups,
     v.OFFSET_DELETE: check_offset_delete,
 }

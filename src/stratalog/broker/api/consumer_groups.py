@@ -1,0 +1,215 @@
+"""ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69): the consumer group protocol of
+KIP-848 (``group.protocol=consumer``). The state machine is ``broker/consumer_groups.py``; this
+module decodes, answers, and keeps the timer that expires silent members."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterable
+
+from stratalog.broker.assignors import Assignment
+from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat
+from stratalog.broker.reconciliation import Member
+from stratalog.cluster.metadata import is_internal
+from stratalog.protocol.connection import Request
+
+from .common import AUTHORIZED_OPS_OMITTED, NONE, authorized, err, reply, sub
+from .group_admin import coordinator_error
+
+EXPIRY_CHECK_S = 1.0  # how often session and rebalance timeouts are looked at
+# What Kafka 4.4 reports allowed on a group without an authorizer: READ, DELETE, DESCRIBE, and
+# DESCRIBE_CONFIGS and ALTER_CONFIGS (groups have configs since KIP-848).
+CONSUMER_GROUP_OPERATIONS = 3400
+
+
+class BrokerTopics:
+    """The broker's topics as the group state machine asks for them."""
+
+    def __init__(self, core) -> None:
+        self.topics = core.metadata.topics
+
+    def by_name(self, name: str) -> tuple[uuid.UUID, int] | None:
+        t = self.topics.get(name)
+        return (t.topic_id, len(t.partitions)) if t is not None else None
+
+    def names(self) -> Iterable[str]:
+        return (n for n in self.topics if not is_internal(n))
+
+
+def _now() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _owned(body) -> dict[uuid.UUID, frozenset[int]] | None:
+    if body.topic_partitions is None:
+        return None
+    return {tp.topic_id: frozenset(tp.partitions) for tp in body.topic_partitions}
+
+
+def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
+    b = req.body
+    groups = core.consumer_groups
+    hb = Heartbeat(
+        group_id=b.group_id,
+        member_id=b.member_id,
+        member_epoch=b.member_epoch,
+        instance_id=b.instance_id,
+        rack_id=b.rack_id,
+        rebalance_timeout_ms=int(b.rebalance_timeout.total_seconds() * 1000),
+        subscribed_topic_names=b.subscribed_topic_names,
+        subscribed_topic_regex=getattr(b, "subscribed_topic_regex", None),
+        server_assignor=b.server_assignor,
+        owned=_owned(b),
+        client_id=req.client_id or "",
+        client_host=f"/{conn.peer}",
+    )
+    try:
+        not_here = coordinator_error(core, b.group_id) if b.group_id else None
+        if not_here is not None:
+            raise GroupError(not_here)
+        if req.api_version >= 1 and not b.member_id:
+            # From v1 the client makes up its member id (KIP-1082).
+            raise GroupError("INVALID_REQUEST", "MemberId can't be empty.")
+        if core.coordinator.group(b.group_id) is not None:
+            if core.coordinator.group(b.group_id).members:
+                raise GroupError(
+                    "GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a consumer group."
+                )
+            core.coordinator.forget(b.group_id)  # an empty classic group gives way
+        answer = groups.heartbeat(hb, BrokerTopics(core), _now())
+    except GroupError as e:
+        return reply(
+            req,
+            error_code=err(e.error),
+            error_message=e.message,
+            member_id=None,
+            member_epoch=0,
+            heartbeat_interval=0,
+            assignment=None,
+        )
+    _keep_expiring(core)
+    assignment = None
+    if answer.assignment is not None:
+        assignment = sub(
+            req,
+            "Assignment",
+            topic_partitions=tuple(
+                sub(req, "TopicPartitions", topic_id=tid, partitions=tuple(sorted(ps)))
+                for tid, ps in sorted(answer.assignment.items(), key=lambda x: str(x[0]))
+            ),
+        )
+    return reply(
+        req,
+        error_code=NONE,
+        error_message=None,
+        member_id=answer.member_id,
+        member_epoch=answer.member_epoch,
+        heartbeat_interval=answer.heartbeat_interval_ms,
+        assignment=assignment,
+    )
+
+
+def _keep_expiring(core) -> None:
+    """While any consumer group has members, look for expired ones every second."""
+    if core.consumer_group_timer is not None:
+        return
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:
+        core.consumer_group_timer = None
+        core.consumer_groups.expire(_now(), BrokerTopics(core))
+        if core.consumer_groups.next_deadline() is not None:
+            core.consumer_group_timer = loop.call_later(EXPIRY_CHECK_S, tick)
+
+    core.consumer_group_timer = loop.call_later(EXPIRY_CHECK_S, tick)
+
+
+def handle_consumer_group_describe(core, req: Request, conn) -> bytes:
+    b = req.body
+    ops = authorized(b.include_authorized_operations, CONSUMER_GROUP_OPERATIONS)
+    out = []
+    for gid in b.group_ids:
+        error = coordinator_error(core, gid)
+        g = core.consumer_groups.group(gid) if error is None else None
+        if g is None:
+            classic = core.coordinator.group(gid) is not None
+            error = error or "GROUP_ID_NOT_FOUND"
+            message = None
+            if error == "GROUP_ID_NOT_FOUND":
+                message = (
+                    f"Group {gid} is not a consumer group."
+                    if classic
+                    else f"Group {gid} not found."
+                )
+            out.append(
+                sub(
+                    req,
+                    "DescribedGroup",
+                    error_code=err(error),
+                    error_message=message,
+                    group_id=gid,
+                    group_state="",
+                    group_epoch=0,
+                    assignment_epoch=0,
+                    assignor_name="",
+                    members=(),
+                    authorized_operations=AUTHORIZED_OPS_OMITTED,
+                )
+            )
+            continue
+        out.append(_described(core, req, g, ops))
+    return reply(req, groups=tuple(out))
+
+
+def _described(core, req: Request, g: ConsumerGroup, ops: int):
+    names = {t.topic_id: t.name for t in core.metadata.topics.values()}
+
+    def assignment(a: Assignment):
+        return sub(
+            req,
+            "Assignment",
+            topic_partitions=tuple(
+                sub(
+                    req,
+                    "TopicPartitions",
+                    topic_id=tid,
+                    topic_name=names[tid],
+                    partitions=tuple(sorted(ps)),
+                )
+                for tid, ps in sorted(a.items(), key=lambda x: str(x[0]))
+                if tid in names
+            ),
+        )
+
+    def member(m: Member):
+        return sub(
+            req,
+            "Member",
+            member_id=m.member_id,
+            instance_id=m.instance_id,
+            rack_id=m.rack_id,
+            member_epoch=m.epoch,
+            client_id=m.client_id,
+            client_host=m.client_host,
+            subscribed_topic_names=m.subscribed_topic_names,
+            subscribed_topic_regex=m.subscribed_topic_regex or "",  # as Kafka 4.4: "" for none
+            assignment=assignment(m.assigned),
+            target_assignment=assignment(g.target.get(m.member_id, {})),
+            member_type=1,  # a member of the consumer protocol (not a classic one)
+        )
+
+    return sub(
+        req,
+        "DescribedGroup",
+        error_code=NONE,
+        error_message=None,
+        group_id=g.group_id,
+        group_state=g.state,
+        group_epoch=g.group_epoch,
+        assignment_epoch=g.assignment_epoch,
+        assignor_name=g.assignor,
+        members=tuple(member(m) for m in g.members.values()),
+        authorized_operations=ops,
+    )
