@@ -31,16 +31,11 @@ from typing import ClassVar
 
 from stratalog.bench.clients import ClientFactory, KafkaClientFactory
 from stratalog.bench.workload import TargetSpec, Workload
+from stratalog.loopback import free_port
 
 
 class TargetUnavailable(RuntimeError):
     """The target cannot run on this machine (a missing binary...): reported, then skipped."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:

@@ -11,7 +11,6 @@ import http.client
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 from stratalog.cluster.errors import ClusterError
+from stratalog.loopback import free_port as _free_port
 
 DEFAULT_BINARY = "/usr/bin/etcd"  # Debian's etcd-server package
 QUOTA_BACKEND_BYTES = 256 * 1024 * 1024  # metadata only: fail loudly long before the disk fills
@@ -34,12 +34,6 @@ def find_etcd(binary: str | os.PathLike[str] | None = None) -> str:
             "(apt-get install etcd-server) or pass the binary's path"
         )
     return candidate
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EtcdServer:

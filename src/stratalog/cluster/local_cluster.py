@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,9 @@ from pathlib import Path
 
 from stratalog.cluster.errors import ClusterError
 from stratalog.cluster.etcd_server import EtcdServer
+from stratalog.loopback import free_port as _free_port
 
 STATE_FILE = "cluster-state.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

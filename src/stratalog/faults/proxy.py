@@ -215,13 +215,6 @@ class FaultProxy:
                 await writer.drain()
 
 
-def free_port() -> int:
-    """A loopback port free now (for a listener started later, by another process)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 # -- which process a loopback connection comes from ----------------------------------------------
 def _inode(local: Address) -> int | None:
     """The socket inode of the TCP connection whose local end is ``local`` (IPv4)."""

@@ -28,7 +28,8 @@ from confluent_kafka.admin import AdminClient
 
 from stratalog.cluster.errors import ClusterError
 from stratalog.cluster.local_cluster import BrokerProc, LocalCluster
-from stratalog.faults.proxy import FaultProxy, Mode, free_port, owner
+from stratalog.faults.proxy import FaultProxy, Mode, owner
+from stratalog.loopback import free_port
 from stratalog.peers.kafka_cluster import KafkaCluster, KafkaNode
 
 LINKS = ("etcd", "replication")

@@ -45,6 +45,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 
+from stratalog.loopback import free_port as _free_port
+
 KAFKA_VERSION = "4.4.0"
 """The broker's Apache Kafka release (the POM's ``kafka.version``)."""
 
@@ -403,12 +405,6 @@ def run_tool(
 # --------------------------------------------------------------------------------------------
 # Broker
 # --------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _random_cluster_id() -> str:
