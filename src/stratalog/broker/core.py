@@ -89,6 +89,7 @@ class BrokerCore:
     def __init__(self, data_dir: Path, config: BrokerConfig) -> None:
         self.data_dir = Path(data_dir)
         self.config = config
+        self._warned_past_retention: set[str] = set()
         # Who may log in on SASL listeners (a PLAIN users file that cannot be read is a
         # ConfigError, raised before anything is started).
         self.credentials = CredentialStore(
@@ -574,6 +575,22 @@ class BrokerCore:
         return None
 
     # -- topics --------------------------------------------------------------------------------
+    def note_past_retention(self, topic: str, records: int) -> None:
+        """Records appended with timestamps already past their topic's retention.ms: counted,
+        and said once per topic, since retention deletes them within moments of their
+        acknowledgement and a historical load otherwise seems to vanish."""
+        metrics.RECORDS_PAST_RETENTION.inc(records)
+        if topic in self._warned_past_retention:
+            return
+        self._warned_past_retention.add(topic)
+        log.warning(
+            "topic %s: records arrive with timestamps older than its retention.ms (%d ms); "
+            "retention deletes them within moments. For a historical load set retention.ms=-1 "
+            "(or longer) on the topic, or message.timestamp.type=LogAppendTime",
+            topic,
+            self.topic_config(self.metadata.topics[topic]).get_int("retention.ms"),
+        )
+
     def topic_config(self, topic: TopicMeta) -> TopicConfigView:
         return TopicConfigView(topic.configs, self.config)
 

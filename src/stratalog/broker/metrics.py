@@ -17,6 +17,10 @@ REQUEST_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 PRODUCED_BYTES = Counter("stratalog_produced_bytes", "Record-batch bytes appended")
+RECORDS_PAST_RETENTION = Counter(
+    "stratalog_records_past_retention",
+    "Records appended with timestamps already past their topic's retention.ms (deleted soon)",
+)
 SASL_AUTHENTICATIONS = Counter(
     "stratalog_sasl_authentications",
     "SASL exchanges on SASL listeners by result: ok, reauthenticated (KIP-368), failed (the "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from stratalog.broker import metrics
 from stratalog.protocol.connection import Request
@@ -31,9 +32,19 @@ class _TimestampRejected(Exception):
     pass
 
 
-def _timestamp_checker(before_ms: int, after_ms: int, now: int, stamp: bool):
+def _timestamp_checker(
+    before_ms: int,
+    after_ms: int,
+    now: int,
+    stamp: bool,
+    retention_ms: int = -1,
+    past_retention: Callable[[int], None] | None = None,
+):
     """KIP-937's window around broker time. Out of it, a batch is rejected (INVALID_TIMESTAMP)
-    or, with late.event.policy=stamp, accepted and re-stamped with broker time (returns True)."""
+    or, with late.event.policy=stamp, accepted and re-stamped with broker time (returns True).
+    A batch already older than ``retention_ms`` (retention will delete it within moments: a
+    user loading last year's events meets this first) is told to ``past_retention`` with its
+    record count."""
 
     def check(h: BatchHeader) -> bool:
         if h.is_log_append_time:
@@ -48,6 +59,9 @@ def _timestamp_checker(before_ms: int, after_ms: int, now: int, stamp: bool):
                 f"{now} (message.timestamp.before.max.ms={before_ms}, "
                 f"message.timestamp.after.max.ms={after_ms})",
             )
+        expired = retention_ms >= 0 and now - h.max_timestamp > retention_ms
+        if expired and past_retention is not None:
+            past_retention(h.record_count)
         return False
 
     return check
@@ -168,11 +182,14 @@ def _append_all(
             log_append_time = now if stamped else -1
             max_batch_bytes = view.get_int("max.message.bytes")
             compacted = "compact" in view.policies()
+            deletes = "delete" in view.policies()
             check = _timestamp_checker(
                 view.get_int("message.timestamp.before.max.ms"),
                 view.get_int("message.timestamp.after.max.ms"),
                 now,
                 view.get("late.event.policy") == "stamp",
+                view.get_int("retention.ms") if deletes else -1,
+                lambda n, name=name: core.note_past_retention(name, n),
             )
         for pd in td.partition_data:
             r = PartitionProduceResult(pd.index)
