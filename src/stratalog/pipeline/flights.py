@@ -283,7 +283,10 @@ def run(data_dir: Path) -> int:
             c.create_topic(FLIGHTS, PARTITIONS, {"retention.ms": "-1"})
             c.create_topic(DELAYS, PARTITIONS, {"retention.ms": "-1"})
         produce_rate = produce_flights(broker.bootstrap, df)
-        console.print(f"loaded {len(df):,} flights at {produce_rate:,.0f} records/s")
+        console.print(
+            f"loaded {len(df):,} flights and 1 closing watermark event ({len(df) + 1:,} records) "
+            f"at {produce_rate:,.0f} records/s"
+        )
 
         with console.status("starting Spark"):
             spark = local_session("stratalog-flights")
@@ -317,7 +320,10 @@ def run(data_dir: Path) -> int:
     summary = Table(title="Stratalog flights pipeline")
     summary.add_column("what")
     summary.add_column("value", justify="right")
-    summary.add_row("records in topic flights", f"{counts[FLIGHTS]:,}")
+    summary.add_row(
+        "records in topic flights (the flights and the closing watermark event)",
+        f"{counts[FLIGHTS]:,}",
+    )
     summary.add_row("records in topic delays_by_hour", f"{counts[DELAYS]:,}")
     summary.add_row("load throughput (acks=all, fsync=always)", f"{produce_rate:,.0f} records/s")
     summary.add_row("streaming throughput (read + aggregate + write)", f"{stream_rate:,.0f} rows/s")
