@@ -14,9 +14,25 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from stratalog.cli_client import (
+    TIMEOUT,
+    Bootstrap,
+    CliError,
+    console,
+    err_console,
+    fail,
+    use_command_config,
+)
+from stratalog.cli_client import admin as _admin
+from stratalog.cli_client import check_reachable as _check_reachable
+from stratalog.cli_client import client_config as _client_config
+from stratalog.cli_client import metadata as _metadata
+from stratalog.cli_client import result as _result
+from stratalog.cli_client import security as _security
+from stratalog.cli_groups import configs_app, groups_app
 
 app = typer.Typer(
     add_completion=False,
@@ -30,18 +46,12 @@ cluster_app = typer.Typer(
     no_args_is_help=True, help="A local cluster (etcd and brokers on 127.0.0.1) to try things."
 )
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(groups_app, name="groups")
+app.add_typer(configs_app, name="configs")
+
+
 # Piped or captured output has no terminal width; rich would then squeeze tables into 80 columns
 # and cut topic names and times short.
-console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250)
-err_console = Console(stderr=True, soft_wrap=True)
-
-Bootstrap = Annotated[str, typer.Option("--bootstrap", "-b", help="Broker address HOST:PORT.")]
-TIMEOUT = 15.0
-# The Kafka client settings of --command-config (security.protocol, sasl.*, ssl.*), for the
-# client commands' connections.
-_client_settings: dict[str, str] = {}
-
-
 @app.callback()
 def _options(
     command_config: Annotated[
@@ -54,30 +64,8 @@ def _options(
         ),
     ] = None,
 ) -> None:
-    if command_config is None:
-        return
-    from stratalog.client.security import SecurityConfigError, from_config, read_properties
-
-    try:
-        settings = read_properties(str(command_config))
-        from_config(settings)  # checked now, named if it cannot work
-    except SecurityConfigError as e:
-        fail(str(e))
-    _client_settings.update(settings)
-
-
-def _security():
-    from stratalog.client.security import from_config
-
-    return from_config(_client_settings)
-
-
-class CliError(Exception):
-    """A problem to report in one line."""
-
-
-def fail(message: str) -> None:
-    raise CliError(message)
+    if command_config is not None:
+        use_command_config(command_config)
 
 
 def _parse_pairs(pairs: list[str], what: str) -> dict[str, str]:
@@ -187,66 +175,6 @@ def serve(
 
 
 # -- topics --------------------------------------------------------------------------------------
-def _client_config(bootstrap: str, **extra) -> dict:
-    """librdkafka settings for the CLI's clients: quiet (errors are reported in one line), over
-    the security of --command-config."""
-    from stratalog.client.security import librdkafka_settings
-
-    _check_reachable(bootstrap)
-    return {
-        "bootstrap.servers": bootstrap,
-        "log_level": 0,
-        "socket.timeout.ms": 10000,
-        **librdkafka_settings(_security()),
-        **extra,
-    }
-
-
-def _check_reachable(bootstrap: str) -> None:
-    import socket
-
-    from stratalog.client.wire import split_host_port
-
-    problems = []
-    for addr in bootstrap.split(","):
-        hp = split_host_port(addr)
-        if hp is None:
-            fail(f"--bootstrap {addr!r} is not of the form HOST:PORT")
-        host, port = hp
-        try:
-            socket.create_connection((host, port), timeout=5).close()
-            return
-        except OSError as e:
-            problems.append(f"{addr}: {e.strerror or e}")
-    fail(f"cannot reach a broker at {bootstrap} ({'; '.join(problems)})")
-
-
-def _admin(bootstrap: str):
-    from confluent_kafka.admin import AdminClient
-
-    return AdminClient(_client_config(bootstrap))
-
-
-def _result(future, what: str):
-    from confluent_kafka import KafkaException
-
-    try:
-        return future.result(timeout=TIMEOUT)
-    except KafkaException as e:
-        fail(f"{what}: {e.args[0].str() if e.args else e}")
-    except TimeoutError:
-        fail(f"{what}: no answer from the broker within {TIMEOUT:.0f} s")
-
-
-def _metadata(admin, bootstrap: str, topic: str | None = None):
-    from confluent_kafka import KafkaException
-
-    try:
-        return admin.list_topics(topic=topic, timeout=TIMEOUT)
-    except KafkaException as e:
-        fail(f"cannot reach a broker at {bootstrap}: {e.args[0].str() if e.args else e}")
-
-
 @app.command()
 def certs(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write them into.")],
