@@ -134,3 +134,30 @@ def test_configs_describe_set_and_reset(broker):
     assert neither.returncode != 0 and "exactly one of --topic or --broker" in neither.stderr
     nothing = _cli(broker, "configs", "alter", "--topic", "lagging")
     assert nothing.returncode != 0 and "nothing to change" in nothing.stderr
+
+
+def test_lag_per_group_and_partition_on_metrics(tmp_path):
+    from .conftest import scrape_metrics
+
+    with Broker(tmp_path / "data", config={"admin.port": 0}) as b:
+        create_topic(b.bootstrap, "lagging", 2)
+        p = Producer({"bootstrap.servers": b.bootstrap})
+        for i in range(10):
+            p.produce("lagging", b"v%d" % i, partition=i % 2)
+        assert p.flush(30) == 0
+        _commit(b, "metered", {0: 2, 1: 5})
+
+        def lags() -> dict[tuple[str, str], float]:
+            samples = scrape_metrics(b.service.core.admin_address, "stratalog_consumer_group_lag")
+            return {
+                (s.labels["group"], s.labels["partition"]): s.value
+                for s in samples
+                if s.labels["topic"] == "lagging"
+            }
+
+        assert lags() == {("metered", "0"): 3, ("metered", "1"): 0}
+        p.produce("lagging", b"more", partition=1)
+        assert p.flush(30) == 0
+        assert lags()[("metered", "1")] == 1
+        assert _cli(b, "groups", "delete", "metered").returncode == 0
+        assert lags() == {}  # a deleted group's series go with it

@@ -77,6 +77,17 @@ def log_dir(core) -> dict[str, Any]:
     return {"state": overall, "logs": counts, "not_online": troubled}
 
 
+def _update_lag_metrics(core) -> None:
+    """Each committed offset's lag, set afresh at every scrape (groups and topics come and go:
+    a deleted one's series goes with it)."""
+    metrics.CONSUMER_GROUP_LAG.clear()
+    for (group, topic, index), committed in list(core.offsets.offsets.items()):
+        p = core.partition(topic, index)
+        if p is not None:
+            lag = max(0, p.high_watermark - committed.offset)
+            metrics.CONSUMER_GROUP_LAG.labels(group, topic, str(index)).set(lag)
+
+
 def _update_log_metrics(core) -> None:
     doc = log_dir(core)
     for state, n in doc["logs"].items():
@@ -272,6 +283,7 @@ class AdminServer:
             # request histograms under load), which on the event loop held every request up.
             # The registry and the metrics take their own locks.
             _update_log_metrics(self.core)
+            _update_lag_metrics(self.core)
             text = await asyncio.get_running_loop().run_in_executor(None, generate_latest)
             return 200, "text/plain; version=0.0.4", text
         return 404, "text/plain", b"try /status or /metrics\n"

@@ -17,6 +17,12 @@ REQUEST_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 PRODUCED_BYTES = Counter("stratalog_produced_bytes", "Record-batch bytes appended")
+CONSUMER_GROUP_LAG = Gauge(
+    "stratalog_consumer_group_lag",
+    "A group's lag on a partition: its high watermark minus the group's committed offset (the "
+    "groups this broker keeps offsets for, on the partitions it holds)",
+    ["group", "topic", "partition"],
+)
 RECORDS_PAST_RETENTION = Counter(
     "stratalog_records_past_retention",
     "Records appended with timestamps already past their topic's retention.ms (deleted soon)",
