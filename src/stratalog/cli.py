@@ -723,8 +723,12 @@ def bench(
     """Run benchmark workloads on Stratalog and its peers; write JSON, Markdown and PNG charts."""
     import time as _time
 
-    from stratalog.bench.suite import run_suite
-    from stratalog.bench.workload import WorkloadError, find_workloads
+    try:
+        from stratalog.bench.suite import run_suite
+        from stratalog.bench.workload import WorkloadError, find_workloads
+    except ImportError as e:
+        extras = "pip install 'stratalog[bench]'"
+        fail(f"the benchmark needs its extras ({e.name} is missing): {extras}")
 
     try:
         found = find_workloads(workloads or None, "quick" if quick else "full")
