@@ -138,3 +138,51 @@ def test_brokers_replicate_over_tls_and_a_stranger_never_joins(
         assert _isr(first.bootstrap, "tls-three") == settled
     finally:
         stranger.stop()
+
+
+def test_transaction_markers_cross_an_ssl_inter_broker_listener(etcd, certs, tmp_path_factory):
+    # The brokers know each other only on an SSL listener requiring client certificates (the
+    # clients use PLAINTEXT): a transaction over partitions of both brokers completes only if
+    # the coordinator's markers reach the other broker over TLS with its own certificate.
+    from confluent_kafka import Consumer, TopicPartition
+
+    config = {
+        "admin.port": -1,
+        "listeners": "SSL://127.0.0.1:0,PLAINTEXT://127.0.0.1:0",
+        "inter.broker.listener.name": "SSL",
+        "ssl.client.auth": "required",
+        "ssl.keystore.location": str(certs["broker.pem"]),
+        "ssl.truststore.location": str(certs["ca.pem"]),
+    }
+    started = in_process_brokers(etcd, tmp_path_factory, "markers-tls", config)
+    try:
+        first, second = next(started)
+        plain = first.bootstraps["PLAINTEXT"]
+        admin = AdminClient({"bootstrap.servers": plain})
+        admin.create_topics([NewTopic("tls-txn", 4, 1)])["tls-txn"].result(timeout=30)
+        md = wire.call(plain, 3, 12, topics=[{"name": "tls-txn", "topic_id": None}],
+                       allow_auto_topic_creation=False,
+                       include_topic_authorized_operations=False)  # fmt: skip
+        leaders = {p["leader_id"] for p in md["topics"][0]["partitions"]}
+        assert leaders == {1, 2}, leaders  # the transaction spans both brokers
+        p = Producer({"bootstrap.servers": plain, "transactional.id": "tls-markers"})
+        p.init_transactions(30)
+        p.begin_transaction()
+        for i in range(40):
+            p.produce("tls-txn", b"t%d" % i, partition=i % 4)
+        p.commit_transaction(30)
+        reader = {"group.id": "tls-markers-reader", "isolation.level": "read_committed"}
+        c = Consumer({"bootstrap.servers": second.bootstraps["PLAINTEXT"], **reader})
+        try:
+            c.assign([TopicPartition("tls-txn", i, 0) for i in range(4)])
+            got = []
+            deadline = time.monotonic() + 30
+            while len(got) < 40 and time.monotonic() < deadline:
+                m = c.poll(0.5)
+                if m is not None and not m.error():
+                    got.append(m.value())
+        finally:
+            c.close()
+        assert sorted(got) == sorted(b"t%d" % i for i in range(40))
+    finally:
+        started.close()

@@ -4,7 +4,12 @@ each partition's leader, as Kafka's TransactionMarkerChannelManager sends them.
 The coordinator (broker/txn_coordinator.py) writes the markers of the partitions it leads itself
 and hands the rest here, grouped by leader; a partition whose leader is unknown or answers an
 error is reported as such and retried by the coordinator. A blocking connection per request,
-run on a thread: markers are one small request per leader and transaction.
+run on a thread: markers are one small request per leader and transaction. They go to the
+leader's inter-broker listener with that listener's security: over PLAINTEXT as
+``User:ANONYMOUS``; over SSL presenting this broker's own certificate (``ssl.keystore.location``,
+checked against ``ssl.truststore.location``), so the principal is the broker's certificate
+subject, as Kafka's brokers are known to each other (give it CLUSTER_ACTION, or make it a super
+user, when the authorizer is on).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from stratalog.client.connection import BrokerConnection
 from stratalog.client.errors import WireError
+from stratalog.client.security import ClientSecurity
 from stratalog.protocol import codec
 
 if TYPE_CHECKING:
@@ -50,8 +56,32 @@ def _request(producer_id: int, epoch: int, commit: bool, coordinator_epoch: int,
     return request(markers=(marker,))
 
 
-def _send(address: tuple[str, int], body: object) -> dict[TopicPartition, str]:
-    conn = BrokerConnection(address, timeout=_TIMEOUT_S, client_id="txn-markers")
+def inter_broker_security(core: BrokerCore) -> ClientSecurity | None:
+    """How this broker connects to its peers' inter-broker listeners (the same listener as its
+    own; None: PLAINTEXT). A SASL inter-broker listener has no broker credentials here."""
+    listener = core.listener
+    protocol = listener.protocol if listener is not None else "PLAINTEXT"
+    if protocol == "PLAINTEXT":
+        return None
+    config = core.config
+    if protocol != "SSL":
+        raise WireError(
+            f"transaction markers over a {protocol} inter-broker listener need broker "
+            "credentials Stratalog does not have yet: make the inter-broker listener "
+            "(inter.broker.listener.name) PLAINTEXT or SSL"
+        )
+    return ClientSecurity(
+        protocol="SSL",
+        truststore=config["ssl.truststore.location"] or None,
+        keystore=config["ssl.keystore.location"] or None,
+        key_password=config["ssl.key.password"] or None,
+    )
+
+
+def _send(
+    address: tuple[str, int], body: object, security: ClientSecurity | None
+) -> dict[TopicPartition, str]:
+    conn = BrokerConnection(address, timeout=_TIMEOUT_S, client_id="txn-markers", security=security)
     try:
         resp = conn.request(WRITE_TXN_MARKERS, VERSION, body)
     finally:
@@ -90,7 +120,7 @@ async def send_markers(
     async def one(address: tuple[str, int], tps: list[TopicPartition]) -> None:
         body = _request(producer_id, epoch, commit, coordinator_epoch, tps)
         try:
-            got = await asyncio.to_thread(_send, address, body)
+            got = await asyncio.to_thread(_send, address, body, inter_broker_security(core))
         except (OSError, WireError) as e:
             log.info("markers to %s:%d failed: %s", *address, e)
             got = {}
