@@ -9,6 +9,7 @@ directory, shown when a test fails.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import time
@@ -58,6 +59,11 @@ class JavaApp:
     def stop(self) -> int | None:
         """SIGTERM (the application's shutdown hook closes it cleanly), bounded."""
         return self.kill(signal.SIGTERM)
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP (every thread at once: nothing more is sent) or SIGCONT."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def tail(self, lines: int = 80) -> str:
         parts = []

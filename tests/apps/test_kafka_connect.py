@@ -15,13 +15,14 @@ After ``kill -9`` the worker replays from its last committed positions, so a lin
 twice but none may be lost, and the first arrivals keep the file's order.
 
 Each scenario also runs on the reference Apache Kafka 4.4.0 (``[kafka]``), with the same
-assertions.
+assertions, when ``STRATALOG_APPS_ON_KAFKA=1`` (they check the oracle, not Stratalog).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -194,7 +195,15 @@ def _first_occurrences(lines: list[str]) -> list[str]:
     return [x for x in lines if not (x in seen or seen.add(x))]
 
 
-@pytest.fixture(params=["stratalog", "kafka"])
+# On Kafka the scenarios check the oracle, not Stratalog (both passed when they were written):
+# two minutes of the suite, so they run when asked.
+ON_KAFKA = pytest.mark.skipif(
+    not os.environ.get("STRATALOG_APPS_ON_KAFKA"),
+    reason="the Connect scenarios on Apache Kafka check the oracle: STRATALOG_APPS_ON_KAFKA=1",
+)
+
+
+@pytest.fixture(params=["stratalog", pytest.param("kafka", marks=ON_KAFKA)])
 def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh Stratalog, or the reference Apache Kafka: the same scenario runs on both."""
     if request.param == "kafka":
@@ -319,14 +328,22 @@ def test_exactly_once_source_after_kill9(bootstrap: str, tmp_path: Path) -> None
             )
             w.running("eos-source")
             feeder.start()
-            w.wait(
-                "a transaction with records written, after some committed",
-                lambda: (
-                    appended[0] >= 400
-                    and len(read_topic(bootstrap, TOPIC, idle=0.1, timeout=10)) >= 100
-                    and open_transaction_written(admin, TOPIC, 1)
-                ),
-            )
+            while True:
+                w.wait(
+                    "a transaction with records written, after some committed",
+                    lambda: (
+                        appended[0] >= 400
+                        and len(read_topic(bootstrap, TOPIC, idle=0.1, timeout=10)) >= 100
+                        and open_transaction_written(admin, TOPIC, 1)
+                    ),
+                )
+                # Frozen, the worker sends nothing more; a commit already on its way may still
+                # land, so the transaction must still be open a moment later, else again.
+                w.app.freeze(True)
+                time.sleep(0.3)
+                if open_transaction_written(admin, TOPIC, 1):
+                    break
+                w.app.freeze(False)
             w.app.kill()
             killed.set()
             w.start()

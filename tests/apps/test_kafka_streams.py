@@ -181,7 +181,13 @@ def run_wordcount(
             if sum(lso.values()) >= KILL_AFTER and open_transaction_written(
                 admin, OUTPUT, PARTITIONS
             ):
-                break
+                # Frozen, it sends nothing more; a commit already on its way may still land,
+                # so the transaction must still be open a moment later, else try again.
+                app.freeze(True)
+                time.sleep(0.3)
+                if open_transaction_written(admin, OUTPUT, PARTITIONS):
+                    break
+                app.freeze(False)
             time.sleep(0.05)
         app.kill()  # SIGKILL: no shutdown hook, the open transactions are left hanging
         killed_with_open_txn = open_transaction_written(admin, OUTPUT, PARTITIONS)

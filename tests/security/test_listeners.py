@@ -48,7 +48,7 @@ BAD = {
     "listener.security.protocol.map=CLIENT": "is not LISTENER_NAME:PROTOCOL",
     "advertised.listeners=SSL://h:1": "SSL is not one of the listeners",
     "inter.broker.listener.name=SSL": "SSL is not one of the listeners",
-    "sasl.enabled.mechanisms=OAUTHBEARER": "OAUTHBEARER is not supported",
+    "sasl.enabled.mechanisms=GSSAPI": "GSSAPI is not supported",
     "ssl.client.auth=maybe": "ssl.client.auth must be",
 }
 

@@ -92,6 +92,7 @@ class SaslAuthenticator:
         self._previous: tuple[str, str] | None = None  # re-authenticating: (mechanism, principal)
         self._last_reauth = float("-inf")
         self.sessions = 0  # exchanges completed on this connection (re-authentications + 1)
+        self._session_ms = 0  # the current session's lifetime, told to the client
 
     # -- what the connection asks --------------------------------------------------------------
     @property
@@ -195,7 +196,7 @@ class SaslAuthenticator:
             return Reply(self._authenticate_reply(req, "SASL_AUTHENTICATION_FAILED", e), True)
         lifetime = 0
         if self.state == COMPLETE and self.expires_at is not None:
-            lifetime = max(1, int((self.expires_at - self._clock()) * 1000))
+            lifetime = self._session_ms
         return Reply(self._authenticate_reply(req, "NONE", None, token, lifetime))
 
     def _complete(self, user: str, credential_expiry: float | None = None) -> None:
@@ -215,10 +216,12 @@ class SaslAuthenticator:
         self._server = None
         self.state = COMPLETE
         if self._reauth_ms > 0:
-            self.expires_at = self._clock() + self._reauth_ms / 1000
+            # The session lasts connections.max.reauth.ms, or less if the credential ends first.
+            self._session_ms = self._reauth_ms
             if credential_expiry is not None:
-                remaining = max(0.0, credential_expiry - time.time())
-                self.expires_at = min(self.expires_at, self._clock() + remaining)
+                remaining_ms = int(max(0.0, credential_expiry - time.time()) * 1000)
+                self._session_ms = max(1, min(self._reauth_ms, remaining_ms))
+            self.expires_at = self._clock() + self._session_ms / 1000
 
     def _authenticate_reply(
         self,

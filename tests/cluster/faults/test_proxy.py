@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from stratalog.faults.proxy import FaultProxy, free_port, owner
+from stratalog.faults.proxy import FaultProxy, owner
+from stratalog.loopback import free_port
 
 
 class Echo:
