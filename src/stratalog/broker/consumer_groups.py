@@ -226,11 +226,11 @@ class ConsumerGroups:
                 "UNKNOWN_MEMBER_ID", f"Member {hb.member_id} is not a member of group {g.group_id}."
             )
         if hb.member_epoch > m.epoch:
-            raise _fenced("greater", hb.member_epoch, m.epoch)
+            raise fenced("greater", hb.member_epoch, m.epoch)
         if hb.member_epoch < m.epoch and (
             hb.member_epoch != m.previous_epoch or not within(hb.owned, m.assigned)
         ):
-            raise _fenced("smaller", hb.member_epoch, m.epoch)
+            raise fenced("smaller", hb.member_epoch, m.epoch)
         return m
 
     def _new_target(self, g: ConsumerGroup, topics: Topics) -> None:
@@ -332,7 +332,7 @@ class ConsumerGroups:
             del self.groups[group_id]
 
 
-def _fenced(than: str, received: int, known: int) -> GroupError:
+def fenced(than: str, received: int, known: int) -> GroupError:
     return GroupError(
         "FENCED_MEMBER_EPOCH",
         f"The consumer group member has a {than} member epoch ({received}) than the one known "

@@ -336,6 +336,7 @@ def _fetch_group(core, req: Request, g):
 
 CLASSIC = "classic"
 CONSUMER = "consumer"
+SHARE = "share"
 
 
 def _known_groups(core) -> dict[str, tuple[str, str, str]]:
@@ -353,6 +354,8 @@ def _known_groups(core) -> dict[str, tuple[str, str, str]]:
         # Kafka keeps an empty consumer-protocol group (its records are in the log) until
         # DeleteGroups or offset expiry, so it stays listed as one.
         out[gid] = (cg.state, CONSUMER, CONSUMER)
+    for gid, sg in core.share_groups.groups.items():
+        out[gid] = (sg.state, SHARE, SHARE)
     return out
 
 

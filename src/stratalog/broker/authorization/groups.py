@@ -206,6 +206,27 @@ def _refuse_consumer_heartbeat(req: Request) -> bytes:
 
 check_describe_groups = _describe_check("groups", _denied_classic)
 check_consumer_group_describe = _describe_check("group_ids", _denied_consumer)
+# ShareGroupDescribe's entries have the same fields as ConsumerGroupDescribe's.
+check_share_group_describe = _describe_check("group_ids", _denied_consumer)
+
+
+def check_share_data(core, req: Request, conn, handler: Handler, a: Access):
+    """ShareFetch and ShareAcknowledge: READ on the group, and READ on every topic named (a
+    denied topic refuses the whole request here, where Kafka answers its partitions alone)."""
+    body = req.body
+    error = None
+    if not a.group(Op.READ, body.group_id or ""):
+        error = GROUP_DENIED
+    else:
+        for t in body.topics:
+            topic = core.topic_by_id(t.topic_id)
+            if topic is not None and not a.topic(Op.READ, topic.name):
+                error = TOPIC_DENIED
+                break
+    if error is None:
+        return handler(core, req, conn)
+    return reply(req, error_code=err(error), error_message=MESSAGES[error],
+                 acquisition_lock_timeout=0, responses=(), node_endpoints=())  # fmt: skip
 
 
 def check_delete_groups(core, req: Request, conn, handler: Handler, a: Access):
@@ -272,6 +293,10 @@ CHECKS = {
     v.DESCRIBE_GROUPS: check_describe_groups,
     v.CONSUMER_GROUP_HEARTBEAT: _group_check(Op.READ, _refuse_consumer_heartbeat),
     v.CONSUMER_GROUP_DESCRIBE: check_consumer_group_describe,
+    v.SHARE_GROUP_HEARTBEAT: _group_check(Op.READ, _refuse_consumer_heartbeat),
+    v.SHARE_GROUP_DESCRIBE: check_share_group_describe,
+    v.SHARE_FETCH: check_share_data,
+    v.SHARE_ACKNOWLEDGE: check_share_data,
     v.DELETE_GROUPS: check_delete_groups,
     v.OFFSET_DELETE: check_offset_delete,
 }
