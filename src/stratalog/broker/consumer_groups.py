@@ -49,6 +49,12 @@ RECONCILING = "Reconciling"
 STABLE = "Stable"
 
 
+class MemberGroup(Protocol):
+    """A group whose members subscribe by topic names or a regular expression."""
+
+    members: dict
+
+
 class Topics(Protocol):
     """The broker's topics, as the group sees them."""
 
@@ -169,7 +175,7 @@ class ConsumerGroups:
         member.session_deadline = now + self.session_timeout_ms
         g.members[member.member_id] = member
 
-        subscribed = _subscribed_topics(g, topics)
+        subscribed = subscribed_topics(g, topics)
         if subscription_changed or subscribed != g.subscribed:
             g.subscribed = subscribed
             g.group_epoch += 1
@@ -264,7 +270,7 @@ class ConsumerGroups:
         # Kafka does), so they move toward it at their next heartbeat.
         g.members.pop(m.member_id, None)
         g.target.pop(m.member_id, None)
-        g.subscribed = _subscribed_topics(g, topics)
+        g.subscribed = subscribed_topics(g, topics)
         g.group_epoch += 1
         self._new_target(g, topics)
 
@@ -421,7 +427,7 @@ def _names_of(m: Member, topics: Topics) -> set[str]:
     return names
 
 
-def _subscribed_topics(g: ConsumerGroup, topics: Topics) -> dict[str, tuple[uuid.UUID, int]]:
+def subscribed_topics(g: MemberGroup, topics: Topics) -> dict[str, tuple[uuid.UUID, int]]:
     out = {}
     for m in g.members.values():
         for name in _names_of(m, topics):

@@ -71,6 +71,7 @@ HANDLERS = {
     v.SHARE_GROUP_DESCRIBE: share_groups.handle_share_group_describe,
     v.SHARE_FETCH: share_fetch.handle_share_fetch,
     v.SHARE_ACKNOWLEDGE: share_fetch.handle_share_acknowledge,
+    v.DESCRIBE_SHARE_GROUP_OFFSETS: share_groups.handle_describe_share_group_offsets,
     v.SASL_HANDSHAKE: sasl.handle_sasl_handshake,
     v.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
     v.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_users.handle_describe_user_scram_credentials,

@@ -23,7 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from stratalog.broker.assignors import SIMPLE, Assignment, simple
-from stratalog.broker.consumer_groups import JOIN_EPOCH, LEAVE_EPOCH, Topics, fenced
+from stratalog.broker.consumer_groups import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    Topics,
+    fenced,
+    subscribed_topics,
+)
 from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_partition import SharePartition
 
@@ -61,6 +67,7 @@ class ShareMember:
     client_id: str = ""
     client_host: str = ""
     subscribed_topic_names: tuple[str, ...] = ()
+    subscribed_topic_regex: None = None  # share groups subscribe by names only
     epoch: int = 0
     previous_epoch: int = 0
     assigned: Assignment = field(default_factory=dict)
@@ -151,7 +158,7 @@ class ShareGroups:
             m.subscribed_topic_names = names
         m.session_deadline = now + self.session_timeout_ms
 
-        subscribed = _subscribed_topics(g, topics)
+        subscribed = subscribed_topics(g, topics)
         if changed or subscribed != g.subscribed:
             g.subscribed = subscribed
             g.group_epoch += 1
@@ -187,7 +194,7 @@ class ShareGroups:
         g.target.pop(m.member_id, None)
         for sp in g.partitions.values():
             sp.release_member(m.member_id)
-        g.subscribed = _subscribed_topics(g, topics)
+        g.subscribed = subscribed_topics(g, topics)
         g.group_epoch += 1
         self._new_target(g)
 
@@ -247,13 +254,3 @@ def _validate(hb: ShareHeartbeat) -> None:
             raise invalid("SubscribedTopicNames must be set in first request.")
     else:
         raise invalid("MemberEpoch is invalid.")
-
-
-def _subscribed_topics(g: ShareGroup, topics: Topics) -> dict[str, tuple[uuid.UUID, int]]:
-    out = {}
-    for m in g.members.values():
-        for name in m.subscribed_topic_names:
-            found = topics.by_name(name)
-            if found is not None and found[1] > 0:
-                out[name] = found
-    return out

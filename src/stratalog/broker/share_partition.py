@@ -205,5 +205,9 @@ class SharePartition:
         self.end = max(self.end, log_start)
         self._advance()
 
+    def done_in_flight(self) -> int:
+        """Records past ``start`` already acknowledged or archived (not lag any more)."""
+        return sum(1 for r in self.records.values() if r.state in (ACKNOWLEDGED, ARCHIVED))
+
     def in_flight(self) -> int:
         return self.end - self.start

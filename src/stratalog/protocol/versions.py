@@ -60,6 +60,7 @@ SHARE_GROUP_HEARTBEAT = 76
 SHARE_GROUP_DESCRIBE = 77
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
+DESCRIBE_SHARE_GROUP_OFFSETS = 90
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 12),
@@ -114,6 +115,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SHARE_GROUP_DESCRIBE: (1, 1),
     SHARE_FETCH: (1, 2),
     SHARE_ACKNOWLEDGE: (1, 2),
+    DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
     # Security (security/, broker/api/sasl.py, broker/api/scram_users.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),

@@ -5,14 +5,23 @@ timer that expires silent members and records whose acquisition lock ran out."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
-from stratalog.broker.assignors import Assignment
 from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_groups import ShareGroup, ShareHeartbeat, ShareMember
 from stratalog.protocol.connection import Request
 
-from .common import AUTHORIZED_OPS_OMITTED, NONE, authorized, err, reply, sub
-from .consumer_groups import CONSUMER_GROUP_OPERATIONS, BrokerTopics, _now
+from .common import NONE, err, reply, sub
+from .consumer_groups import (
+    BrokerTopics,
+    _now,
+    describe_groups,
+    described_assignment,
+    described_group,
+    heartbeat_refusal,
+    heartbeat_reply,
+    member_entry,
+)
 from .group_admin import coordinator_error
 
 
@@ -43,35 +52,9 @@ def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
             raise GroupError("GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a share group.")
         answer = core.share_groups.heartbeat(hb, BrokerTopics(core), _now())
     except GroupError as e:
-        return reply(
-            req,
-            error_code=err(e.error),
-            error_message=e.message,
-            member_id=None,
-            member_epoch=0,
-            heartbeat_interval=0,
-            assignment=None,
-        )
+        return heartbeat_refusal(req, e)
     keep_expiring(core)
-    assignment = None
-    if answer.assignment is not None:
-        assignment = sub(
-            req,
-            "Assignment",
-            topic_partitions=tuple(
-                sub(req, "TopicPartitions", topic_id=tid, partitions=tuple(sorted(ps)))
-                for tid, ps in sorted(answer.assignment.items(), key=lambda x: str(x[0]))
-            ),
-        )
-    return reply(
-        req,
-        error_code=NONE,
-        error_message=None,
-        member_id=answer.member_id,
-        member_epoch=answer.member_epoch,
-        heartbeat_interval=answer.heartbeat_interval_ms,
-        assignment=assignment,
-    )
+    return heartbeat_reply(req, answer)
 
 
 def keep_expiring(core) -> None:
@@ -106,83 +89,81 @@ def wake_share_fetches(core) -> None:
 
 
 def handle_share_group_describe(core, req: Request, conn) -> bytes:
-    b = req.body
-    ops = authorized(b.include_authorized_operations, CONSUMER_GROUP_OPERATIONS)
-    out = []
-    for gid in b.group_ids:
-        error = coordinator_error(core, gid)
-        g = core.share_groups.group(gid) if error is None else None
-        if g is None:
-            error = error or "GROUP_ID_NOT_FOUND"
-            message = None
-            if error == "GROUP_ID_NOT_FOUND":
-                other = other_group_type(core, gid)
-                message = (
-                    f"Group {gid} is not a share group." if other else f"Group {gid} not found."
-                )
-            out.append(
-                sub(
-                    req,
-                    "DescribedGroup",
-                    error_code=err(error),
-                    error_message=message,
-                    group_id=gid,
-                    group_state="",
-                    group_epoch=0,
-                    assignment_epoch=0,
-                    assignor_name="",
-                    members=(),
-                    authorized_operations=AUTHORIZED_OPS_OMITTED,
-                )
-            )
-            continue
-        out.append(_described(core, req, g, ops))
-    return reply(req, groups=tuple(out))
+    return describe_groups(
+        core,
+        req,
+        core.share_groups.group,
+        lambda gid: other_group_type(core, gid),
+        "share",
+        _described,
+    )
 
 
 def _described(core, req: Request, g: ShareGroup, ops: int):
-    names = {t.topic_id: t.name for t in core.metadata.topics.values()}
-
-    def assignment(a: Assignment):
-        return sub(
-            req,
-            "Assignment",
-            topic_partitions=tuple(
-                sub(
-                    req,
-                    "TopicPartitions",
-                    topic_id=tid,
-                    topic_name=names[tid],
-                    partitions=tuple(sorted(ps)),
-                )
-                for tid, ps in sorted(a.items(), key=lambda x: str(x[0]))
-                if tid in names
-            ),
-        )
+    assignment = described_assignment(core, req)
 
     def member(m: ShareMember):
-        return sub(
-            req,
-            "Member",
-            member_id=m.member_id,
-            rack_id=m.rack_id,
-            member_epoch=m.epoch,
-            client_id=m.client_id,
-            client_host=m.client_host,
-            subscribed_topic_names=m.subscribed_topic_names,
-            assignment=assignment(m.assigned),
-        )
+        return member_entry(req, m, assignment)
 
-    return sub(
-        req,
-        "DescribedGroup",
-        error_code=NONE,
-        error_message=None,
-        group_id=g.group_id,
-        group_state=g.state,
-        group_epoch=g.group_epoch,
-        assignment_epoch=g.assignment_epoch,
-        assignor_name=g.assignor,
-        members=tuple(member(m) for m in g.members.values()),
-        authorized_operations=ops,
-    )
+    return described_group(req, g, tuple(member(m) for m in g.members.values()), ops)
+
+
+def handle_describe_share_group_offsets(core, req: Request, conn) -> bytes:
+    """DescribeShareGroupOffsets (90): each share-partition's start offset (SPSO) and lag, as
+    ``kafka-share-groups --describe`` shows them; -1 where the group has no state for it."""
+    out = []
+    for rg in req.body.groups:
+        error = coordinator_error(core, rg.group_id)
+        g = core.share_groups.group(rg.group_id) if error is None else None
+        if g is None:
+            error = error or ("GROUP_ID_NOT_FOUND" if rg.topics is not None else None)
+        if error is not None:
+            message = f"Group {rg.group_id} not found." if error == "GROUP_ID_NOT_FOUND" else None
+            out.append(sub(req, "DescribeShareGroupOffsetsResponseGroup", group_id=rg.group_id,
+                           topics=(), error_code=err(error), error_message=message))  # fmt: skip
+            continue
+        out.append(
+            sub(
+                req,
+                "DescribeShareGroupOffsetsResponseGroup",
+                group_id=rg.group_id,
+                topics=tuple(_offsets_of(core, req, g, rg.topics)),
+                error_code=NONE,
+                error_message=None,
+            )
+        )
+    return reply(req, groups=tuple(out))
+
+
+def _offsets_of(core, req: Request, g: ShareGroup | None, topics):
+    partitions = g.partitions if g is not None else {}
+    wanted: dict[str, list[int]] = {}
+    if topics is None:
+        by_id = {t.topic_id: t.name for t in core.metadata.topics.values()}
+        for tid, index in sorted(partitions, key=lambda x: (str(x[0]), x[1])):
+            if tid in by_id:
+                wanted.setdefault(by_id[tid], []).append(index)
+    else:
+        for t in topics:
+            wanted.setdefault(t.topic_name, []).extend(t.partitions)
+    for name, indexes in wanted.items():
+        t = core.metadata.topics.get(name)
+        rows = []
+        for index in indexes:
+            sp = partitions.get((t.topic_id, index)) if t is not None else None
+            p = core.partition(name, index) if t is not None else None
+            start = sp.start if sp is not None else -1
+            lag = -1
+            if sp is not None and p is not None:
+                lag = max(0, p.high_watermark - sp.start - sp.done_in_flight())
+            rows.append(sub(req, "DescribeShareGroupOffsetsResponsePartition",
+                            partition_index=index, start_offset=start,
+                            leader_epoch=0 if sp is not None else -1, lag=lag,
+                            error_code=NONE, error_message=None))  # fmt: skip
+        yield sub(
+            req,
+            "DescribeShareGroupOffsetsResponseTopic",
+            topic_name=name,
+            topic_id=t.topic_id if t is not None else uuid.UUID(int=0),
+            partitions=tuple(rows),
+        )

@@ -281,6 +281,20 @@ def check_find_coordinator(core, req: Request, conn, handler: Handler, a: Access
     return extended(req, answer, "coordinators", extra)
 
 
+def check_describe_share_group_offsets(core, req: Request, conn, handler: Handler, a: Access):
+    """DESCRIBE on each group named; a denied group is answered GROUP_AUTHORIZATION_FAILED."""
+    kept, denied = split(req.body.groups, lambda g: a.group(Op.DESCRIBE, g.group_id))
+    if not denied:
+        return handler(core, req, conn)
+    answer = handler(core, with_body(req, groups=tuple(kept)), conn)
+    extra = [
+        sub(req, "DescribeShareGroupOffsetsResponseGroup", group_id=g.group_id, topics=(),
+            error_code=err(GROUP_DENIED), error_message=MESSAGES[GROUP_DENIED])
+        for g in denied
+    ]  # fmt: skip
+    return extended(req, answer, "groups", extra)
+
+
 CHECKS = {
     v.FIND_COORDINATOR: check_find_coordinator,
     v.JOIN_GROUP: _group_check(Op.READ, _refuse_join),
@@ -297,6 +311,7 @@ CHECKS = {
     v.SHARE_GROUP_DESCRIBE: check_share_group_describe,
     v.SHARE_FETCH: check_share_data,
     v.SHARE_ACKNOWLEDGE: check_share_data,
+    v.DESCRIBE_SHARE_GROUP_OFFSETS: check_describe_share_group_offsets,
     v.DELETE_GROUPS: check_delete_groups,
     v.OFFSET_DELETE: check_offset_delete,
 }
