@@ -1,0 +1,147 @@
+"""Share groups (KIP-932) with real clients against `stratalog serve`.
+
+librdkafka's share consumer (confluent-kafka's ``ShareConsumer``) and Kafka's Java
+``KafkaShareConsumer`` (through Kafka's own ``kafka-console-share-consumer``), plus
+``kafka-share-groups``, on one broker process on loopback. The broker locks acquired records for
+three seconds (``group.share.record.lock.duration.ms``; Kafka's default is thirty) so that a lock
+running out is seen within a test, tells members to heartbeat every second, and starts new
+share-partitions at the log start (``share.auto.offset.reset=earliest``) so records produced
+before the consumers came are theirs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+
+from .conformance import wire
+from .conftest import BrokerProcess, create_topic
+
+LOCK_MS = 3000
+DELIVERY_LIMIT = 5
+SETTINGS = {
+    "group.share.record.lock.duration.ms": str(LOCK_MS),
+    "group.share.heartbeat.interval.ms": "1000",
+    "group.share.session.timeout.ms": "10000",
+    "share.auto.offset.reset": "earliest",
+}
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    bp = BrokerProcess(Path(tmp_path_factory.mktemp("share")) / "data", settings=SETTINGS)
+    bp.start()
+    try:
+        yield bp.bootstrap
+    finally:
+        bp.stop()
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, start: int, n: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    for i in range(start, start + n):
+        p.produce(topic, value=f"r{i}".encode(), partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+def _share_consumer(bootstrap: str, group: str, topic: str, explicit: bool = False):
+    c = ShareConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit" if explicit else "implicit",
+        }
+    )
+    c.subscribe([topic])
+    return c
+
+
+def _records(c, timeout: float = 0.5) -> list:
+    return [m for m in c.poll(timeout) if m.error() is None]
+
+
+def _members(bootstrap: str, group: str) -> list[dict]:
+    r = wire.call(bootstrap, 77, 1, group_ids=[group], include_authorized_operations=False)
+    return r["groups"][0]["members"]
+
+
+def _wait_for_members(bootstrap: str, group: str, n: int, consumers: list) -> None:
+    """Poll every consumer until the group has ``n`` members, each with partitions."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for c in consumers:
+            assert _records(c, 0.2) == []  # nothing produced yet
+        members = _members(bootstrap, group)
+        if len(members) == n and all(m["assignment"]["topic_partitions"] for m in members):
+            return
+    raise AssertionError(f"{group}: members {_members(bootstrap, group)}")
+
+
+def test_librdkafka_consumers_get_disjoint_records_and_all_of_them(bootstrap: str) -> None:
+    topic, group, n = "share-rdk-all", "share-rdk-all-g", 600
+    create_topic(bootstrap, topic, 2)
+    consumers = [_share_consumer(bootstrap, group, topic) for _ in range(3)]
+    try:
+        _wait_for_members(bootstrap, group, 3, consumers)
+        seen: dict[tuple[int, int], int] = {}
+        counts = [0, 0, 0]
+        for round_ in range(6):
+            _produce(bootstrap, topic, 2, round_ * 100, 100)
+            for i, c in enumerate(consumers):
+                for m in _records(c, 0.3):
+                    key = (m.partition(), m.offset())
+                    assert key not in seen, f"{key} delivered to consumer {seen[key]} and {i}"
+                    assert m.delivery_count() == 1
+                    seen[key] = i
+                    counts[i] += 1
+        deadline = time.monotonic() + 30
+        while len(seen) < n and time.monotonic() < deadline:
+            for i, c in enumerate(consumers):
+                for m in _records(c, 0.3):
+                    key = (m.partition(), m.offset())
+                    assert key not in seen, f"{key} delivered to consumer {seen[key]} and {i}"
+                    seen[key] = i
+                    counts[i] += 1
+        assert sorted(seen) == [(p, o) for p in range(2) for o in range(n // 2)]
+        assert sum(1 for c in counts if c) >= 2, counts  # two partitions: two consumers at least
+    finally:
+        for c in consumers:
+            c.close()
+
+
+def test_librdkafka_release_redelivers_and_the_delivery_limit_archives(bootstrap: str) -> None:
+    topic, group = "share-rdk-release", "share-rdk-release-g"
+    create_topic(bootstrap, topic, 1)
+    _produce(bootstrap, topic, 1, 0, 3)
+    c = _share_consumer(bootstrap, group, topic, explicit=True)
+    deliveries: list[tuple[int, int]] = []  # (offset, delivery count)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for m in _records(c):
+                deliveries.append((m.offset(), m.delivery_count()))
+                # Offset 1 is always released: it comes back until the limit archives it.
+                release = m.offset() == 1
+                c.acknowledge(m, AcknowledgeType.RELEASE if release else AcknowledgeType.ACCEPT)
+            c.commit_sync()
+            if (1, DELIVERY_LIMIT) in deliveries and len(deliveries) >= DELIVERY_LIMIT + 2:
+                break
+        _produce(bootstrap, topic, 1, 3, 1)
+        later = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not later:
+            for m in _records(c):
+                later.append((m.offset(), m.delivery_count()))
+                c.acknowledge(m)
+            c.commit_sync()
+    finally:
+        c.close()
+    assert sorted(deliveries) == [(0, 1), *((1, n) for n in range(1, DELIVERY_LIMIT + 1)), (2, 1)]
+    assert later == [(3, 1)]  # offset 1 archived: never again
+    offsets = wire.call(bootstrap, 90, 1, groups=[{"group_id": group, "topics": None}])
+    (part,) = offsets["groups"][0]["topics"][0]["partitions"]
+    assert part["start_offset"] == 4 and part["lag"] == 0
