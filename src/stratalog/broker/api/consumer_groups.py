@@ -72,6 +72,8 @@ def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
         if req.api_version >= 1 and not b.member_id:
             # From v1 the client makes up its member id (KIP-1082).
             raise GroupError("INVALID_REQUEST", "MemberId can't be empty.")
+        if core.share_groups.group(b.group_id) is not None:
+            raise GroupError("GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a consumer group.")
         if core.coordinator.group(b.group_id) is not None:
             if core.coordinator.group(b.group_id).members:
                 raise GroupError(
