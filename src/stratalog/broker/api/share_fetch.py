@@ -272,7 +272,7 @@ def _answer(core, req: Request, out: dict[TopicPartition, _Outcome], lock_ms: in
                 current_leader=sub(
                     req, "LeaderIdAndEpoch", leader_id=leader_id, leader_epoch=leader_epoch
                 ),
-                records=o.records,
+                records=o.records or b"",  # Kafka sends empty records, never null
                 acquired_records=tuple(
                     sub(
                         req,
