@@ -11,12 +11,17 @@ before the consumers came are theirs.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+
+from stratalog.peers.kafka import run_tool, tool_command
 
 from .conformance import wire
 from .conftest import BrokerProcess, create_topic
@@ -185,3 +190,164 @@ def test_records_of_a_consumer_that_died_go_to_another_after_the_lock(bootstrap:
         c.close()
     assert got == {o: 2 for o in range(10)}
     assert waited >= LOCK_MS / 1000 - 0.5  # not before the lock ran out
+
+
+# -- Kafka's Java share consumer (kafka-console-share-consumer) ------------------------------------
+FORMAT = [
+    "--formatter-property", "print.partition=true",
+    "--formatter-property", "print.offset=true",
+    "--formatter-property", "print.delivery=true",
+]  # fmt: skip
+_LINE = re.compile(r"Partition:(\d+)\s+Offset:(\d+)\s+Delivery count:(\d+)\s+(\S+)")
+
+
+class JavaShareConsumer:
+    """kafka-console-share-consumer in the background; its records as they are printed."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, *extra: str) -> None:
+        cmd = tool_command(
+            "kafka-console-share-consumer",
+            "--bootstrap-server", bootstrap, "--topic", topic, "--group", group,
+            *FORMAT, *extra,
+        )  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def records(self) -> list[tuple[int, int, int, str]]:
+        """(partition, offset, delivery count, value) of each record printed so far."""
+        out = []
+        for line in list(self.lines):
+            m = _LINE.search(line)
+            assert m, f"unexpected output: {line!r}"
+            out.append((int(m[1]), int(m[2]), int(m[3]), m[4]))
+        return out
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            (self.proc.kill if kill else self.proc.terminate)()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(10)
+
+
+def _wait(cond, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _java_members(bootstrap: str, group: str, n: int, consumers: list[JavaShareConsumer]):
+    def ready() -> bool:
+        for c in consumers:
+            assert c.proc.poll() is None, c.proc.stderr.read() if c.proc.stderr else ""
+        members = _members(bootstrap, group)
+        return len(members) == n and all(m["assignment"]["topic_partitions"] for m in members)
+
+    _wait(ready, f"{n} members in {group}")
+
+
+def test_java_share_consumers_get_disjoint_records_and_all_of_them(bootstrap: str) -> None:
+    topic, group, n = "share-java-all", "share-java-all-g", 400
+    create_topic(bootstrap, topic, 2)
+    consumers = [JavaShareConsumer(bootstrap, group, topic) for _ in range(2)]
+    try:
+        _java_members(bootstrap, group, 2, consumers)
+        _produce(bootstrap, topic, 2, 0, n)
+        _wait(lambda: sum(len(c.lines) for c in consumers) >= n, "all records consumed")
+        time.sleep(1)  # nothing more may come
+    finally:
+        for c in consumers:
+            c.stop()
+    got = [r for c in consumers for r in c.records()]
+    assert sorted((p, o) for p, o, _, _ in got) == [(p, o) for p in range(2) for o in range(n // 2)]
+    assert {d for _, _, d, _ in got} == {1}
+    assert all(c.records() for c in consumers)  # one partition each (simple assignor)
+
+
+def test_java_release_redelivers_until_the_delivery_limit(bootstrap: str) -> None:
+    topic, group = "share-java-release", "share-java-release-g"
+    create_topic(bootstrap, topic, 1)
+    _produce(bootstrap, topic, 1, 0, 1)
+    c = JavaShareConsumer(bootstrap, group, topic, "--release", "--timeout-ms", "8000")
+    try:
+        c.proc.wait(60)
+    finally:
+        c.stop()
+    assert c.records() == [(0, 0, n, "r0") for n in range(1, DELIVERY_LIMIT + 1)]
+    offsets = wire.call(bootstrap, 90, 1, groups=[{"group_id": group, "topics": None}])
+    (part,) = offsets["groups"][0]["topics"][0]["partitions"]
+    assert part["start_offset"] == 1  # archived after the fifth delivery
+
+
+def test_java_consumer_killed_holding_records(bootstrap: str) -> None:
+    """A share consumer killed (SIGKILL) with records acquired and not acknowledged: another
+    consumer gets them once their lock runs out, delivered the second time."""
+    topic, group, n = "share-java-killed", "share-java-killed-g", 50
+    create_topic(bootstrap, topic, 1)
+    _produce(bootstrap, topic, 1, 0, n)
+    first = JavaShareConsumer(bootstrap, group, topic)
+    try:
+        _wait(lambda: first.lines, "the first consumer got records")
+    finally:
+        first.stop(kill=True)
+    second = JavaShareConsumer(bootstrap, group, topic)
+    try:
+        _wait(lambda: len({o for _, o, _, _ in first.records() + second.records()}) >= n,
+              "every record consumed")  # fmt: skip
+    finally:
+        second.stop()
+    redelivered = [(o, d) for _, o, d, _ in second.records() if d > 1]
+    held = {o for _, o, _, _ in first.records()}
+    assert redelivered and all(d == 2 for _, d in redelivered)
+    assert {o for o, _ in redelivered} <= set(range(n)) and held  # first saw some, died
+    assert sorted({o for _, o, _, _ in first.records() + second.records()}) == list(range(n))
+
+
+def test_kafka_share_groups_tool(bootstrap: str) -> None:
+    topic, group = "share-tool", "share-tool-g"
+    create_topic(bootstrap, topic, 1)
+    _produce(bootstrap, topic, 1, 0, 10)
+    c = _share_consumer(bootstrap, group, topic)
+    try:
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < 10 and time.monotonic() < deadline:
+            got += len(_records(c))
+        _records(c, 1.0)  # acknowledges the last ones (implicit mode)
+        listed = run_tool("kafka-share-groups", "--bootstrap-server", bootstrap, "--list")
+        assert listed.returncode == 0, listed.stderr
+        assert group in listed.stdout.split()
+        described = run_tool(
+            "kafka-share-groups", "--bootstrap-server", bootstrap, "--describe", "--group", group
+        )
+        assert described.returncode == 0, described.stderr
+        row = next(line.split() for line in described.stdout.splitlines() if topic in line)
+        assert row[:4] == [group, topic, "0", "-"] or row[:3] == [group, topic, "0"], row
+        assert "10" in row  # the start offset past every record
+        members = run_tool(
+            "kafka-share-groups", "--bootstrap-server", bootstrap, "--describe", "--group", group,
+            "--members",
+        )  # fmt: skip
+        assert members.returncode == 0, members.stderr
+        assert topic in members.stdout
+        state = run_tool(
+            "kafka-share-groups", "--bootstrap-server", bootstrap, "--describe", "--group", group,
+            "--state",
+        )  # fmt: skip
+        assert state.returncode == 0, state.stderr
+        assert "Stable" in state.stdout and "simple" in state.stdout
+    finally:
+        c.close()

@@ -115,3 +115,12 @@ def test_offsets_the_log_skipped_are_done_and_a_moved_log_start_is_followed():
     assert sp.start == 3
     sp.move_start(10)
     assert sp.start == sp.end == 10 and sp.records == {}
+
+
+def test_a_read_needs_to_go_only_as_far_as_the_records_a_fetch_may_acquire():
+    sp = SharePartition(0, max_locks=10)
+    assert sp.acquirable_until(0, 4) == 4
+    sp.acquire("a", 0, 4, 4, now=0)
+    sp.acknowledge("a", 1, 1, (RELEASE,), now=0)
+    assert sp.acquirable_until(0, 3) == 6  # offset 1 again, then 4 and 5
+    assert sp.acquirable_until(0, 100) == 10  # the in-flight bound

@@ -86,6 +86,19 @@ class SharePartition:
                 return off
         return self.end if self.end - self.start < self.max_locks else None
 
+    def acquirable_until(self, lo: int, max_records: int) -> int:
+        """The offset before which [lo, it) holds ``max_records`` acquirable offsets (or all the
+        window allows): a read of the log needs to go no further."""
+        n = 0
+        off = max(lo, self.start)
+        while off < self.end and n < max_records:
+            if self.records[off].state == AVAILABLE:
+                n += 1
+            off += 1
+        if n < max_records:
+            off = max(off, self.end) + min(max_records - n, self.start + self.max_locks - self.end)
+        return off
+
     def acquire(self, member: str, lo: int, hi: int, max_records: int, now: int) -> list[Acquired]:
         """Lock up to ``max_records`` acquirable offsets in [lo, hi) (the range a read of the
         log covered) for ``member``; the runs handed out, in offset order."""

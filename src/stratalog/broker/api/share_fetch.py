@@ -231,7 +231,13 @@ def _acquire(
         start = sp.fetch_from()
         if start is None or start >= p.high_watermark:
             continue
-        rr = p.read(start, budget_bytes, min_one=True)
+        # Read no further than the records this fetch may acquire; a first batch that goes
+        # past that is still read whole (its records beyond stay available to others).
+        until = min(sp.acquirable_until(start, budget_records), p.high_watermark)
+        rr = p.read(start, budget_bytes, min_one=True, upto=until)
+        if not rr.size:
+            rr.release()
+            rr = p.read(start, 1, min_one=True)
         if not rr.size:
             rr.release()
             continue
