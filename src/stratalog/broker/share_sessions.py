@@ -26,10 +26,21 @@ class ShareSession:
     member_id: str
     epoch: int = 1  # the epoch the next request must carry
     partitions: list[TopicPartition] = field(default_factory=list)
+    turn: int = 0  # where the next fetch starts in ``partitions``
+
+    def rotated(self) -> list[TopicPartition]:
+        """The partitions, each fetch starting one further, so that a fetch's record limit,
+        spent by the first partitions with records, does not starve the last ones."""
+        parts = self.partitions
+        if not parts:
+            return []
+        k = self.turn % len(parts)
+        self.turn += 1
+        return parts[k:] + parts[:k]
 
     def update(self, added: Iterable[TopicPartition], forgotten: Iterable[TopicPartition]) -> None:
         gone = set(forgotten)
-        # A list, not a set: partitions are fetched in the order the consumer first asked.
+        # A list, not a set: partitions are fetched in turn, in the order the consumer asked.
         self.partitions = [tp for tp in self.partitions if tp not in gone]
         for tp in added:
             if tp not in self.partitions and tp not in gone:

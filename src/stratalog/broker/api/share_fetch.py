@@ -219,7 +219,7 @@ def _acquire(
     reads: list[tuple[_Outcome, ReadResult | None]] = []
     budget_records = max(1, max_records)
     budget_bytes = max_bytes
-    for tp in session.partitions:
+    for tp in session.rotated():
         sp, error = _share_partition(core, g, tp)
         if sp is None:
             out.setdefault(tp, _Outcome()).error = error
