@@ -348,18 +348,24 @@ def fenced(than: str, received: int, known: int) -> GroupError:
 
 
 # -- the request's checks ----------------------------------------------------------------------
+def invalid_request(message: str) -> GroupError:
+    return GroupError("INVALID_REQUEST", message)
+
+
+def check_ids(group_id: str, instance_id: str | None, rack_id: str | None) -> None:
+    """The checks of a heartbeat's ids both protocols make (None: not sent)."""
+    if not group_id:
+        raise invalid_request("GroupId can't be empty.")
+    if instance_id == "":
+        raise invalid_request("InstanceId can't be empty.")
+    if rack_id == "":
+        raise invalid_request("RackId can't be empty.")
+
+
 def _validate(hb: Heartbeat) -> None:
     """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
-
-    def invalid(message: str) -> GroupError:
-        return GroupError("INVALID_REQUEST", message)
-
-    if not hb.group_id:
-        raise invalid("GroupId can't be empty.")
-    if hb.instance_id == "":
-        raise invalid("InstanceId can't be empty.")
-    if hb.rack_id == "":
-        raise invalid("RackId can't be empty.")
+    invalid = invalid_request
+    check_ids(hb.group_id, hb.instance_id, hb.rack_id)
     if hb.member_epoch == JOIN_EPOCH:
         if hb.rebalance_timeout_ms == -1:
             raise invalid("RebalanceTimeoutMs must be provided in first request.")

@@ -27,7 +27,9 @@ from stratalog.broker.consumer_groups import (
     JOIN_EPOCH,
     LEAVE_EPOCH,
     Topics,
+    check_ids,
     fenced,
+    invalid_request,
     subscribed_topics,
 )
 from stratalog.broker.group_coordinator import GroupError
@@ -238,19 +240,12 @@ def _unknown(member_id: str, group_id: str) -> GroupError:
 
 def _validate(hb: ShareHeartbeat) -> None:
     """Kafka's checks of a ShareGroupHeartbeat request."""
-
-    def invalid(message: str) -> GroupError:
-        return GroupError("INVALID_REQUEST", message)
-
-    if not hb.group_id:
-        raise invalid("GroupId can't be empty.")
-    if hb.rack_id == "":
-        raise invalid("RackId can't be empty.")
+    check_ids(hb.group_id, None, hb.rack_id)
     if hb.member_epoch > 0 or hb.member_epoch == LEAVE_EPOCH:
         if not hb.member_id:
-            raise invalid("MemberId can't be empty.")
+            raise invalid_request("MemberId can't be empty.")
     elif hb.member_epoch == JOIN_EPOCH:
         if not hb.subscribed_topic_names:
-            raise invalid("SubscribedTopicNames must be set in first request.")
+            raise invalid_request("SubscribedTopicNames must be set in first request.")
     else:
-        raise invalid("MemberEpoch is invalid.")
+        raise invalid_request("MemberEpoch is invalid.")
