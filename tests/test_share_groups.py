@@ -198,7 +198,7 @@ FORMAT = [
     "--formatter-property", "print.offset=true",
     "--formatter-property", "print.delivery=true",
 ]  # fmt: skip
-_LINE = re.compile(r"Partition:(\d+)\s+Offset:(\d+)\s+Delivery count:(\d+)\s+(\S+)")
+_LINE = re.compile(r"Partition:(\d+)\s+Offset:(\d+)\s+Delivery:(\d+)\s+(\S+)")
 
 
 class JavaShareConsumer:
