@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import AcknowledgeType, ShareConsumer
 
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
@@ -315,3 +316,57 @@ def bad_requests(bs: str, name: str) -> dict[str, Any]:
 def test_bad_requests(share_pair: Pair) -> None:
     strat, kafka = both(share_pair, bad_requests, unique("cf-share-bad"))
     assert strat == kafka, wire.differences(strat, kafka)
+
+
+def _poll(c: ShareConsumer, timeout: float = 0.3) -> list:
+    return [m for m in c.poll(timeout) if m.error() is None]
+
+
+def librdkafka_share_consumers(bs: str, name: str) -> dict[str, Any]:
+    """Two librdkafka share consumers on a 2-partition topic, started before the records (so
+    that both brokers' ``latest`` start finds an empty topic): each record to one of them, all
+    of them, once; one record released comes back with delivery count 2."""
+    topic, group = name, f"{name}-g"
+    wire.create_topic(bs, topic, 2)
+    consumers = [
+        ShareConsumer({"bootstrap.servers": bs, "group.id": group,
+                       "share.acknowledgement.mode": "explicit"})
+        for _ in range(2)
+    ]  # fmt: skip
+    for c in consumers:
+        c.subscribe([topic])
+    out: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while _offsets(bs, group) != [(0, 0, 0), (1, 0, 0)]:
+            for c in consumers:
+                assert _poll(c) == []
+            assert time.monotonic() < deadline, _offsets(bs, group)
+        for p in range(2):
+            wire.produce(bs, topic, p, _batch(20))
+        seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        released = False
+        deadline = time.monotonic() + 60
+        while sum(len(v) for v in seen.values()) < 41 and time.monotonic() < deadline:
+            for i, c in enumerate(consumers):
+                for m in _poll(c):
+                    seen.setdefault((m.partition(), m.offset()), []).append((i, m.delivery_count()))
+                    release = not released and (m.partition(), m.offset()) == (1, 7)
+                    released |= release
+                    c.acknowledge(m, AcknowledgeType.RELEASE if release else AcknowledgeType.ACCEPT)
+                c.commit_sync()
+        out["records"] = sorted(seen)
+        out["delivery counts"] = {f"{p}-{o}": [d for _, d in v] for (p, o), v in seen.items()
+                                  if len(v) > 1}  # fmt: skip
+        out["offsets"] = _offsets(bs, group)
+    finally:
+        for c in consumers:
+            c.close()
+    return out
+
+
+def test_librdkafka_share_consumers(share_pair: Pair) -> None:
+    strat, kafka = both(share_pair, librdkafka_share_consumers, unique("cf-share-rdk"))
+    assert strat == kafka, wire.differences(strat, kafka)
+    assert strat["records"] == [(p, o) for p in range(2) for o in range(20)]
+    assert strat["delivery counts"] == {"1-7": [1, 2]}
