@@ -14,6 +14,7 @@ Kafka's Java one, through ``kafka-console-share-consumer``) see.
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,6 +50,13 @@ def share_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 
 
 # -- the wire: one request per call ------------------------------------------------------------
+def member_id(name: str, label: str) -> str:
+    """A member id as Kafka's clients make them (a Uuid in URL-safe base64, which Kafka's
+    ShareFetch parses), the same on both brokers for the same test."""
+    raw = uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{label}").bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
 def _join(bs: str, group: str, member: str, topic: str) -> dict[str, Any]:
     return wire.call(bs, 76, 1, group_id=group, member_id=member, member_epoch=0,
                      subscribed_topic_names=[topic])  # fmt: skip
@@ -147,7 +155,7 @@ def _wait_for_share_state(bs: str, group: str, member: str, epoch: int, tid) -> 
 def acquire_acknowledge_redeliver(bs: str, name: str) -> dict[str, Any]:
     """One member: records acquired, some accepted, one released until the delivery limit
     archives it, one rejected; the start offset and lag as they move."""
-    topic, group, member = name, f"{name}-g", "member-one"
+    topic, group, member = name, f"{name}-g", member_id(name, "one")
     wire.create_topic(bs, topic, 1)
     tid = wire.topic_id(bs, topic)
     joined = _join(bs, group, member, topic)
@@ -224,26 +232,27 @@ def lock_expiry(bs: str, name: str) -> dict[str, Any]:
     """A member acquires and goes silent: once the lock runs out the records go to another
     member, delivered the second time."""
     topic, group = name, f"{name}-g"
+    first, second = member_id(name, "first"), member_id(name, "second")
     wire.create_topic(bs, topic, 1)
     tid = wire.topic_id(bs, topic)
-    _until_assigned(bs, group, "first", _join(bs, group, "first", topic)["member_epoch"])
-    _fetch(bs, group, "first", 0, tid, wait=200)
-    epoch = _wait_for_share_state(bs, group, "first", 1, tid)
+    _until_assigned(bs, group, first, _join(bs, group, first, topic)["member_epoch"])
+    _fetch(bs, group, first, 0, tid, wait=200)
+    epoch = _wait_for_share_state(bs, group, first, 1, tid)
     wire.produce(bs, topic, 0, _batch(3))
-    out: dict[str, Any] = {"first": _fetched(_fetch(bs, group, "first", epoch, tid))}
+    out: dict[str, Any] = {"first": _fetched(_fetch(bs, group, first, epoch, tid))}
     acquired_at = time.monotonic()
-    _until_assigned(bs, group, "second", _join(bs, group, "second", topic)["member_epoch"])
-    got = _fetched(_fetch(bs, group, "second", 0, tid, wait=200))
+    _until_assigned(bs, group, second, _join(bs, group, second, topic)["member_epoch"])
+    got = _fetched(_fetch(bs, group, second, 0, tid, wait=200))
     out["second at once"] = got
     s_epoch = 1
     while not any(p["acquired"] for p in got["partitions"]):
         assert time.monotonic() - acquired_at < 30
-        got = _fetched(_fetch(bs, group, "second", s_epoch, tid, wait=500))
+        got = _fetched(_fetch(bs, group, second, s_epoch, tid, wait=500))
         s_epoch += 1
     out["second after the lock"] = got
     out["not before the lock ran out"] = time.monotonic() - acquired_at >= LOCK_MS / 1000 - 0.3
     out["late acknowledgement"] = _acknowledged(
-        _acknowledge(bs, group, "first", epoch + 1, tid, [(0, 2, [ACCEPT])])
+        _acknowledge(bs, group, first, epoch + 1, tid, [(0, 2, [ACCEPT])])
     )
     return out
 
@@ -259,9 +268,10 @@ def bad_requests(bs: str, name: str) -> dict[str, Any]:
     wire.create_topic(bs, topic, 1)
     tid = wire.topic_id(bs, topic)
     errors: dict[str, Any] = {}
+    m, stranger = member_id(name, "m"), member_id(name, "stranger")
 
     def hb(label: str, **values: Any) -> dict[str, Any]:
-        fields = {"group_id": group, "member_id": "m", "member_epoch": 0,
+        fields = {"group_id": group, "member_id": m, "member_epoch": 0,
                   "subscribed_topic_names": [topic], **values}  # fmt: skip
         r = wire.call(bs, 76, 1, **fields)
         errors[label] = r["error_code"]
@@ -271,44 +281,47 @@ def bad_requests(bs: str, name: str) -> dict[str, Any]:
     hb("join with no topics", subscribed_topic_names=[])
     hb("epoch -5", member_epoch=-5)
     hb("empty group id", group_id="")
-    hb("unknown member", member_id="stranger", member_epoch=1, subscribed_topic_names=None)
-    hb("unknown member leaving", member_id="stranger", member_epoch=-1)
-    epoch = _until_assigned(bs, group, "m", hb("join")["member_epoch"])
+    hb("unknown member", member_id=stranger, member_epoch=1, subscribed_topic_names=None)
+    hb("unknown member leaving", member_id=stranger, member_epoch=-1)
+    epoch = _until_assigned(bs, group, m, hb("join")["member_epoch"])
     hb("epoch ahead", member_epoch=epoch + 5, subscribed_topic_names=None)
     hb("empty member id", member_id="", member_epoch=epoch, subscribed_topic_names=None)
     errors["consumer heartbeat on a share group"] = wire.call(
-        bs, 68, 1, group_id=group, member_id="c", member_epoch=0, rebalance_timeout=30000,
-        subscribed_topic_names=[topic], topic_partitions=[], server_assignor=None,
+        bs, 68, 1, group_id=group, member_id=member_id(name, "c"), member_epoch=0,
+        rebalance_timeout=30000, subscribed_topic_names=[topic], topic_partitions=[],
+        server_assignor=None,
     )["error_code"]  # fmt: skip
     errors["fetch opening with acknowledgements"] = _fetched(
-        _fetch(bs, group, "m", 0, tid, [(0, 0, [ACCEPT])], wait=0)
+        _fetch(bs, group, m, 0, tid, [(0, 0, [ACCEPT])], wait=0)
     )
-    errors["fetch without a session"] = _fetched(_fetch(bs, group, "nobody", 3, tid, wait=0))
+    errors["fetch without a session"] = _fetched(
+        _fetch(bs, group, member_id(name, "nobody"), 3, tid, wait=0)
+    )
     errors["acknowledge opening a session"] = _acknowledged(
-        _acknowledge(bs, group, "m", 0, tid, [(0, 0, [ACCEPT])])
+        _acknowledge(bs, group, m, 0, tid, [(0, 0, [ACCEPT])])
     )
-    _fetch(bs, group, "m", 0, tid, wait=200)
-    s_epoch = _wait_for_share_state(bs, group, "m", 1, tid)
+    _fetch(bs, group, m, 0, tid, wait=200)
+    s_epoch = _wait_for_share_state(bs, group, m, 1, tid)
     errors["fetch with a wrong session epoch"] = _fetched(
-        _fetch(bs, group, "m", s_epoch + 7, tid, wait=0)
+        _fetch(bs, group, m, s_epoch + 7, tid, wait=0)
     )
     wire.produce(bs, topic, 0, _batch(2))
     errors["acknowledge before acquiring"] = _acknowledged(
-        _acknowledge(bs, group, "m", s_epoch, tid, [(0, 1, [ACCEPT])])
+        _acknowledge(bs, group, m, s_epoch, tid, [(0, 1, [ACCEPT])])
     )
-    got = _fetched(_fetch(bs, group, "m", s_epoch + 1, tid))
+    got = _fetched(_fetch(bs, group, m, s_epoch + 1, tid))
     errors["acquired"] = got
     errors["acknowledge beyond"] = _acknowledged(
-        _acknowledge(bs, group, "m", s_epoch + 2, tid, [(0, 5, [ACCEPT])])
+        _acknowledge(bs, group, m, s_epoch + 2, tid, [(0, 5, [ACCEPT])])
     )
     errors["acknowledge with a bad type"] = _acknowledged(
-        _acknowledge(bs, group, "m", s_epoch + 3, tid, [(0, 0, [9])])
+        _acknowledge(bs, group, m, s_epoch + 3, tid, [(0, 0, [9])])
     )
     errors["acknowledge with too many types"] = _acknowledged(
-        _acknowledge(bs, group, "m", s_epoch + 4, tid, [(0, 0, [ACCEPT, ACCEPT])])
+        _acknowledge(bs, group, m, s_epoch + 4, tid, [(0, 0, [ACCEPT, ACCEPT])])
     )
     errors["another member acknowledging"] = _acknowledged(
-        _acknowledge(bs, group, "other", 0, tid, [(0, 0, [ACCEPT])])
+        _acknowledge(bs, group, member_id(name, "other"), 0, tid, [(0, 0, [ACCEPT])])
     )
     return errors
 
