@@ -11,6 +11,7 @@ the connection, or both wait for more bytes.
 
 from __future__ import annotations
 
+import base64
 import struct
 import time
 import uuid
@@ -557,9 +558,15 @@ def req_consumer_group_describe(bs: str, v: int) -> dict[str, Any]:
     return dict(group_ids=[_v("cg-describe", v)], include_authorized_operations=True)
 
 
+def _kafka_uuid(n: int) -> str:
+    """A member id as Kafka's clients make them: a Uuid in URL-safe base64 (Kafka's ShareFetch
+    parses it)."""
+    return base64.urlsafe_b64encode(uuid.UUID(int=n).bytes).decode().rstrip("=")
+
+
 def req_share_group_heartbeat(bs: str, v: int) -> dict[str, Any]:
     # A join without topics: INVALID_REQUEST (the protocol itself in test_share_groups.py).
-    return dict(group_id=_v("share-heartbeat", v), member_id=str(uuid.UUID(int=v + 1)),
+    return dict(group_id=_v("share-heartbeat", v), member_id=_kafka_uuid(v + 1),
                 member_epoch=0, subscribed_topic_names=[])  # fmt: skip
 
 
@@ -569,7 +576,7 @@ def req_share_group_describe(bs: str, v: int) -> dict[str, Any]:
 
 def req_share_fetch(bs: str, v: int) -> dict[str, Any]:
     # A session epoch that no share session has: SHARE_SESSION_NOT_FOUND.
-    return dict(group_id=_v("share-fetch", v), member_id=str(uuid.UUID(int=v + 1)),
+    return dict(group_id=_v("share-fetch", v), member_id=_kafka_uuid(v + 1),
                 share_session_epoch=5, max_wait=0, min_bytes=1, max_records=10, batch_size=10,
                 topics=[{"topic_id": wire.topic_id(bs, TOPIC), "partitions": [
                     {"partition_index": 0, "acknowledgement_batches": []}]}],
@@ -581,7 +588,7 @@ def req_share_acknowledge(bs: str, v: int) -> dict[str, Any]:
     batch = {"first_offset": 0, "last_offset": 0, "acknowledge_types": [1]}
     partition = {"partition_index": 0, "acknowledgement_batches": [batch]}
     topics = [{"topic_id": wire.topic_id(bs, TOPIC), "partitions": [partition]}]
-    return dict(group_id=_v("share-ack", v), member_id=str(uuid.UUID(int=v + 1)),
+    return dict(group_id=_v("share-ack", v), member_id=_kafka_uuid(v + 1),
                 share_session_epoch=0, topics=topics)  # fmt: skip
 
 
