@@ -59,16 +59,19 @@ def test_wrong_epochs_and_unknown_members_are_refused():
     assert _error(lambda: groups.heartbeat(_hb("b", -3), topics, now=1)) == "INVALID_REQUEST"
 
 
-def test_a_member_removed_gives_its_records_back():
+def test_a_silent_member_is_removed_and_its_records_wait_for_their_locks():
     groups, topics = ShareGroups(session_timeout_ms=100), Topics(1)
     groups.heartbeat(_hb("a", 0, ("t",)), topics, now=0)
     g = groups.group("g")
     assert g is not None
-    sp = g.partitions[(T, 0)] = SharePartition(0)
+    sp = g.partitions[(T, 0)] = SharePartition(0, lock_ms=500)
     sp.acquire("a", 0, 3, 10, now=0)
     assert groups.next_deadline() == 100
     assert groups.expire(100, topics) == [("g", "a")]
-    assert g.state == "Empty" and sp.fetch_from() == 0
+    assert g.state == "Empty" and sp.fetch_from() == 3  # as Kafka: leaving releases nothing
+    assert groups.next_deadline() == 500
+    groups.expire(500, topics)
+    assert sp.fetch_from() == 0
 
 
 def test_the_simple_assignor_gives_every_member_partitions():

@@ -124,3 +124,14 @@ def test_a_read_needs_to_go_only_as_far_as_the_records_a_fetch_may_acquire():
     sp.acknowledge("a", 1, 1, (RELEASE,), now=0)
     assert sp.acquirable_until(0, 3) == 6  # offset 1 again, then 4 and 5
     assert sp.acquirable_until(0, 100) == 10  # the in-flight bound
+
+
+def test_acknowledgements_below_the_start_are_left_alone():
+    sp = SharePartition(0)
+    sp.acquire("a", 0, 3, 10, now=0)
+    sp.acknowledge("a", 0, 0, (ACCEPT,), now=0)
+    sp.acknowledge("a", 0, 1, (RELEASE,), now=0)  # offset 0 done: only 1 is released
+    assert sp.start == 1 and sp.fetch_from() == 1
+    sp.acknowledge("a", 0, 0, (REJECT,), now=0)
+    with pytest.raises(ShareError):  # released, not acquired any more
+        sp.acknowledge("a", 1, 1, (ACCEPT,), now=0)

@@ -9,8 +9,9 @@ The rules are Kafka's ShareGroupHeartbeat's: a member joins with epoch 0 and its
 topic names; a join, a leave or a changed subscription (or a subscribed topic appearing or
 growing) bumps the group epoch and recomputes the target; a heartbeat with another epoch than
 the member's (or its previous one) is FENCED_MEMBER_EPOCH, an unknown member UNKNOWN_MEMBER_ID;
-epoch -1 leaves. A member silent for the session timeout is removed. A member that leaves gives
-back the records it holds at once.
+epoch -1 leaves. A member silent for the session timeout is removed. The records a member holds
+are not released when it leaves: its share session (``share_sessions.py``) closing releases
+them, or their locks running out.
 
 Everything lives in memory: after a restart members rejoin, and each share-partition starts again
 where ``share.auto.offset.reset`` says (the durable ``__share_group_state`` is a later step).
@@ -192,10 +193,10 @@ class ShareGroups:
 
     # -- leaving, expiry -------------------------------------------------------------------------
     def _remove(self, g: ShareGroup, m: ShareMember, topics: Topics) -> None:
+        # Its records stay locked until their locks run out (or its share session closes), as
+        # in Kafka: leaving the group does not release them.
         g.members.pop(m.member_id, None)
         g.target.pop(m.member_id, None)
-        for sp in g.partitions.values():
-            sp.release_member(m.member_id)
         g.subscribed = subscribed_topics(g, topics)
         g.group_epoch += 1
         self._new_target(g)

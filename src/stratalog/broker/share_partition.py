@@ -73,6 +73,10 @@ class SharePartition:
         self.start = start_offset
         self.end = start_offset
         self.records: dict[int, InFlight] = {}
+        # Whether any record reached a state after acquisition (Kafka writes a share-partition's
+        # state at its first acknowledgement, release or lock expiry, and describes it as
+        # unknown, start offset -1, until then).
+        self.written = False
         self.lock_ms = lock_ms
         self.delivery_limit = delivery_limit
         self.max_locks = max_locks
@@ -141,19 +145,22 @@ class SharePartition:
         self, member: str, first: int, last: int, types: tuple[int, ...], now: int
     ) -> None:
         """Apply one acknowledgement batch: one type for all of [first, last] or one per offset.
-        Every offset must be acquired by ``member``, else nothing changes (INVALID_RECORD_STATE)."""
+        Every offset from the start offset on must be acquired by ``member``, else nothing
+        changes (INVALID_RECORD_STATE); offsets below the start are done and left alone."""
         if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
             raise ShareError("INVALID_REQUEST", "Invalid acknowledgement batch.")
         if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):
             raise ShareError("INVALID_REQUEST", "Invalid acknowledge type.")
-        for off in range(first, last + 1):
-            r = self.records.get(off) if self.start <= off < self.end else None
+        for off in range(max(first, self.start), last + 1):
+            r = self.records.get(off) if off < self.end else None
             if r is None or r.state != ACQUIRED or r.member != member:
                 raise ShareError(
                     "INVALID_RECORD_STATE",
                     f"The record at offset {off} is not acquired by member {member}.",
                 )
         for i, off in enumerate(range(first, last + 1)):
+            if off < self.start:
+                continue  # done already (Kafka ignores acknowledgements below the start too)
             t = types[0] if len(types) == 1 else types[i]
             r = self.records[off]
             if t == ACCEPT:
@@ -164,6 +171,7 @@ class SharePartition:
                 self._release(r)
             else:  # RENEW: the member needs longer; the lock starts over
                 r.deadline = now + self.lock_ms
+        self.written = True
         self._advance()
 
     @staticmethod
@@ -190,6 +198,7 @@ class SharePartition:
                 self._release(r)
                 n += 1
         if n:
+            self.written = True
             self._advance()
         return n
 
@@ -201,6 +210,7 @@ class SharePartition:
                 self._release(r)
                 n += 1
         if n:
+            self.written = True
             self._advance()
         return n
 

@@ -114,15 +114,29 @@ def _session(core, req: Request, added: list[TopicPartition], forgotten: list[To
     )
 
 
-def _check_member(core, group_id: str | None, member_id: str | None) -> None:
+def _check_ids(group_id: str | None, member_id: str | None) -> None:
+    # Kafka does not ask the group whether the member belongs to it: the share session is the
+    # member's word, and records are locked to the member id it gives.
     if not group_id:
         raise GroupError("INVALID_REQUEST", "Group id can't be empty.")
     if not member_id:
         raise GroupError("INVALID_REQUEST", "Member id can't be empty.")
-    g = core.share_groups.group(group_id)
-    # Only the group's coordinator knows its members; a leader elsewhere takes the member's word.
-    if g is not None and g.members and member_id not in g.members:
-        raise GroupError("UNKNOWN_MEMBER_ID", f"Member {member_id} is not a member of {group_id}.")
+
+
+def _tie_to_connection(core, conn, g: ShareGroup, session: ShareSession) -> None:
+    """A share session lasts as long as the connection that opened it: when that connection
+    goes, the session closes and the member's records are released at once, as in Kafka."""
+    key = (session.group_id, session.member_id)
+
+    def lost() -> None:
+        if core.share_sessions.sessions.get(key) is session:
+            core.share_sessions.close(*key)
+            if _release_member(g, session.member_id):
+                wake_share_fetches(core)
+
+    on_lost = getattr(conn, "on_lost", None)
+    if on_lost is not None:
+        on_lost.append(lost)
 
 
 def _error_answer(req: Request, error: str, message: str | None, lock_ms: int) -> bytes:
@@ -149,7 +163,7 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
     forgotten = [(t.topic_id, p) for t in b.forgotten_topics_data for p in t.partitions]
     acks = any(p.acknowledgement_batches for t in b.topics for p in t.partitions)
     try:
-        _check_member(core, b.group_id, b.member_id)
+        _check_ids(b.group_id, b.member_id)
         if epoch == OPEN_EPOCH and acks:
             raise GroupError(
                 "INVALID_REQUEST", "Acknowledge data present on initial fetch request."
@@ -159,6 +173,11 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
         return _error_answer(req, e.error, e.message, lock_ms)
     g = _group(core, b.group_id)
     out: dict[TopicPartition, _Outcome] = {}
+    if epoch == OPEN_EPOCH:
+        _tie_to_connection(core, conn, g, session)
+        # The answer that opens a session names every partition of it, records or not.
+        for tp in session.partitions:
+            out[tp] = _Outcome()
     if _acknowledge(core, g, b.member_id, b.topics, out):
         wake_share_fetches(core)
     if epoch == FINAL_EPOCH:
@@ -312,7 +331,7 @@ def handle_share_acknowledge(core, req: Request, conn) -> bytes:
     b = req.body
     lock_ms = core.config["group.share.record.lock.duration.ms"]
     try:
-        _check_member(core, b.group_id, b.member_id)
+        _check_ids(b.group_id, b.member_id)
         if b.share_session_epoch == OPEN_EPOCH:
             raise ShareError(
                 "INVALID_SHARE_SESSION_EPOCH", "Acknowledge requests cannot open a share session."

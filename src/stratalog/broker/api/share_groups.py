@@ -110,18 +110,17 @@ def _described(core, req: Request, g: ShareGroup, ops: int):
 
 def handle_describe_share_group_offsets(core, req: Request, conn) -> bytes:
     """DescribeShareGroupOffsets (90): each share-partition's start offset (SPSO) and lag, as
-    ``kafka-share-groups --describe`` shows them; -1 where the group has no state for it."""
+    ``kafka-share-groups --describe`` shows them; -1 for a partition whose state was never
+    written (nothing acknowledged, released or expired yet; Kafka's view), and for a group that
+    does not exist (Kafka answers that without an error too)."""
     out = []
     for rg in req.body.groups:
         error = coordinator_error(core, rg.group_id)
-        g = core.share_groups.group(rg.group_id) if error is None else None
-        if g is None:
-            error = error or ("GROUP_ID_NOT_FOUND" if rg.topics is not None else None)
         if error is not None:
-            message = f"Group {rg.group_id} not found." if error == "GROUP_ID_NOT_FOUND" else None
             out.append(sub(req, "DescribeShareGroupOffsetsResponseGroup", group_id=rg.group_id,
-                           topics=(), error_code=err(error), error_message=message))  # fmt: skip
+                           topics=(), error_code=err(error), error_message=None))  # fmt: skip
             continue
+        g = core.share_groups.group(rg.group_id)
         out.append(
             sub(
                 req,
@@ -152,13 +151,12 @@ def _offsets_of(core, req: Request, g: ShareGroup | None, topics):
         for index in indexes:
             sp = partitions.get((t.topic_id, index)) if t is not None else None
             p = core.partition(name, index) if t is not None else None
-            start = sp.start if sp is not None else -1
-            lag = -1
-            if sp is not None and p is not None:
+            start = lag = -1
+            if sp is not None and sp.written and p is not None:
+                start = sp.start
                 lag = max(0, p.high_watermark - sp.start - sp.done_in_flight())
             rows.append(sub(req, "DescribeShareGroupOffsetsResponsePartition",
-                            partition_index=index, start_offset=start,
-                            leader_epoch=0 if sp is not None else -1, lag=lag,
+                            partition_index=index, start_offset=start, leader_epoch=0, lag=lag,
                             error_code=NONE, error_message=None))  # fmt: skip
         yield sub(
             req,
