@@ -55,6 +55,8 @@ def test_wrong_epochs_and_unknown_members_are_refused():
     assert _error(lambda: groups.heartbeat(_hb("a", 5), topics, now=1)) == "FENCED_MEMBER_EPOCH"
     assert _error(lambda: groups.heartbeat(_hb("x", 1), topics, now=1)) == "UNKNOWN_MEMBER_ID"
     assert _error(lambda: groups.heartbeat(_hb("x", -1), topics, now=1)) == "UNKNOWN_MEMBER_ID"
+    gone = ShareHeartbeat("nope", "x", -1)
+    assert _error(lambda: groups.heartbeat(gone, topics, now=1)) == "GROUP_ID_NOT_FOUND"
     assert _error(lambda: groups.heartbeat(_hb("b", 0), topics, now=1)) == "INVALID_REQUEST"
     assert _error(lambda: groups.heartbeat(_hb("b", -3), topics, now=1)) == "INVALID_REQUEST"
 

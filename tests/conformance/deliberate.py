@@ -51,6 +51,13 @@ DELIBERATE: dict[str, str] = {
         "after a restart (or a new coordinator in a cluster) the group is gone. Kafka, which "
         "never loses a group, answers GROUP_ID_NOT_FOUND, which its clients take as fatal."
     ),
+    "share.unknown-group-rejoins": (
+        "A ShareGroupHeartbeat of a member (epoch above 0) of a share group the broker does not "
+        "know is answered UNKNOWN_MEMBER_ID, so the member rejoins: share groups live in memory, "
+        "and after a restart (or a new coordinator in a cluster) the group is gone. Kafka, which "
+        "never loses a group, answers GROUP_ID_NOT_FOUND, which its share consumers take as "
+        "fatal."
+    ),
     "share.start-offset-current": (
         "DescribeShareGroupOffsets reports a share-partition's start offset as it is once the "
         "acknowledgements it answered took effect. Kafka 4.4 reports the start offset its share "

@@ -121,8 +121,10 @@ class ShareGroups:
         _validate(hb)
         g = self.groups.get(hb.group_id)
         if hb.member_epoch == LEAVE_EPOCH:
-            m = g.members.get(hb.member_id) if g is not None else None
-            if g is None or m is None:
+            if g is None:
+                raise GroupError("GROUP_ID_NOT_FOUND", f"Group {hb.group_id} not found.")
+            m = g.members.get(hb.member_id)
+            if m is None:
                 raise _unknown(hb.member_id, hb.group_id)
             self._remove(g, m, topics)
             return ShareAnswer(hb.member_id, LEAVE_EPOCH, 0)

@@ -139,12 +139,12 @@ def _tie_to_connection(core, conn, g: ShareGroup, session: ShareSession) -> None
         on_lost.append(lost)
 
 
-def _error_answer(req: Request, error: str, message: str | None, lock_ms: int) -> bytes:
+def _error_answer(req: Request, error: str, message: str | None) -> bytes:
     return reply(
         req,
         error_code=err(error),
         error_message=message,
-        acquisition_lock_timeout=lock_ms,
+        acquisition_lock_timeout=0,  # as Kafka: no lock in a refusal
         responses=(),
         node_endpoints=(),
     )
@@ -170,7 +170,7 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
             )
         session = _session(core, req, added if epoch != FINAL_EPOCH else [], forgotten)
     except (GroupError, ShareError) as e:
-        return _error_answer(req, e.error, e.message, lock_ms)
+        return _error_answer(req, e.error, e.message)
     g = _group(core, b.group_id)
     out: dict[TopicPartition, _Outcome] = {}
     if epoch == OPEN_EPOCH:
@@ -338,7 +338,7 @@ def handle_share_acknowledge(core, req: Request, conn) -> bytes:
             )
         _session(core, req, [], [])
     except (GroupError, ShareError) as e:
-        return _error_answer(req, e.error, e.message, lock_ms)
+        return _error_answer(req, e.error, e.message)
     g = _group(core, b.group_id)
     out: dict[TopicPartition, _Outcome] = {}
     released = _acknowledge(core, g, b.member_id, b.topics, out)
