@@ -27,6 +27,7 @@ from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 from stratalog.records import build_batch
 
+from ..test_share_groups import JavaShareConsumer
 from . import wire
 from .conftest import KAFKA_PROPERTIES, Pair, both, start_kafka, unique, warm_up
 from .deliberate import check_deliberate
@@ -407,3 +408,34 @@ def test_librdkafka_share_consumers(share_pair: Pair) -> None:
     assert strat == kafka, wire.differences(strat, kafka)
     assert strat["records"] == sorted((p, f"v{i}") for p in range(2) for i in range(20))
     assert strat["delivery counts"] == {"1-v7": [1, 2]}
+
+
+def java_release_until_archived(bs: str, name: str) -> dict[str, Any]:
+    """Kafka's Java share consumer (kafka-console-share-consumer --release) releases every record
+    it gets: one record comes back until the delivery limit archives it."""
+    topic, group = name, f"{name}-g"
+    wire.create_topic(bs, topic, 1)
+    # It exits once nothing came for 10 s (Kafka hands a new member its assignment at its
+    # second heartbeat, five seconds after the first).
+    c = JavaShareConsumer(bs, group, topic, "--release", "--timeout-ms", "10000")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            d = wire.call(bs, 77, 1, group_ids=[group], include_authorized_operations=False)
+            members = d["groups"][0]["members"]
+            if members and members[0]["assignment"]["topic_partitions"]:
+                break
+            assert time.monotonic() < deadline and c.proc.poll() is None, d
+            time.sleep(0.2)
+        time.sleep(2)  # its first share fetch has created the share-partition (at its end)
+        wire.produce(bs, topic, 0, _batch(1))
+        c.proc.wait(60)
+    finally:
+        c.stop()
+    return {"records": c.records(), "exit": c.proc.returncode}
+
+
+def test_java_release_until_archived(share_pair: Pair) -> None:
+    strat, kafka = both(share_pair, java_release_until_archived, unique("cf-share-java"))
+    assert strat == kafka, wire.differences(strat, kafka)
+    assert strat["records"] == [(0, 0, n, "v0") for n in range(1, 6)]
