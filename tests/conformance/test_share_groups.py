@@ -172,6 +172,13 @@ def _settled_offsets(bs: str, group: str, want: list[tuple[int, int, int]], time
 
 
 # -- scenarios ---------------------------------------------------------------------------------
+def _same(share_pair: Pair, scenario, prefix: str) -> Any:
+    """Run ``scenario`` on both brokers; what both observed (the same)."""
+    strat, kafka = both(share_pair, scenario, unique(prefix))
+    assert strat == kafka, wire.differences(strat, kafka)
+    return strat
+
+
 def acquire_acknowledge_redeliver(bs: str, name: str) -> dict[str, Any]:
     """One member: records acquired, some accepted, one released until the delivery limit
     archives it, one rejected; the start offset and lag."""
@@ -281,8 +288,7 @@ def lock_expiry(bs: str, name: str) -> dict[str, Any]:
 
 
 def test_lock_expiry(share_pair: Pair) -> None:
-    strat, kafka = both(share_pair, lock_expiry, unique("cf-share-lock"))
-    assert strat == kafka, wire.differences(strat, kafka)
+    _same(share_pair, lock_expiry, "cf-share-lock")
 
 
 def bad_requests(bs: str, name: str) -> dict[str, Any]:
@@ -404,8 +410,7 @@ def librdkafka_share_consumers(bs: str, name: str) -> dict[str, Any]:
 
 
 def test_librdkafka_share_consumers(share_pair: Pair) -> None:
-    strat, kafka = both(share_pair, librdkafka_share_consumers, unique("cf-share-rdk"))
-    assert strat == kafka, wire.differences(strat, kafka)
+    strat = _same(share_pair, librdkafka_share_consumers, "cf-share-rdk")
     assert strat["records"] == sorted((p, f"v{i}") for p in range(2) for i in range(20))
     assert strat["delivery counts"] == {"1-v7": [1, 2]}
 
@@ -436,6 +441,5 @@ def java_release_until_archived(bs: str, name: str) -> dict[str, Any]:
 
 
 def test_java_release_until_archived(share_pair: Pair) -> None:
-    strat, kafka = both(share_pair, java_release_until_archived, unique("cf-share-java"))
-    assert strat == kafka, wire.differences(strat, kafka)
+    strat = _same(share_pair, java_release_until_archived, "cf-share-java")
     assert strat["records"] == [(0, 0, n, "v0") for n in range(1, 6)]

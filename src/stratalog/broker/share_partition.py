@@ -19,6 +19,7 @@ that until ``start`` moves, as Kafka's ``group.share.partition.max.record.locks`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Record states (Kafka's RecordState).
@@ -192,21 +193,16 @@ class SharePartition:
     # -- locks and members -----------------------------------------------------------------------
     def expire(self, now: int) -> int:
         """Release every record whose lock has run out; how many came back."""
-        n = 0
-        for r in self.records.values():
-            if r.state == ACQUIRED and r.deadline <= now:
-                self._release(r)
-                n += 1
-        if n:
-            self.written = True
-            self._advance()
-        return n
+        return self._release_where(lambda r: r.deadline <= now)
 
     def release_member(self, member: str) -> int:
-        """Release every record ``member`` holds (it left the group); how many."""
+        """Release every record ``member`` holds (its share session closed); how many."""
+        return self._release_where(lambda r: r.member == member)
+
+    def _release_where(self, held: Callable[[InFlight], bool]) -> int:
         n = 0
         for r in self.records.values():
-            if r.state == ACQUIRED and r.member == member:
+            if r.state == ACQUIRED and held(r):
                 self._release(r)
                 n += 1
         if n:
