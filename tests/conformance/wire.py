@@ -583,6 +583,7 @@ class Connection:
     as a share session, lives as long as it). Use as a context manager."""
 
     def __init__(self, bootstrap: str, timeout: float = 30.0) -> None:
+        self.bootstrap = bootstrap
         self.sock = socket.create_connection(_address(bootstrap), timeout=timeout)
         self.correlation_id = CORRELATION_ID
 
