@@ -270,6 +270,20 @@ CASES: dict[str, tuple[int, int, dict[str, Any]]] = {
         subscribed_topic_names=[T_OPEN], topic_partitions=[])),
     "consumer-group-describe": (69, 1, dict(group_ids=[G_OPEN, G_CLOSED, f"{P}-g-missing"],
                                             include_authorized_operations=True)),
+    "share-group-heartbeat-denied": (76, 1, dict(
+        group_id=G_CLOSED, member_id="AAAAAAAAAAAAAAAAAAAAAg", member_epoch=0,
+        subscribed_topic_names=[T_OPEN])),
+    "share-group-describe": (77, 1, dict(group_ids=[G_OPEN, G_CLOSED, f"{P}-g-missing"],
+                                         include_authorized_operations=True)),
+    "share-fetch-denied": (78, 1, dict(
+        group_id=G_CLOSED, member_id="AAAAAAAAAAAAAAAAAAAAAw", share_session_epoch=0,
+        max_wait=0, min_bytes=1, max_records=10, batch_size=10, topics=[],
+        forgotten_topics_data=[])),
+    "share-acknowledge-denied": (79, 1, dict(
+        group_id=G_CLOSED, member_id="AAAAAAAAAAAAAAAAAAAAAw", share_session_epoch=1,
+        topics=[])),
+    "describe-share-group-offsets": (90, 1, dict(groups=[
+        {"group_id": G_OPEN, "topics": None}, {"group_id": G_CLOSED, "topics": None}])),
     "offset-delete": (47, 0, dict(group_id=G_OPEN, topics=[
         {"name": T_OPEN, "partitions": [{"partition_index": 0}]}])),
     "init-producer-id-transactional": (22, 5, dict(
