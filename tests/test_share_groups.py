@@ -375,3 +375,35 @@ def test_kafka_share_groups_tool(bootstrap: str) -> None:
         assert state.stdout.split()[-2:] == ["Stable", "1"], state.stdout  # state, members
     finally:
         c.close()
+
+
+def test_a_restart_forgets_share_groups(tmp_path: Path) -> None:
+    """Share-group state lives in memory (docs/architecture.md, "Share groups"): after a
+    restart the consumer rejoins by itself, and with ``share.auto.offset.reset=earliest`` every
+    record still in the log is delivered again, acknowledged or not, as a first delivery."""
+    topic, group = "share-restart", "share-restart-g"
+    bp = BrokerProcess(tmp_path / "data", settings=SETTINGS)
+    bp.start()
+    c = None
+    try:
+        create_topic(bp.bootstrap, topic, 1)
+        _produce(bp.bootstrap, topic, 1, 0, 5)
+        c = _share_consumer(bp.bootstrap, group, topic)
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            got += [(m.offset(), m.delivery_count()) for m in _records(c)]
+        _records(c, 1.0)  # acknowledges them (implicit mode)
+        assert got == [(o, 1) for o in range(5)]
+        bp.stop()
+        bp.start()  # the same port: the consumer reconnects
+        again: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 60
+        while len(again) < 5 and time.monotonic() < deadline:
+            again += [(m.offset(), m.delivery_count()) for m in _records(c)]
+        assert again == [(o, 1) for o in range(5)]
+        assert [m["member_id"] for m in _members(bp.bootstrap, group)]  # it rejoined
+    finally:
+        if c is not None:
+            c.close()
+        bp.stop()
