@@ -211,22 +211,35 @@ check_share_group_describe = _describe_check("group_ids", _denied_consumer)
 
 
 def check_share_data(core, req: Request, conn, handler: Handler, a: Access):
-    """ShareFetch and ShareAcknowledge: READ on the group, and READ on every topic named (a
-    denied topic refuses the whole request here, where Kafka answers its partitions alone)."""
+    """ShareFetch and ShareAcknowledge: READ on the group (else the request is refused), READ
+    on each topic (a refused topic's partitions are answered TOPIC_AUTHORIZATION_FAILED, and
+    nothing of it is fetched, acknowledged or added to the share session)."""
     body = req.body
-    error = None
     if not a.group(Op.READ, body.group_id or ""):
-        error = GROUP_DENIED
-    else:
-        for t in body.topics:
-            topic = core.topic_by_id(t.topic_id)
-            if topic is not None and not a.topic(Op.READ, topic.name):
-                error = TOPIC_DENIED
-                break
-    if error is None:
+        return reply(req, error_code=err(GROUP_DENIED), error_message=MESSAGES[GROUP_DENIED],
+                     acquisition_lock_timeout=0, responses=(), node_endpoints=())  # fmt: skip
+
+    def allowed(t) -> bool:
+        topic = core.topic_by_id(t.topic_id)
+        return topic is None or a.topic(Op.READ, topic.name)
+
+    kept, denied = split(body.topics, allowed)
+    if not denied:
         return handler(core, req, conn)
-    return reply(req, error_code=err(error), error_message=MESSAGES[error],
-                 acquisition_lock_timeout=0, responses=(), node_endpoints=())  # fmt: skip
+    answer = handler(core, with_body(req, topics=tuple(kept)), conn)
+    entity = "ShareFetchableTopicResponse" if req.api_key == v.SHARE_FETCH else (
+        "ShareAcknowledgeTopicResponse")  # fmt: skip
+    leader = sub(req, "LeaderIdAndEpoch", leader_id=-1, leader_epoch=-1)
+    extra = [
+        sub(req, entity, topic_id=t.topic_id, partitions=tuple(
+            sub(req, "PartitionData", partition_index=p.partition_index,
+                error_code=err(TOPIC_DENIED), error_message=None, acknowledge_error_code=0,
+                acknowledge_error_message=None, current_leader=leader, records=b"",
+                acquired_records=())
+            for p in t.partitions))
+        for t in denied
+    ]  # fmt: skip
+    return extended(req, answer, "responses", extra)
 
 
 def check_delete_groups(core, req: Request, conn, handler: Handler, a: Access):
