@@ -51,6 +51,20 @@ DELIBERATE: dict[str, str] = {
         "after a restart (or a new coordinator in a cluster) the group is gone. Kafka, which "
         "never loses a group, answers GROUP_ID_NOT_FOUND, which its clients take as fatal."
     ),
+    "share.unknown-group-rejoins": (
+        "A ShareGroupHeartbeat of a member (epoch above 0) of a share group the broker does not "
+        "know is answered UNKNOWN_MEMBER_ID, so the member rejoins: share groups live in memory, "
+        "and after a restart (or a new coordinator in a cluster) the group is gone. Kafka, which "
+        "never loses a group, answers GROUP_ID_NOT_FOUND, which its share consumers take as "
+        "fatal."
+    ),
+    "share.start-offset-current": (
+        "DescribeShareGroupOffsets reports a share-partition's start offset as it is once the "
+        "acknowledgements it answered took effect. Kafka 4.4 reports the start offset its share "
+        "coordinator last persisted, which trails by one state change: after the last "
+        "outstanding record is archived at the delivery limit, Kafka still reports the start "
+        "offset from before (with lag 0) until something else changes."
+    ),
     "offsets.commit-value-version-3": (
         "Committed offsets are written to __consumer_offsets as OffsetCommitValue version 3, "
         "the newest non-flexible version, which Kafka's readers since 2.1 decode; Kafka 4.4 "

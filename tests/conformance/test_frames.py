@@ -11,6 +11,7 @@ the connection, or both wait for more bytes.
 
 from __future__ import annotations
 
+import base64
 import struct
 import time
 import uuid
@@ -557,6 +558,45 @@ def req_consumer_group_describe(bs: str, v: int) -> dict[str, Any]:
     return dict(group_ids=[_v("cg-describe", v)], include_authorized_operations=True)
 
 
+def _kafka_uuid(n: int) -> str:
+    """A member id as Kafka's clients make them: a Uuid in URL-safe base64 (Kafka's ShareFetch
+    parses it)."""
+    return base64.urlsafe_b64encode(uuid.UUID(int=n).bytes).decode().rstrip("=")
+
+
+def req_share_group_heartbeat(bs: str, v: int) -> dict[str, Any]:
+    # A join without topics: INVALID_REQUEST (the protocol itself in test_share_groups.py).
+    return dict(group_id=_v("share-heartbeat", v), member_id=_kafka_uuid(v + 1),
+                member_epoch=0, subscribed_topic_names=[])  # fmt: skip
+
+
+def req_share_group_describe(bs: str, v: int) -> dict[str, Any]:
+    return dict(group_ids=[_v("share-describe", v)], include_authorized_operations=True)
+
+
+def req_share_fetch(bs: str, v: int) -> dict[str, Any]:
+    # A session epoch that no share session has: SHARE_SESSION_NOT_FOUND.
+    return dict(group_id=_v("share-fetch", v), member_id=_kafka_uuid(v + 1),
+                share_session_epoch=5, max_wait=0, min_bytes=1, max_records=10, batch_size=10,
+                topics=[{"topic_id": wire.topic_id(bs, TOPIC), "partitions": [
+                    {"partition_index": 0, "acknowledgement_batches": []}]}],
+                forgotten_topics_data=[])  # fmt: skip
+
+
+def req_share_acknowledge(bs: str, v: int) -> dict[str, Any]:
+    # Acknowledgements cannot open a share session: INVALID_SHARE_SESSION_EPOCH.
+    batch = {"first_offset": 0, "last_offset": 0, "acknowledge_types": [1]}
+    partition = {"partition_index": 0, "acknowledgement_batches": [batch]}
+    topics = [{"topic_id": wire.topic_id(bs, TOPIC), "partitions": [partition]}]
+    return dict(group_id=_v("share-ack", v), member_id=_kafka_uuid(v + 1),
+                share_session_epoch=0, topics=topics)  # fmt: skip
+
+
+def req_describe_share_group_offsets(bs: str, v: int) -> dict[str, Any]:
+    return dict(groups=[{"group_id": _v("share-offsets", v),
+                         "topics": [{"topic_name": TOPIC, "partitions": [0]}]}])  # fmt: skip
+
+
 REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     0: req_produce,
     1: req_fetch,
@@ -601,6 +641,11 @@ REQUESTS: dict[int, Callable[[str, int], dict[str, Any]]] = {
     68: req_consumer_group_heartbeat,
     69: req_consumer_group_describe,
     75: req_describe_topic_partitions,
+    76: req_share_group_heartbeat,
+    77: req_share_group_describe,
+    78: req_share_fetch,
+    79: req_share_acknowledge,
+    90: req_describe_share_group_offsets,
     17: req_sasl_handshake,
     36: req_sasl_authenticate,
     50: req_describe_user_scram_credentials,

@@ -576,3 +576,41 @@ def diff(stratalog: Any, kafka: Any, path: str = "") -> list[str]:
 
 def differences(stratalog: Any, kafka: Any) -> str:
     return "Stratalog differs from Kafka:\n  " + "\n  ".join(diff(stratalog, kafka))
+
+
+class Connection:
+    """One connection for a sequence of requests (state a broker ties to the connection, such
+    as a share session, lives as long as it). Use as a context manager."""
+
+    def __init__(self, bootstrap: str, timeout: float = 30.0) -> None:
+        self.bootstrap = bootstrap
+        self.sock = socket.create_connection(_address(bootstrap), timeout=timeout)
+        self.correlation_id = CORRELATION_ID
+
+    def call(self, api_key: int, version: int, /, **values: Any) -> dict[str, Any]:
+        """One request on this connection; the decoded response as plain data."""
+        self.correlation_id += 1
+        body = build(api_key, version, **values)
+        self.sock.sendall(request_frame(api_key, version, body, self.correlation_id))
+        (size,) = struct.unpack(">i", self._read(4))
+        correlation_id, response = decode(api_key, version, self._read(size))
+        assert correlation_id == self.correlation_id
+        return plain(response)
+
+    def _read(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            buf += chunk
+        return buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -100,3 +100,28 @@ def range_(
 
 
 ASSIGNORS = {UNIFORM: uniform, RANGE: range_}
+
+SIMPLE = "simple"
+
+
+def simple(
+    subscriptions: Mapping[str, frozenset[uuid.UUID]],
+    sizes: TopicSizes,
+    previous: Mapping[str, Assignment],
+) -> dict[str, Assignment]:
+    """Share groups (KIP-932): members of a share group may consume the same partition, so per
+    topic, with no more subscribers than partitions, each partition goes to one of them in turn;
+    with more, each subscriber gets one partition in turn (a partition then has several), so
+    nobody is left idle."""
+    owned: dict[str, set[tuple[uuid.UUID, int]]] = {m: set() for m in subscriptions}
+    for tid, count in sizes.items():
+        subscribers = sorted(m for m, topics in subscriptions.items() if tid in topics)
+        if not subscribers or count <= 0:
+            continue
+        if len(subscribers) <= count:
+            for p in range(count):
+                owned[subscribers[p % len(subscribers)]].add((tid, p))
+        else:
+            for i, m in enumerate(subscribers):
+                owned[m].add((tid, i % count))
+    return _as_assignment(owned)

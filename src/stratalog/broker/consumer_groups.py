@@ -49,6 +49,12 @@ RECONCILING = "Reconciling"
 STABLE = "Stable"
 
 
+class MemberGroup(Protocol):
+    """A group whose members subscribe by topic names or a regular expression."""
+
+    members: dict
+
+
 class Topics(Protocol):
     """The broker's topics, as the group sees them."""
 
@@ -169,7 +175,7 @@ class ConsumerGroups:
         member.session_deadline = now + self.session_timeout_ms
         g.members[member.member_id] = member
 
-        subscribed = _subscribed_topics(g, topics)
+        subscribed = subscribed_topics(g, topics)
         if subscription_changed or subscribed != g.subscribed:
             g.subscribed = subscribed
             g.group_epoch += 1
@@ -226,11 +232,11 @@ class ConsumerGroups:
                 "UNKNOWN_MEMBER_ID", f"Member {hb.member_id} is not a member of group {g.group_id}."
             )
         if hb.member_epoch > m.epoch:
-            raise _fenced("greater", hb.member_epoch, m.epoch)
+            raise fenced("greater", hb.member_epoch, m.epoch)
         if hb.member_epoch < m.epoch and (
             hb.member_epoch != m.previous_epoch or not within(hb.owned, m.assigned)
         ):
-            raise _fenced("smaller", hb.member_epoch, m.epoch)
+            raise fenced("smaller", hb.member_epoch, m.epoch)
         return m
 
     def _new_target(self, g: ConsumerGroup, topics: Topics) -> None:
@@ -264,7 +270,7 @@ class ConsumerGroups:
         # Kafka does), so they move toward it at their next heartbeat.
         g.members.pop(m.member_id, None)
         g.target.pop(m.member_id, None)
-        g.subscribed = _subscribed_topics(g, topics)
+        g.subscribed = subscribed_topics(g, topics)
         g.group_epoch += 1
         self._new_target(g, topics)
 
@@ -332,7 +338,7 @@ class ConsumerGroups:
             del self.groups[group_id]
 
 
-def _fenced(than: str, received: int, known: int) -> GroupError:
+def fenced(than: str, received: int, known: int) -> GroupError:
     return GroupError(
         "FENCED_MEMBER_EPOCH",
         f"The consumer group member has a {than} member epoch ({received}) than the one known "
@@ -342,18 +348,24 @@ def _fenced(than: str, received: int, known: int) -> GroupError:
 
 
 # -- the request's checks ----------------------------------------------------------------------
+def invalid_request(message: str) -> GroupError:
+    return GroupError("INVALID_REQUEST", message)
+
+
+def check_ids(group_id: str, instance_id: str | None, rack_id: str | None) -> None:
+    """The checks of a heartbeat's ids both protocols make (None: not sent)."""
+    if not group_id:
+        raise invalid_request("GroupId can't be empty.")
+    if instance_id == "":
+        raise invalid_request("InstanceId can't be empty.")
+    if rack_id == "":
+        raise invalid_request("RackId can't be empty.")
+
+
 def _validate(hb: Heartbeat) -> None:
     """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
-
-    def invalid(message: str) -> GroupError:
-        return GroupError("INVALID_REQUEST", message)
-
-    if not hb.group_id:
-        raise invalid("GroupId can't be empty.")
-    if hb.instance_id == "":
-        raise invalid("InstanceId can't be empty.")
-    if hb.rack_id == "":
-        raise invalid("RackId can't be empty.")
+    invalid = invalid_request
+    check_ids(hb.group_id, hb.instance_id, hb.rack_id)
     if hb.member_epoch == JOIN_EPOCH:
         if hb.rebalance_timeout_ms == -1:
             raise invalid("RebalanceTimeoutMs must be provided in first request.")
@@ -421,7 +433,7 @@ def _names_of(m: Member, topics: Topics) -> set[str]:
     return names
 
 
-def _subscribed_topics(g: ConsumerGroup, topics: Topics) -> dict[str, tuple[uuid.UUID, int]]:
+def subscribed_topics(g: MemberGroup, topics: Topics) -> dict[str, tuple[uuid.UUID, int]]:
     out = {}
     for m in g.members.values():
         for name in _names_of(m, topics):

@@ -25,6 +25,8 @@ from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
+from stratalog.broker.share_groups import ShareGroups
+from stratalog.broker.share_sessions import ShareSessions
 from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.broker.txn_coordinator import TransactionCoordinator
@@ -133,6 +135,14 @@ class BrokerCore:
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
         )
         self.consumer_group_timer: asyncio.TimerHandle | None = None  # expiry (api/consumer_groups)
+        self.share_groups = ShareGroups(
+            session_timeout_ms=config["group.share.session.timeout.ms"],
+            heartbeat_interval_ms=config["group.share.heartbeat.interval.ms"],
+            max_size=config["group.share.max.size"],
+        )
+        self.share_sessions = ShareSessions()
+        self.share_group_timer: asyncio.TimerHandle | None = None  # expiry (api/share_groups)
+        self.share_waiters: list[asyncio.Future[None]] = []  # ShareFetches waiting for records
         RUN_CACHE.capacity = config["storage.index_cache_bytes"]
         self.store = LogStore(
             StorageConfig(
@@ -336,6 +346,8 @@ class BrokerCore:
         self.coordinator.shutdown()
         if self.consumer_group_timer is not None:
             self.consumer_group_timer.cancel()
+        if self.share_group_timer is not None:
+            self.share_group_timer.cancel()
         await stop.step("the transaction coordinator", self.txn.close())
         await stop.step("the offsets topic's last commits", self.offsets.close())
         await stop.step("the logs' last fsyncs and clean-shutdown markers", self.store.close())
@@ -355,6 +367,8 @@ class BrokerCore:
         self.coordinator.shutdown()
         if self.consumer_group_timer is not None:
             self.consumer_group_timer.cancel()
+        if self.share_group_timer is not None:
+            self.share_group_timer.cancel()
         self.txn.abandon()
         self.offsets.abandon()
         self.store.abandon()

@@ -29,6 +29,8 @@ from .api import (
     reassignments,
     sasl,
     scram_users,
+    share_fetch,
+    share_groups,
     transactions,
 )
 from .api import versions as api_versions
@@ -65,6 +67,11 @@ HANDLERS = {
     v.DESCRIBE_GROUPS: groups.handle_describe_groups,
     v.CONSUMER_GROUP_HEARTBEAT: consumer_groups.handle_consumer_group_heartbeat,
     v.CONSUMER_GROUP_DESCRIBE: consumer_groups.handle_consumer_group_describe,
+    v.SHARE_GROUP_HEARTBEAT: share_groups.handle_share_group_heartbeat,
+    v.SHARE_GROUP_DESCRIBE: share_groups.handle_share_group_describe,
+    v.SHARE_FETCH: share_fetch.handle_share_fetch,
+    v.SHARE_ACKNOWLEDGE: share_fetch.handle_share_acknowledge,
+    v.DESCRIBE_SHARE_GROUP_OFFSETS: share_groups.handle_describe_share_group_offsets,
     v.SASL_HANDSHAKE: sasl.handle_sasl_handshake,
     v.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
     v.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_users.handle_describe_user_scram_credentials,

@@ -88,6 +88,9 @@ class ClientConnection(asyncio.Protocol):
         self._started: deque[tuple[float, Callable[[float], None] | None]] = deque()
         self._timers = timers if timers is not None else {}
         self._on_close = on_close
+        # What must happen when this connection goes (state a handler tied to it, such as a
+        # share session); run once, in order, from connection_lost.
+        self.on_lost: list[Callable[[], None]] = []
         self.transport: asyncio.Transport | None = None
         self.peer: str = ""
         self._reading_paused = False
@@ -147,6 +150,12 @@ class ClientConnection(asyncio.Protocol):
                 _release(item)
         self._queue.clear()
         self._started.clear()
+        for lost in self.on_lost:
+            try:
+                lost()
+            except Exception:
+                log.exception("cleaning up after a closed connection")
+        self.on_lost = []
         self._on_close(self)
 
     def pause_writing(self) -> None:

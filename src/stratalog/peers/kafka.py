@@ -69,6 +69,8 @@ TOOL_MAIN_CLASSES: dict[str, tuple[str, ...]] = {
     "kafka-console-producer": ("org.apache.kafka.tools.ConsoleProducer",),
     "kafka-console-consumer": ("org.apache.kafka.tools.consumer.ConsoleConsumer",),
     "kafka-consumer-groups": ("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",),
+    "kafka-console-share-consumer": ("org.apache.kafka.tools.consumer.ConsoleShareConsumer",),
+    "kafka-share-groups": ("org.apache.kafka.tools.consumer.group.ShareGroupCommand",),
     "kafka-configs": ("org.apache.kafka.tools.ConfigCommand", "kafka.admin.ConfigCommand"),
     "kafka-producer-perf-test": ("org.apache.kafka.tools.ProducerPerformance",),
     "kafka-consumer-perf-test": ("org.apache.kafka.tools.ConsumerPerformance",),
@@ -371,6 +373,20 @@ def app_command(
 # --------------------------------------------------------------------------------------------
 
 
+def tool_command(
+    tool: str,
+    *args: str,
+    heap: str = "512m",
+    cache_dir: Path | None = None,
+    jvm_properties: dict[str, str] | None = None,
+) -> list[str]:
+    """The command line that runs a Kafka tool (for a caller that runs it in the background)."""
+    main, classpath = tool_main_class(tool, cache_dir)
+    props = [f"-D{k}={v}" for k, v in (jvm_properties or {}).items()]
+    base = _jvm_base(_java(), heap, _tools_log_config(cache_dir), classpath)
+    return [*base[:1], *props, *base[1:], main, *args]
+
+
 def run_tool(
     tool: str,
     *args: str,
@@ -387,10 +403,7 @@ def run_tool(
     The tool runs as ``java -cp <classpath> <MainClass> args...``, logging WARN and up to stderr.
     Output is captured as text; ``check=True`` raises on a non-zero exit.
     """
-    main, classpath = tool_main_class(tool, cache_dir)
-    props = [f"-D{k}={v}" for k, v in (jvm_properties or {}).items()]
-    base = _jvm_base(_java(), heap, _tools_log_config(cache_dir), classpath)
-    cmd = [*base[:1], *props, *base[1:], main, *args]
+    cmd = tool_command(tool, *args, heap=heap, cache_dir=cache_dir, jvm_properties=jvm_properties)
     return subprocess.run(
         cmd,
         input=input,

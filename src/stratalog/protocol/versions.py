@@ -56,6 +56,11 @@ LIST_TRANSACTIONS = 66
 CONSUMER_GROUP_HEARTBEAT = 68
 CONSUMER_GROUP_DESCRIBE = 69
 DESCRIBE_TOPIC_PARTITIONS = 75
+SHARE_GROUP_HEARTBEAT = 76
+SHARE_GROUP_DESCRIBE = 77
+SHARE_FETCH = 78
+SHARE_ACKNOWLEDGE = 79
+DESCRIBE_SHARE_GROUP_OFFSETS = 90
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 12),
@@ -105,6 +110,12 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     # The consumer group protocol (KIP-848; broker/api/consumer_groups.py).
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
     CONSUMER_GROUP_DESCRIBE: (0, 1),
+    # Share groups (KIP-932; broker/api/share_groups.py, broker/api/share_fetch.py).
+    SHARE_GROUP_HEARTBEAT: (1, 1),
+    SHARE_GROUP_DESCRIBE: (1, 1),
+    SHARE_FETCH: (1, 2),
+    SHARE_ACKNOWLEDGE: (1, 2),
+    DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
     # Security (security/, broker/api/sasl.py, broker/api/scram_users.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),

@@ -72,6 +72,8 @@ def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
         if req.api_version >= 1 and not b.member_id:
             # From v1 the client makes up its member id (KIP-1082).
             raise GroupError("INVALID_REQUEST", "MemberId can't be empty.")
+        if core.share_groups.group(b.group_id) is not None:
+            raise GroupError("GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a consumer group.")
         if core.coordinator.group(b.group_id) is not None:
             if core.coordinator.group(b.group_id).members:
                 raise GroupError(
@@ -80,16 +82,13 @@ def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
             core.coordinator.forget(b.group_id)  # an empty classic group gives way
         answer = groups.heartbeat(hb, BrokerTopics(core), _now())
     except GroupError as e:
-        return reply(
-            req,
-            error_code=err(e.error),
-            error_message=e.message,
-            member_id=None,
-            member_epoch=0,
-            heartbeat_interval=0,
-            assignment=None,
-        )
+        return heartbeat_refusal(req, e)
     _keep_expiring(core)
+    return heartbeat_reply(req, answer)
+
+
+def heartbeat_reply(req: Request, answer) -> bytes:
+    """A successful Consumer- or ShareGroupHeartbeat answer (the assignment when it is sent)."""
     assignment = None
     if answer.assignment is not None:
         assignment = sub(
@@ -111,6 +110,18 @@ def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
     )
 
 
+def heartbeat_refusal(req: Request, e: GroupError) -> bytes:
+    return reply(
+        req,
+        error_code=err(e.error),
+        error_message=e.message,
+        member_id=None,
+        member_epoch=0,
+        heartbeat_interval=0,
+        assignment=None,
+    )
+
+
 def _keep_expiring(core) -> None:
     """While any consumer group has members, look for expired ones every second."""
     if core.consumer_group_timer is not None:
@@ -127,43 +138,58 @@ def _keep_expiring(core) -> None:
 
 
 def handle_consumer_group_describe(core, req: Request, conn) -> bytes:
-    b = req.body
-    ops = authorized(b.include_authorized_operations, CONSUMER_GROUP_OPERATIONS)
+    return describe_groups(
+        core,
+        req,
+        core.consumer_groups.group,
+        lambda gid: core.coordinator.group(gid) is not None,
+        "consumer",
+        _described,
+    )
+
+
+def describe_groups(core, req: Request, find, taken, kind: str, described) -> bytes:
+    """Consumer- or ShareGroupDescribe: each group ``find`` knows ``described``; an unknown one
+    GROUP_ID_NOT_FOUND ("not a <kind> group" when another kind ``taken`` has the id)."""
+    ops = authorized(req.body.include_authorized_operations, CONSUMER_GROUP_OPERATIONS)
     out = []
-    for gid in b.group_ids:
+    for gid in req.body.group_ids:
         error = coordinator_error(core, gid)
-        g = core.consumer_groups.group(gid) if error is None else None
+        g = find(gid) if error is None else None
         if g is None:
-            classic = core.coordinator.group(gid) is not None
             error = error or "GROUP_ID_NOT_FOUND"
             message = None
             if error == "GROUP_ID_NOT_FOUND":
                 message = (
-                    f"Group {gid} is not a consumer group."
-                    if classic
+                    f"Group {gid} is not a {kind} group."
+                    if taken(gid)
                     else f"Group {gid} not found."
                 )
-            out.append(
-                sub(
-                    req,
-                    "DescribedGroup",
-                    error_code=err(error),
-                    error_message=message,
-                    group_id=gid,
-                    group_state="",
-                    group_epoch=0,
-                    assignment_epoch=0,
-                    assignor_name="",
-                    members=(),
-                    authorized_operations=AUTHORIZED_OPS_OMITTED,
-                )
-            )
+            out.append(missing_group(req, gid, error, message))
             continue
-        out.append(_described(core, req, g, ops))
+        out.append(described(core, req, g, ops))
     return reply(req, groups=tuple(out))
 
 
-def _described(core, req: Request, g: ConsumerGroup, ops: int):
+def missing_group(req: Request, gid: str, error: str, message: str | None):
+    """A Consumer- or ShareGroupDescribe entry for a group it cannot describe."""
+    return sub(
+        req,
+        "DescribedGroup",
+        error_code=err(error),
+        error_message=message,
+        group_id=gid,
+        group_state="",
+        group_epoch=0,
+        assignment_epoch=0,
+        assignor_name="",
+        members=(),
+        authorized_operations=AUTHORIZED_OPS_OMITTED,
+    )
+
+
+def described_assignment(core, req: Request):
+    """A function from an assignment to a describe answer's Assignment (topics by name too)."""
     names = {t.topic_id: t.name for t in core.metadata.topics.values()}
 
     def assignment(a: Assignment):
@@ -183,23 +209,12 @@ def _described(core, req: Request, g: ConsumerGroup, ops: int):
             ),
         )
 
-    def member(m: Member):
-        return sub(
-            req,
-            "Member",
-            member_id=m.member_id,
-            instance_id=m.instance_id,
-            rack_id=m.rack_id,
-            member_epoch=m.epoch,
-            client_id=m.client_id,
-            client_host=m.client_host,
-            subscribed_topic_names=m.subscribed_topic_names,
-            subscribed_topic_regex=m.subscribed_topic_regex or "",  # as Kafka 4.4: "" for none
-            assignment=assignment(m.assigned),
-            target_assignment=assignment(g.target.get(m.member_id, {})),
-            member_type=1,  # a member of the consumer protocol (not a classic one)
-        )
+    return assignment
 
+
+def described_group(req: Request, g, members: tuple, ops: int):
+    """A Consumer- or ShareGroupDescribe entry for a group it knows (``g`` a ConsumerGroup or a
+    ShareGroup: both have ids, a state, epochs and an assignor)."""
     return sub(
         req,
         "DescribedGroup",
@@ -210,6 +225,39 @@ def _described(core, req: Request, g: ConsumerGroup, ops: int):
         group_epoch=g.group_epoch,
         assignment_epoch=g.assignment_epoch,
         assignor_name=g.assignor,
-        members=tuple(member(m) for m in g.members.values()),
+        members=members,
         authorized_operations=ops,
     )
+
+
+def member_entry(req: Request, m, assignment, **more):
+    """A described member's fields both protocols have (``m`` a Member or a ShareMember)."""
+    return sub(
+        req,
+        "Member",
+        member_id=m.member_id,
+        rack_id=m.rack_id,
+        member_epoch=m.epoch,
+        client_id=m.client_id,
+        client_host=m.client_host,
+        subscribed_topic_names=m.subscribed_topic_names,
+        assignment=assignment(m.assigned),
+        **more,
+    )
+
+
+def _described(core, req: Request, g: ConsumerGroup, ops: int):
+    assignment = described_assignment(core, req)
+
+    def member(m: Member):
+        return member_entry(
+            req,
+            m,
+            assignment,
+            instance_id=m.instance_id,
+            subscribed_topic_regex=m.subscribed_topic_regex or "",  # as Kafka 4.4: "" for none
+            target_assignment=assignment(g.target.get(m.member_id, {})),
+            member_type=1,  # a member of the consumer protocol (not a classic one)
+        )
+
+    return described_group(req, g, tuple(member(m) for m in g.members.values()), ops)

@@ -66,7 +66,12 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
         error = coordinator_error(core, gid)
         if error is None:
             g = core.coordinator.group(gid)
-            if (g is not None and g.members) or core.consumer_groups.has_members(gid):
+            share = core.share_groups.group(gid)
+            if (
+                (g is not None and g.members)
+                or core.consumer_groups.has_members(gid)
+                or (share is not None and share.members)
+            ):
                 error = "NON_EMPTY_GROUP"
             elif not _exists(core, gid):
                 error = "GROUP_ID_NOT_FOUND"
@@ -76,6 +81,7 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
                 await core.offsets.write([(k, None) for k in keys])
                 core.coordinator.forget(gid)
                 core.consumer_groups.forget(gid)
+                core.share_groups.forget(gid)  # its share-partitions' state too
             except (StorageFailure, OffsetRecordError) as e:
                 error = _failed_write(e)
         results[gid] = error or "NONE"

@@ -84,9 +84,10 @@ def _coordinator(req: Request, key: str, where: tuple[int, str, int] | None):
 async def handle_join_group(core, req: Request, conn) -> bytes:
     b = req.body
     rebalance_ms = b.rebalance_timeout if req.api_version >= 1 else b.session_timeout
-    if core.consumer_groups.has_members(b.group_id):
+    if core.consumer_groups.has_members(b.group_id) or core.share_groups.group(b.group_id):
         # A group of the consumer protocol (KIP-848): classic members are not taken into it
-        # (Kafka's group.consumer.migration.policy=disabled; docs/compatibility.md).
+        # (Kafka's group.consumer.migration.policy=disabled; docs/compatibility.md); nor into a
+        # share group (KIP-932).
         return _join_refused(req, "INCONSISTENT_GROUP_PROTOCOL")
     core.consumer_groups.forget(b.group_id)  # an empty one gives the id to the classic group
     res = await core.coordinator.join(
@@ -336,6 +337,7 @@ def _fetch_group(core, req: Request, g):
 
 CLASSIC = "classic"
 CONSUMER = "consumer"
+SHARE = "share"
 
 
 def _known_groups(core) -> dict[str, tuple[str, str, str]]:
@@ -353,6 +355,8 @@ def _known_groups(core) -> dict[str, tuple[str, str, str]]:
         # Kafka keeps an empty consumer-protocol group (its records are in the log) until
         # DeleteGroups or offset expiry, so it stays listed as one.
         out[gid] = (cg.state, CONSUMER, CONSUMER)
+    for gid, sg in core.share_groups.groups.items():
+        out[gid] = (sg.state, SHARE, SHARE)
     return out
 
 

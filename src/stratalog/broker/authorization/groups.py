@@ -206,6 +206,40 @@ def _refuse_consumer_heartbeat(req: Request) -> bytes:
 
 check_describe_groups = _describe_check("groups", _denied_classic)
 check_consumer_group_describe = _describe_check("group_ids", _denied_consumer)
+# ShareGroupDescribe's entries have the same fields as ConsumerGroupDescribe's.
+check_share_group_describe = _describe_check("group_ids", _denied_consumer)
+
+
+def check_share_data(core, req: Request, conn, handler: Handler, a: Access):
+    """ShareFetch and ShareAcknowledge: READ on the group (else the request is refused), READ
+    on each topic (a refused topic's partitions are answered TOPIC_AUTHORIZATION_FAILED, and
+    nothing of it is fetched, acknowledged or added to the share session)."""
+    body = req.body
+    if not a.group(Op.READ, body.group_id or ""):
+        return reply(req, error_code=err(GROUP_DENIED), error_message=MESSAGES[GROUP_DENIED],
+                     acquisition_lock_timeout=0, responses=(), node_endpoints=())  # fmt: skip
+
+    def allowed(t) -> bool:
+        topic = core.topic_by_id(t.topic_id)
+        return topic is None or a.topic(Op.READ, topic.name)
+
+    kept, denied = split(body.topics, allowed)
+    if not denied:
+        return handler(core, req, conn)
+    answer = handler(core, with_body(req, topics=tuple(kept)), conn)
+    entity = "ShareFetchableTopicResponse" if req.api_key == v.SHARE_FETCH else (
+        "ShareAcknowledgeTopicResponse")  # fmt: skip
+    leader = sub(req, "LeaderIdAndEpoch", leader_id=-1, leader_epoch=-1)
+    extra = [
+        sub(req, entity, topic_id=t.topic_id, partitions=tuple(
+            sub(req, "PartitionData", partition_index=p.partition_index,
+                error_code=err(TOPIC_DENIED), error_message=None, acknowledge_error_code=0,
+                acknowledge_error_message=None, current_leader=leader, records=b"",
+                acquired_records=())
+            for p in t.partitions))
+        for t in denied
+    ]  # fmt: skip
+    return extended(req, answer, "responses", extra)
 
 
 def check_delete_groups(core, req: Request, conn, handler: Handler, a: Access):
@@ -260,6 +294,20 @@ def check_find_coordinator(core, req: Request, conn, handler: Handler, a: Access
     return extended(req, answer, "coordinators", extra)
 
 
+def check_describe_share_group_offsets(core, req: Request, conn, handler: Handler, a: Access):
+    """DESCRIBE on each group named; a denied group is answered GROUP_AUTHORIZATION_FAILED."""
+    kept, denied = split(req.body.groups, lambda g: a.group(Op.DESCRIBE, g.group_id))
+    if not denied:
+        return handler(core, req, conn)
+    answer = handler(core, with_body(req, groups=tuple(kept)), conn)
+    extra = [
+        sub(req, "DescribeShareGroupOffsetsResponseGroup", group_id=g.group_id, topics=(),
+            error_code=err(GROUP_DENIED), error_message=MESSAGES[GROUP_DENIED])
+        for g in denied
+    ]  # fmt: skip
+    return extended(req, answer, "groups", extra)
+
+
 CHECKS = {
     v.FIND_COORDINATOR: check_find_coordinator,
     v.JOIN_GROUP: _group_check(Op.READ, _refuse_join),
@@ -272,6 +320,11 @@ CHECKS = {
     v.DESCRIBE_GROUPS: check_describe_groups,
     v.CONSUMER_GROUP_HEARTBEAT: _group_check(Op.READ, _refuse_consumer_heartbeat),
     v.CONSUMER_GROUP_DESCRIBE: check_consumer_group_describe,
+    v.SHARE_GROUP_HEARTBEAT: _group_check(Op.READ, _refuse_consumer_heartbeat),
+    v.SHARE_GROUP_DESCRIBE: check_share_group_describe,
+    v.SHARE_FETCH: check_share_data,
+    v.SHARE_ACKNOWLEDGE: check_share_data,
+    v.DESCRIBE_SHARE_GROUP_OFFSETS: check_describe_share_group_offsets,
     v.DELETE_GROUPS: check_delete_groups,
     v.OFFSET_DELETE: check_offset_delete,
 }

@@ -1,0 +1,167 @@
+"""ShareGroupHeartbeat (76) and ShareGroupDescribe (77): share groups' membership (KIP-932).
+The state machine is ``broker/share_groups.py``; this module decodes, answers, and keeps the
+timer that expires silent members and records whose acquisition lock ran out."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from stratalog.broker.group_coordinator import GroupError
+from stratalog.broker.share_groups import ShareGroup, ShareHeartbeat, ShareMember
+from stratalog.protocol.connection import Request
+
+from .common import NONE, err, reply, sub
+from .consumer_groups import (
+    BrokerTopics,
+    _now,
+    describe_groups,
+    described_assignment,
+    described_group,
+    heartbeat_refusal,
+    heartbeat_reply,
+    member_entry,
+)
+from .group_admin import coordinator_error
+
+
+def other_group_type(core, group_id: str) -> bool:
+    """Whether ``group_id`` is taken by a classic group with members or a consumer group."""
+    classic = core.coordinator.group(group_id)
+    return (classic is not None and bool(classic.members)) or (
+        core.consumer_groups.group(group_id) is not None
+    )
+
+
+def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
+    b = req.body
+    hb = ShareHeartbeat(
+        group_id=b.group_id,
+        member_id=b.member_id,
+        member_epoch=b.member_epoch,
+        rack_id=b.rack_id,
+        subscribed_topic_names=b.subscribed_topic_names,
+        client_id=req.client_id or "",
+        client_host=f"/{conn.peer}",
+    )
+    try:
+        not_here = coordinator_error(core, b.group_id) if b.group_id else None
+        if not_here is not None:
+            raise GroupError(not_here)
+        if b.group_id and other_group_type(core, b.group_id):
+            raise GroupError("GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a share group.")
+        answer = core.share_groups.heartbeat(hb, BrokerTopics(core), _now())
+    except GroupError as e:
+        return heartbeat_refusal(req, e)
+    keep_expiring(core)
+    return heartbeat_reply(req, answer)
+
+
+def keep_expiring(core) -> None:
+    """Keep a timer at the next deadline of any share group (a member's session, a record's
+    lock); when it fires, expire what is due and wake share fetches waiting for records."""
+    deadline = core.share_groups.next_deadline()
+    timer = core.share_group_timer
+    if deadline is None:
+        return
+    loop = asyncio.get_running_loop()
+    when = deadline / 1000
+    if timer is not None:
+        if timer.when() <= when:
+            return
+        timer.cancel()
+
+    def tick() -> None:
+        core.share_group_timer = None
+        core.share_groups.expire(_now(), BrokerTopics(core))
+        wake_share_fetches(core)
+        keep_expiring(core)
+
+    core.share_group_timer = loop.call_at(when, tick)
+
+
+def wake_share_fetches(core) -> None:
+    """Records may have become acquirable (released, or a lock ran out)."""
+    waiters, core.share_waiters = core.share_waiters, []
+    for w in waiters:
+        if not w.done():
+            w.set_result(None)
+
+
+def handle_share_group_describe(core, req: Request, conn) -> bytes:
+    return describe_groups(
+        core,
+        req,
+        core.share_groups.group,
+        lambda gid: other_group_type(core, gid),
+        "share",
+        _described,
+    )
+
+
+def _described(core, req: Request, g: ShareGroup, ops: int):
+    assignment = described_assignment(core, req)
+
+    def member(m: ShareMember):
+        return member_entry(req, m, assignment)
+
+    return described_group(req, g, tuple(member(m) for m in g.members.values()), ops)
+
+
+def handle_describe_share_group_offsets(core, req: Request, conn) -> bytes:
+    """DescribeShareGroupOffsets (90): each share-partition's start offset (SPSO) and lag, as
+    ``kafka-share-groups --describe`` shows them; -1 for a partition whose state was never
+    written (nothing acknowledged, released or expired yet; Kafka's view), and for a group that
+    does not exist (Kafka answers that without an error too)."""
+    out = []
+    for rg in req.body.groups:
+        error = coordinator_error(core, rg.group_id)
+        if error is not None:
+            out.append(sub(req, "DescribeShareGroupOffsetsResponseGroup", group_id=rg.group_id,
+                           topics=(), error_code=err(error), error_message=None))  # fmt: skip
+            continue
+        g = core.share_groups.group(rg.group_id)
+        out.append(
+            sub(
+                req,
+                "DescribeShareGroupOffsetsResponseGroup",
+                group_id=rg.group_id,
+                topics=tuple(_offsets_of(core, req, g, rg.topics)),
+                error_code=NONE,
+                error_message=None,
+            )
+        )
+    return reply(req, groups=tuple(out))
+
+
+def _offsets_of(core, req: Request, g: ShareGroup | None, topics):
+    partitions = g.partitions if g is not None else {}
+    wanted: dict[str, list[int]] = {}
+    if topics is None:
+        by_id = {t.topic_id: t.name for t in core.metadata.topics.values()}
+        for tid, index in sorted(partitions, key=lambda x: (str(x[0]), x[1])):
+            if tid in by_id:
+                wanted.setdefault(by_id[tid], []).append(index)
+    else:
+        for t in topics:
+            wanted.setdefault(t.topic_name, []).extend(t.partitions)
+    for name, indexes in wanted.items():
+        t = core.metadata.topics.get(name)
+        rows = []
+        for index in indexes:
+            sp = partitions.get((t.topic_id, index)) if t is not None else None
+            p = core.partition(name, index) if t is not None else None
+            start = lag = -1
+            if sp is not None and sp.written and p is not None:
+                start = sp.start
+                lag = max(0, p.high_watermark - sp.start - sp.done_in_flight())
+            rows.append(sub(req, "DescribeShareGroupOffsetsResponsePartition",
+                            partition_index=index, start_offset=start, leader_epoch=0, lag=lag,
+                            error_code=NONE, error_message=None))  # fmt: skip
+        yield sub(
+            req,
+            "DescribeShareGroupOffsetsResponseTopic",
+            topic_name=name,
+            topic_id=t.topic_id if t is not None else uuid.UUID(int=0),
+            partitions=tuple(rows),
+        )

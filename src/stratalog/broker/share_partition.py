@@ -1,0 +1,232 @@
+"""One share-partition of a share group (KIP-932): which records are in flight, with whom, and
+how often each was delivered.
+
+Sans-IO: every call takes the time (``now``, milliseconds); nothing waits. The fetch handler asks
+:meth:`SharePartition.fetch_from` where to read, reads the log, then :meth:`acquire`\\s the
+offsets the read covered; acknowledgements and lock expiry move records on.
+
+A record below the *share-partition start offset* (SPSO, ``start``) is done. From ``start`` to
+``end`` (the next offset never acquired) each offset has a state:
+
+* AVAILABLE: released, or its lock expired, and under the delivery limit: acquirable again;
+* ACQUIRED: locked by one member until ``deadline`` (``lock_ms`` after acquisition);
+* ACKNOWLEDGED (ACCEPT) or ARCHIVED (REJECT, a GAP, or delivered ``delivery_limit`` times):
+  done; ``start`` moves over a prefix of done records.
+
+At most ``max_locks`` offsets are in flight (``end - start``): new records are not acquired past
+that until ``start`` moves, as Kafka's ``group.share.partition.max.record.locks``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Record states (Kafka's RecordState).
+AVAILABLE = 0
+ACQUIRED = 1
+ACKNOWLEDGED = 2
+ARCHIVED = 4
+
+# Acknowledge types on the wire (ShareFetch/ShareAcknowledge AcknowledgeTypes).
+GAP = 0
+ACCEPT = 1
+RELEASE = 2
+REJECT = 3
+RENEW = 4
+
+
+class ShareError(Exception):
+    """A request refused for a partition: ``error`` is Kafka's error name."""
+
+    def __init__(self, error: str, message: str = "") -> None:
+        super().__init__(message or error)
+        self.error = error
+        self.message = message or None
+
+
+@dataclass(slots=True)
+class InFlight:
+    state: int
+    delivery_count: int = 0
+    member: str | None = None
+    deadline: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """A run of consecutive offsets handed to a member, all delivered ``delivery_count`` times."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+class SharePartition:
+    def __init__(
+        self,
+        start_offset: int,
+        *,
+        lock_ms: int = 30000,
+        delivery_limit: int = 5,
+        max_locks: int = 2000,
+    ) -> None:
+        self.start = start_offset
+        self.end = start_offset
+        self.records: dict[int, InFlight] = {}
+        # Whether any record reached a state after acquisition (Kafka writes a share-partition's
+        # state at its first acknowledgement, release or lock expiry, and describes it as
+        # unknown, start offset -1, until then).
+        self.written = False
+        self.lock_ms = lock_ms
+        self.delivery_limit = delivery_limit
+        self.max_locks = max_locks
+
+    # -- acquisition -----------------------------------------------------------------------------
+    def fetch_from(self) -> int | None:
+        """The first offset a fetch could acquire (an available one, else ``end``), or None when
+        the in-flight window is full of records others hold."""
+        for off in range(self.start, self.end):
+            if self.records[off].state == AVAILABLE:
+                return off
+        return self.end if self.end - self.start < self.max_locks else None
+
+    def acquirable_until(self, lo: int, max_records: int) -> int:
+        """The offset before which [lo, it) holds ``max_records`` acquirable offsets (or all the
+        window allows): a read of the log needs to go no further."""
+        n = 0
+        off = max(lo, self.start)
+        while off < self.end and n < max_records:
+            if self.records[off].state == AVAILABLE:
+                n += 1
+            off += 1
+        if n < max_records:
+            off = max(off, self.end) + min(max_records - n, self.start + self.max_locks - self.end)
+        return off
+
+    def acquire(self, member: str, lo: int, hi: int, max_records: int, now: int) -> list[Acquired]:
+        """Lock up to ``max_records`` acquirable offsets in [lo, hi) (the range a read of the
+        log covered) for ``member``; the runs handed out, in offset order."""
+        taken: list[int] = []
+        off = max(lo, self.start)
+        while off < hi and len(taken) < max_records:
+            if off >= self.end:
+                if self.end - self.start >= self.max_locks:
+                    break
+                if off > self.end:
+                    # Offsets the log does not have (compacted away, or before the read's first
+                    # batch): nothing to deliver, done at once.
+                    for gap in range(self.end, off):
+                        self.records[gap] = InFlight(ARCHIVED)
+                self.end = off + 1
+                self.records[off] = InFlight(AVAILABLE)
+            r = self.records[off]
+            if r.state == AVAILABLE:
+                r.state = ACQUIRED
+                r.member = member
+                r.delivery_count += 1
+                r.deadline = now + self.lock_ms
+                taken.append(off)
+            off += 1
+        self._advance()
+        return self._runs(taken)
+
+    def _runs(self, offsets: list[int]) -> list[Acquired]:
+        out: list[Acquired] = []
+        for off in offsets:
+            count = self.records[off].delivery_count
+            if out and out[-1].last_offset == off - 1 and out[-1].delivery_count == count:
+                out[-1] = Acquired(out[-1].first_offset, off, count)
+            else:
+                out.append(Acquired(off, off, count))
+        return out
+
+    # -- acknowledgement ---------------------------------------------------------------------------
+    def acknowledge(
+        self, member: str, first: int, last: int, types: tuple[int, ...], now: int
+    ) -> None:
+        """Apply one acknowledgement batch: one type for all of [first, last] or one per offset.
+        Every offset from the start offset on must be acquired by ``member``, else nothing
+        changes (INVALID_RECORD_STATE); offsets below the start are done and left alone."""
+        if last < first or not types or (len(types) != 1 and len(types) != last - first + 1):
+            raise ShareError("INVALID_REQUEST", "Invalid acknowledgement batch.")
+        if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):
+            raise ShareError("INVALID_REQUEST", "Invalid acknowledge type.")
+        for off in range(max(first, self.start), last + 1):
+            r = self.records.get(off) if off < self.end else None
+            if r is None or r.state != ACQUIRED or r.member != member:
+                raise ShareError(
+                    "INVALID_RECORD_STATE",
+                    f"The record at offset {off} is not acquired by member {member}.",
+                )
+        for i, off in enumerate(range(first, last + 1)):
+            if off < self.start:
+                continue  # done already (Kafka ignores acknowledgements below the start too)
+            t = types[0] if len(types) == 1 else types[i]
+            r = self.records[off]
+            if t == ACCEPT:
+                self._finish(r, ACKNOWLEDGED)
+            elif t in (REJECT, GAP):
+                self._finish(r, ARCHIVED)
+            elif t == RELEASE:
+                self._release(r)
+            else:  # RENEW: the member needs longer; the lock starts over
+                r.deadline = now + self.lock_ms
+        self.written = True
+        self._advance()
+
+    @staticmethod
+    def _finish(r: InFlight, state: int) -> None:
+        r.state = state
+        r.member = None
+
+    def _release(self, r: InFlight) -> None:
+        # A record delivered as often as the limit allows is archived rather than offered again.
+        self._finish(r, ARCHIVED if r.delivery_count >= self.delivery_limit else AVAILABLE)
+
+    def _advance(self) -> None:
+        records = self.records
+        while self.start < self.end and records[self.start].state in (ACKNOWLEDGED, ARCHIVED):
+            del records[self.start]
+            self.start += 1
+
+    # -- locks and members -----------------------------------------------------------------------
+    def expire(self, now: int) -> int:
+        """Release every record whose lock has run out; how many came back."""
+        return self._release_where(lambda r: r.deadline <= now)
+
+    def release_member(self, member: str) -> int:
+        """Release every record ``member`` holds (its share session closed); how many."""
+        return self._release_where(lambda r: r.member == member)
+
+    def _release_where(self, held: Callable[[InFlight], bool]) -> int:
+        n = 0
+        for r in self.records.values():
+            if r.state == ACQUIRED and held(r):
+                self._release(r)
+                n += 1
+        if n:
+            self.written = True
+            self._advance()
+        return n
+
+    def next_deadline(self) -> int | None:
+        return min((r.deadline for r in self.records.values() if r.state == ACQUIRED), default=None)
+
+    def move_start(self, log_start: int) -> None:
+        """The log lost its records before ``log_start`` (retention, DeleteRecords): they can
+        never be delivered, so the share-partition starts there at least."""
+        if log_start <= self.start:
+            return
+        for off in range(self.start, min(log_start, self.end)):
+            del self.records[off]
+        self.start = log_start
+        self.end = max(self.end, log_start)
+        self._advance()
+
+    def done_in_flight(self) -> int:
+        """Records past ``start`` already acknowledged or archived (not lag any more)."""
+        return sum(1 for r in self.records.values() if r.state in (ACKNOWLEDGED, ARCHIVED))
+
+    def in_flight(self) -> int:
+        return self.end - self.start
