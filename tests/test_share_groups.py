@@ -222,7 +222,8 @@ class JavaShareConsumer:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+            if line.endswith("\n"):  # (a line cut short by a kill is not a record printed)
+                self.lines.append(line.rstrip("\n"))
 
     def records(self) -> list[tuple[int, int, int, str]]:
         """(partition, offset, delivery count, value) of each record printed so far."""
