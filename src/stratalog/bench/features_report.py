@@ -215,7 +215,11 @@ def chart(rows: list[dict], raw: list[dict], out_dir: Path) -> Path | None:
             twin.axhline(RSS_GOAL_MIB, color="r", ls=":", lw=1)
             twin.set_ylabel("broker RSS growth (MiB)")
             twin.set_ylim(bottom=0, top=max(RSS_GOAL_MIB * 1.2, *(g or 0 for g in growth)))
-            ax.set_title("10,000 failed SASL logins")
+            logins = max(
+                (r["extra"]["storm"]["logins"] for r in raw if r["workload"] == w and r["ok"]),
+                default=0,
+            )
+            ax.set_title(f"{logins:,} failed SASL logins")
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     fig.tight_layout()
     path = _save(fig, out_dir / "features.png")
