@@ -112,6 +112,13 @@ RATIO_GOALS = (
     ("transactional produce vs Kafka (flush.messages=1)", "txn", "stratalog", "kafka-fsync", 1),
     ("transactional produce vs Kafka (default, reference)", "txn", "stratalog", "kafka", 1),
     (
+        "transactional produce vs Kafka (every log fsynced, the transaction log too)",
+        "txn",
+        "stratalog",
+        "kafka-fsync-all",
+        1,
+    ),
+    (
         "produce over SASL_SSL vs plaintext (same broker)",
         "sasl",
         "stratalog-sasl-ssl",
@@ -131,10 +138,10 @@ RATIO_GOALS = (
 def feature_goals(rows: list[dict], raw: list[dict]) -> list[Goal]:
     """Issues 28 and 29's goals that a bench run measures (``rows``: aggregated)."""
     ratios = [_ratio_goal(name, rows, *args) for name, *args in RATIO_GOALS]
-    out = ratios[:2]
+    out = ratios[:3]
     for t in sorted({r["target"] for r in raw if r["workload"] == "compaction"}):
         out.append(compaction_goal(raw, t))
-    out += ratios[2:]
+    out += ratios[3:]
     for t in sorted({r["target"] for r in raw if r["workload"] == "auth"}):
         out.append(auth_goal(raw, t))
     return out
