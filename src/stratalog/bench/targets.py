@@ -457,9 +457,10 @@ class KafkaTarget(KafkaProtocolTarget):
         self.props = {k: str(v) for k, v in props.items()}
 
     def describe(self) -> str:
-        if self.spec.topic_config:
-            cfg = ", ".join(f"{k}={v}" for k, v in self.spec.topic_config.items())
-            return f"Apache Kafka ({cfg})"
+        # Topic configs, and broker settings that change durability (log.flush.*).
+        shown = {**{k: v for k, v in self.props.items() if "flush" in k}, **self.spec.topic_config}
+        if shown:
+            return "Apache Kafka (" + ", ".join(f"{k}={v}" for k, v in shown.items()) + ")"
         return "Apache Kafka (default durability: page cache)"
 
     def version(self) -> str:
