@@ -50,6 +50,8 @@ class ProducerJob:
     max_duration_s: float = 120.0
     extra: dict[str, Any] = field(default_factory=dict)
     client: str = "confluent-kafka"  # or "java": Kafka's Java client (bench/java_producer.py)
+    # > 0: a transactional producer committing every this many records (bench/txn_client.py).
+    transaction_records: int = 0
 
 
 @dataclass
@@ -102,6 +104,10 @@ class ProducerClient(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
+    def result_extra(self) -> dict[str, Any]:
+        """More figures for the producer's result (a transactional client's commits)."""
+        return {}
+
 
 class ConsumerClient(ABC):
     def __init__(self, track_latency: bool) -> None:
@@ -149,6 +155,13 @@ class KafkaClientFactory(ClientFactory):
     bootstrap: str
     producer_config: dict[str, Any] = field(default_factory=dict)
     consumer_config: dict[str, Any] = field(default_factory=dict)
+
+    def producer(self, job: ProducerJob) -> ProducerClient:
+        if job.transaction_records:
+            from stratalog.bench.txn_client import TransactionalProducerClient
+
+            return TransactionalProducerClient(self, job)
+        return super().producer(job)
 
 
 class KafkaProducerClient(ProducerClient):
@@ -363,6 +376,7 @@ def _produce(client: ProducerClient, job: ProducerJob, stop_evt, progress) -> di
         "capped": capped,
         "cpu_s": _cpu() - cpu0,
         "hist": client.latency.encode(),
+        **client.result_extra(),
     }
 
 

@@ -504,6 +504,10 @@ def markdown(run: dict[str, Any]) -> str:
 
     if cluster_report.has_cluster(results):
         lines += cluster_report.markdown_lines(results)
+    from stratalog.bench import features_report
+
+    if features_report.has_features(results):
+        lines += features_report.markdown_lines(results, run["results"])
     by_w: dict[str, list[dict]] = defaultdict(list)
     for r in results:
         by_w[r["workload"]].append(r)
@@ -814,6 +818,11 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
     cluster = cluster_report.chart(results, out_dir)
     if cluster is not None:
         made.append(cluster)
+    from stratalog.bench import features_report
+
+    features = features_report.chart(results, run["results"], out_dir)
+    if features is not None:
+        made.append(features)
     return made
 
 

@@ -172,10 +172,12 @@ def run_load(
     drain_timeout_s: float = 60.0,
     counted_consumers: int | None = None,
     sample: Callable[[float, int], None] | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> LoadResult:
     """Start the load processes, release them together, wait for the producers, then for the
     first ``counted_consumers`` consumers (default: all) to have read what was acknowledged;
-    the others (backlog readers) run until then."""
+    the others (backlog readers) run until then. ``stop_when``, asked while the producers run,
+    stops them early when it turns true (a phase that lasts as long as something else)."""
     ctx = mp.get_context("spawn")
     factory = target.client_factory()
     ready_q, result_q = ctx.Queue(), ctx.Queue()
@@ -226,6 +228,8 @@ def run_load(
             progress(label, produced, sum(v.value for v in counted), total)
             if sample is not None:
                 sample(time.time(), produced)
+            if stop_when is not None and not stop_evt.is_set() and stop_when():
+                stop_evt.set()
             if time.monotonic() > deadline:
                 stop_evt.set()
                 raise RuntimeError(f"{label}: producers did not finish in time")
@@ -287,6 +291,7 @@ def producer_jobs(
                 sample_every=w.latency_sample_every,
                 max_duration_s=w.max_duration_s,
                 client=w.producer_client,
+                transaction_records=w.transaction_records,
             )
         )
     return jobs
@@ -384,6 +389,10 @@ def _result_from_load(
         first = next((r["first_error"] for r in lost if r.get("first_error")), "unacknowledged")
         res.extra["failed_sends"] = sum(r.get("errors", 0) + r.get("unacked", 0) for r in lost)
         res.ok, res.error = False, f"{res.extra['failed_sends']} records not acknowledged: {first}"
+    commits = [r["commit_hist"] for r in load.producers if r.get("commit_hist")]
+    if commits:  # transactional producers: their transactions and commit_transaction's time
+        res.extra["transactions"] = sum(r.get("transactions", 0) for r in load.producers)
+        res.extra["commit"] = hist.summary(hist.merge(commits))
     if any(r.get("capped") for r in load.producers):
         res.extra["capped"] = True  # stopped at max_duration_s before the record count
     if w.consumers and load.consumed < load.acked:
@@ -473,6 +482,14 @@ class Runner:
                 res = self._burst_case(w, target, params)
             elif w.kind in ("failover", "rejoin"):
                 res = self._cluster_case(w, target, params)
+            elif w.kind == "compaction":
+                from stratalog.bench.compaction_load import run_compaction
+
+                res = run_compaction(w, target, params, self.progress)
+            elif w.kind == "auth-storm":
+                from stratalog.bench.auth_storm import run_auth_storm
+
+                res = run_auth_storm(w, target, params, self.progress)
             else:
                 res = self._plain_case(w, target, params)
         except Exception as e:

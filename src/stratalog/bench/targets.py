@@ -169,7 +169,7 @@ def _load_peers() -> None:
     import stratalog.bench as pkg
 
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name.startswith("peers_") or mod.name == "cluster_targets":
+        if mod.name.startswith("peers_") or mod.name in ("cluster_targets", "secure_targets"):
             importlib.import_module(f"stratalog.bench.{mod.name}")
 
 
@@ -188,11 +188,14 @@ class KafkaProtocolTarget(Target):
     def topic_config(self) -> dict[str, str]:
         return dict(self.spec.topic_config)
 
-    def create_topics(self, names: list[str], partitions: int) -> None:
+    def create_topics(
+        self, names: list[str], partitions: int, config: dict[str, str] | None = None
+    ) -> None:
+        """Create the topics with the target's topic_config, or with ``config`` if given."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
-        cfg = self.topic_config()
+        cfg = self.topic_config() if config is None else config
         for i in range(0, len(names), 200):
             chunk = names[i : i + 200]
             futures = admin.create_topics(
@@ -454,9 +457,10 @@ class KafkaTarget(KafkaProtocolTarget):
         self.props = {k: str(v) for k, v in props.items()}
 
     def describe(self) -> str:
-        if self.spec.topic_config:
-            cfg = ", ".join(f"{k}={v}" for k, v in self.spec.topic_config.items())
-            return f"Apache Kafka ({cfg})"
+        # Topic configs, and broker settings that change durability (log.flush.*).
+        shown = {**{k: v for k, v in self.props.items() if "flush" in k}, **self.spec.topic_config}
+        if shown:
+            return "Apache Kafka (" + ", ".join(f"{k}={v}" for k, v in shown.items()) + ")"
         return "Apache Kafka (default durability: page cache)"
 
     def version(self) -> str:
@@ -465,10 +469,14 @@ class KafkaTarget(KafkaProtocolTarget):
         return KAFKA_VERSION
 
     def start(self) -> None:
+
+        self._start_broker({"num.network.threads": "3", "num.io.threads": "8", **self.props})
+
+    def _start_broker(self, props: dict[str, str], listeners: dict[str, str] | None = None) -> None:
+        """Start the broker with these properties (and listeners beside PLAINTEXT)."""
         from stratalog.peers.kafka import KafkaBroker, KafkaSetupError
 
-        props = {"num.network.threads": "3", "num.io.threads": "8", **self.props}
-        self.broker = KafkaBroker(props, heap=self.heap, startup_timeout=180)
+        self.broker = KafkaBroker(props, heap=self.heap, startup_timeout=180, listeners=listeners)
         try:
             self.broker.start()
         except KafkaSetupError as e:

@@ -94,6 +94,13 @@ _TOP_LEVEL = {
     "failover_timeout_s",
     "rejoin_bytes",
     "rejoin_trials",
+    "transaction_records",
+    "compacted_bytes",
+    "compacted_live_fraction",
+    "compacted_partitions",
+    "cleaning_max_s",
+    "failed_logins",
+    "failed_login_concurrency",
     "vars",
     "target",
     "profile",
@@ -217,6 +224,18 @@ class Workload:
     # it is in sync again, ``rejoin_trials`` times; beside it the disk's sequential read.
     rejoin_bytes: int = 0
     rejoin_trials: int = 1
+    # Issue 28: > 0: transactional producers, committing every this many records.
+    transaction_records: int = 0
+    # Issue 28: produce p99 alone, while a compacted topic of this size is cleaned, and after
+    # (bench/compaction_load.py): its records' keys repeat so that this share of them is live.
+    compacted_bytes: int = 0
+    compacted_live_fraction: float = 0.1
+    compacted_partitions: int = 4
+    cleaning_max_s: float = 600.0  # the cleaning phase ends when the cleaner is done, or then
+    # Issue 29: failed SASL logins (wrong passwords, SCRAM and PLAIN) while a good client
+    # produces at ``rate``, this many connections at a time (bench/auth_storm.py).
+    failed_logins: int = 0
+    failed_login_concurrency: int = 16
     # "{name}" in a Stratalog target's setting stands for vars[name], so a profile can resize a
     # target (a smaller hot tier for --quick) without repeating it.
     vars: dict[str, Any] = field(default_factory=dict)
@@ -233,6 +252,10 @@ class Workload:
 
     @property
     def kind(self) -> str:
+        if self.compacted_bytes:
+            return "compaction"
+        if self.failed_logins:
+            return "auth-storm"
         if self.failover_trials:
             return "failover"
         if self.rejoin_bytes:
@@ -286,6 +309,8 @@ def _coerce(name: str, d: dict[str, Any]) -> dict[str, Any]:
                 f"workload {name}: backlog_readers_config for the arrow readers takes "
                 f"{' and '.join(ARROW_READER_SETTINGS)}, not {sorted(unknown)}"
             )
+    if int(out.get("transaction_records", 0)) and out["acks"] not in ("all", "-1"):
+        raise WorkloadError(f"workload {name}: a transactional producer needs acks=all")
     if int(out.get("record_size", 1024)) < 16:
         raise WorkloadError(f"workload {name}: record_size must be >= 16 (8-byte timestamp)")
     return out
