@@ -102,6 +102,8 @@ def test_brokers_replicate_over_tls_and_a_stranger_never_joins(
     brokers, etcd, certs, tmp_path_factory
 ):
     first, _second = brokers
+    # (each broker learns of the other through its etcd watch)
+    assert wait_for(lambda: wire_brokers(first.bootstrap) == {1, 2}, 30)
     admin = AdminClient({"bootstrap.servers": first.bootstrap})
     admin.create_topics([NewTopic("tls-rep", 2, 2, config={"min.insync.replicas": "2"})])[
         "tls-rep"
@@ -158,6 +160,7 @@ def test_transaction_markers_cross_an_ssl_inter_broker_listener(etcd, certs, tmp
     try:
         first, second = next(started)
         plain = first.bootstraps["PLAINTEXT"]
+        assert wait_for(lambda: wire_brokers(plain) == {1, 2}, 30)
         admin = AdminClient({"bootstrap.servers": plain})
         admin.create_topics([NewTopic("tls-txn", 4, 1)])["tls-txn"].result(timeout=30)
         md = wire.call(plain, 3, 12, topics=[{"name": "tls-txn", "topic_id": None}],
