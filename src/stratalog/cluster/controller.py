@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class Controller:
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
-        self.key = node.keys.root + "controller"
+        self.key = node.keys.controller
         self.active = False
         self._term_start = 0.0
         self._seen: set[int] = set()  # brokers seen registering during this term

@@ -46,6 +46,7 @@ class Keys:
         self.log_starts = self.root + "logstarts/"
         self.quotas = self.root + "quotas"
         self.acls = self.root + "acls"  # the whole ACL set (security/acl_store.py's JSON)
+        self.controller = self.root + "controller"  # the elected controller's node id
         self.next_uid = self.root + "idgen/uid"
         self.next_vid = self.root + "idgen/vid"
         self.next_producer = self.root + "idgen/producer"
@@ -178,6 +179,7 @@ class ClusterNode:
         self._probing: set[int] = set()
         # Brokers whose replication port refused connections (monotonic time of the proof).
         self.proven_gone: dict[int, float] = {}
+        self.controller_id: int | None = None  # as etcd names it (Metadata's controller)
         self.leaving = False  # stopping: a lost lease is not taken again
 
     # -- joining and leaving -------------------------------------------------------------------
@@ -336,6 +338,7 @@ class ClusterNode:
         self.log_starts = {}
         self.quotas = []
         self.acls = []
+        self.controller_id = None
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
@@ -369,6 +372,8 @@ class ClusterNode:
             self.quotas = json.loads(value) if value is not None else []
         elif key == k.acls:
             self.acls = json.loads(value) if value is not None else []
+        elif key == k.controller:
+            self.controller_id = int(value) if value is not None else None
         elif key.startswith(k.log_starts):
             topic, _, index = key[len(k.log_starts) :].rpartition("/")
             if value is None:

@@ -16,6 +16,10 @@ Faults (each to one process, recorded in the history with the PIDs it hit):
     0-5 s.
 ``coord-pause``
     ``SIGSTOP`` of the coordinator for ``pause`` seconds, then ``SIGCONT``.
+``ctl-pause``
+    ``SIGSTOP`` of the broker the metadata names controller, for ``pause`` seconds: the one
+    that would move a paused leader's logs is itself away (on Kafka in combined mode, the
+    active controller's broker).
 ``etcd-cut1``
     One leader's link to etcd cut for ``cut`` seconds (6 s: past its 3 s lease), while it still
     serves clients and replicates: the zombie leader, deposed in etcd without knowing it.
@@ -46,9 +50,10 @@ from stratalog.faults.proxy import MODES, Mode
 from stratalog.faults.targets import Target
 
 FAULTS = ("kill1", "kill2", "pause1", "coord-kill", "coord-pause")
-PAUSES = frozenset({"pause1", "coord-pause"})
+PAUSES = frozenset({"pause1", "coord-pause", "ctl-pause"})
 CUTS = {"etcd-cut1": "etcd", "isolate1": "replication"}  # fault -> the link it cuts
-KNOWN = (*FAULTS, *CUTS)  # the default mix keeps to process faults (they need no proxies)
+# The default mix keeps to process faults that every target has (cuts need proxies).
+KNOWN = (*FAULTS, "ctl-pause", *CUTS)
 
 
 @dataclass
@@ -137,6 +142,12 @@ class Nemesis(threading.Thread):
         h = self.history
         if fault in ("kill1", "kill2", "pause1", *CUTS):
             names, leaders = self._victims(2 if fault == "kill2" else 1)
+        elif fault == "ctl-pause":
+            ctl = self.target.controller()
+            if ctl is None:
+                h.info("nemesis", fault, error="no controller known: skipped")
+                return
+            names, leaders = [ctl], self.target.leaders(self.topic)
         else:
             coord = self.target.coordinator()
             if coord is None:

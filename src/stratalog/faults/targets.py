@@ -110,6 +110,17 @@ class Target(ABC):
     def data_root(self) -> Path | None:
         """The directory holding every process's data (removed after a valid run)."""
 
+    def controller(self, timeout: float = 5) -> str | None:
+        """The broker the cluster's metadata names controller now (None on failure)."""
+        admin = admin_client(self.bootstrap)  # held: the future fails once it is destroyed
+        try:
+            found = admin.describe_cluster(request_timeout=timeout).result(timeout=timeout)
+            node = found.controller
+        except KafkaException:
+            return None
+        names = {self.node_id(n): n for n in self.brokers}
+        return names.get(node.id) if node is not None else None
+
     def leaders(self, topic: str, timeout: float = 5) -> dict[int, str]:
         """partition -> leader's name, as the cluster's metadata says now (empty on failure)."""
         admin = admin_client(self.bootstrap)

@@ -76,6 +76,9 @@ class FakeTarget(Target):
     def leaders(self, topic: str, timeout: float = 5) -> dict[int, str]:
         return {0: "b-2", 1: "b-2", 2: "b-3"}
 
+    def controller(self, timeout: float = 5) -> str | None:
+        return "b-3"
+
 
 def fast(faults: tuple[str, ...], fixed: bool = True, seed: int = 3) -> NemesisConfig:
     return NemesisConfig(faults=faults, fixed=fixed, quiet_start=0, gap=(0, 0),
@@ -108,6 +111,15 @@ def test_a_fixed_mix_runs_once_in_order_against_leaders_and_the_coordinator() ->
     assert kill["process"] == "nemesis"
     assert kill["value"]["pids"] == [FakeTarget().pids[kill["value"]["nodes"][0]]]  # the first
     assert set(kill["value"]["leads"]) == set(kill["value"]["nodes"])
+
+
+def test_ctl_pause_stops_the_broker_named_controller() -> None:
+    t = FakeTarget()
+    n, h = run_schedule(t, fast(("ctl-pause",)))
+    assert n.applied == ["ctl-pause"]
+    assert t.calls == [("pause", "b-3"), ("resume", "b-3")]
+    pause = next(e for e in h.events if e["f"] == "pause" and e["type"] == "invoke")
+    assert pause["value"]["leads"] == {"b-3": [2]}
 
 
 def test_the_schedule_is_seeded() -> None:

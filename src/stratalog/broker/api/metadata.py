@@ -178,9 +178,12 @@ def _brokers(core, conn) -> list[tuple[int, str, int]]:
 
 
 def _controller(core) -> int:
-    # No controller is elected yet: the lowest live node id stands for it.
     if core.cluster is None or not core.cluster.brokers:
         return core.node_id
+    elected = core.cluster.controller_id
+    if elected in core.cluster.brokers:
+        return elected
+    # None elected yet (or its registration went first): the lowest live node id stands for it.
     return min(core.cluster.brokers)
 
 
