@@ -8,12 +8,10 @@ virtual log that carries it (KerA: partitions with the same replica list share o
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 
 import pytest
@@ -23,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from stratalog.cluster.local_cluster import LocalCluster
 
 from ..conformance import wire
+from .etcd_gateway import etcd_delete, etcd_value
 
 
 def _metadata(bootstrap: str, topics=None) -> dict:
@@ -62,21 +61,6 @@ def test_every_broker_lists_the_whole_cluster(cluster):
         assert md["cluster_id"]
     ids = {_metadata(b.bootstrap)["cluster_id"] for b in cluster.brokers}
     assert len(ids) == 1
-
-
-def _etcd_value(endpoint: str, key: str) -> bytes | None:
-    """A key read through etcd's own JSON gateway, not through Stratalog's etcd client."""
-    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
-    req = urllib.request.Request(f"{endpoint}/v3/kv/range", body, method="POST")
-    with urllib.request.urlopen(req, timeout=5) as r:
-        kvs = json.loads(r.read()).get("kvs", [])
-    return base64.b64decode(kvs[0]["value"]) if kvs else None
-
-
-def _etcd_delete(endpoint: str, key: str) -> None:
-    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
-    req = urllib.request.Request(f"{endpoint}/v3/kv/deleterange", body, method="POST")
-    urllib.request.urlopen(req, timeout=5).close()
 
 
 def test_a_replicated_topic_spreads_leaders_over_virtual_logs(cluster):
@@ -239,7 +223,7 @@ def test_metadata_names_the_controller_etcd_elected(cluster):
     key = "/stratalog/stratalog/controller"
 
     def elected() -> int | None:
-        raw = _etcd_value(cluster.etcd.endpoint, key)
+        raw = etcd_value(cluster.etcd.endpoint, key)
         return int(raw) if raw else None
 
     deadline = time.monotonic() + 15
@@ -247,7 +231,7 @@ def test_metadata_names_the_controller_etcd_elected(cluster):
         assert time.monotonic() < deadline, "no controller key in etcd"
         time.sleep(0.1)
     first = elected()
-    _etcd_delete(cluster.etcd.endpoint, key)
+    etcd_delete(cluster.etcd.endpoint, key)
     while elected() in (None, first):
         assert time.monotonic() < deadline, f"no broker but {first} took the controller key"
         time.sleep(0.1)

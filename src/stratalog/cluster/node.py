@@ -180,6 +180,10 @@ class ClusterNode:
         # Brokers whose replication port refused connections (monotonic time of the proof).
         self.proven_gone: dict[int, float] = {}
         self.controller_id: int | None = None  # as etcd names it (Metadata's controller)
+        # Each broker's last registration, kept after it goes, and when it went (monotonic,
+        # as this broker saw it): see leaders_named().
+        self.last_registered: dict[int, BrokerInfo] = {}
+        self.unregistered_at: dict[int, float] = {}
         self.leaving = False  # stopping: a lost lease is not taken again
 
     # -- joining and leaving -------------------------------------------------------------------
@@ -342,6 +346,9 @@ class ClusterNode:
         for key, value, rev in await self.store.get_prefix(self.keys.root):
             revision = max(revision, rev)
             self._apply(key, value, brokers, topics, vlogs, rev)
+        now = time.monotonic()
+        for gone in set(self.brokers) - set(brokers):
+            self.unregistered_at[gone] = now
         self.brokers, self.vlogs = brokers, vlogs
         self._credentials_changed()
         for name in set(self.topics) - set(topics):
@@ -384,10 +391,11 @@ class ClusterNode:
         elif key.startswith(k.brokers):
             node = int(key[len(k.brokers) :])
             if value is None:
-                brokers.pop(node, None)
+                if brokers.pop(node, None) is not None:
+                    self.unregistered_at[node] = time.monotonic()
             else:
                 raw = json.loads(value)
-                brokers[node] = BrokerInfo(
+                brokers[node] = self.last_registered[node] = BrokerInfo(
                     node,
                     raw["host"],
                     raw["port"],
@@ -718,6 +726,26 @@ class ClusterNode:
                 return new
 
     # -- questions the broker asks -------------------------------------------------------------
+    def leaders_named(self) -> dict[int, BrokerInfo]:
+        """The brokers clients are told of: the registered ones, and any whose registration
+        went less than two lease times ago while etcd still names it the primary of a virtual
+        log (paused past its lease, say, before a controller moved its logs: a new controller
+        waits a lease time first). Until a new epoch names another primary it is the leader,
+        as a Kafka partition's leader stays named until the controller moves it. Left out,
+        librdkafka dropped its connection and took the requests in flight for not written,
+        though the broker wrote them once it ran again at the same epoch; re-sent under a
+        bumped producer epoch they were written twice (the fault harness's duplicates). Past
+        that time a primary still named has no in-sync replica to succeed it, and its
+        partitions are offline (leader -1), as Kafka's are."""
+        named = dict(self.brokers)
+        since = time.monotonic() - 2 * LEASE_TTL_S
+        for v in self.vlogs.values():
+            p = v.primary
+            recent = self.unregistered_at.get(p, 0.0) >= since
+            if p not in named and p in self.last_registered and recent:
+                named[p] = self.last_registered[p]
+        return named
+
     def vlog_of(self, topic: str, index: int) -> VirtualLogState | None:
         t = self.topics.get(topic)
         if t is None or not 0 <= index < len(t.vlogs):

@@ -27,17 +27,13 @@ from .common import (
 _ZERO_UUID = uuid.UUID(int=0)
 
 
-def _placement(core, t: TopicMeta, i: int) -> tuple[str, int, int, tuple, tuple]:
-    """(error, leader, leader epoch, replicas, in-sync replicas) of partition ``i``: in a cluster,
-    its virtual log's primary, epoch, replicas and in-sync set; alone, this broker."""
-    node = core.node_id
-    if core.cluster is None:
-        return "NONE", node, 0, (node,), (node,)
+def _placement(core, t: TopicMeta, i: int, named) -> tuple[str, int, int, tuple, tuple]:
+    """(error, leader, leader epoch, replicas, in-sync replicas) of partition ``i`` of a cluster:
+    its virtual log's primary (if ``named`` to clients), epoch, replicas and in-sync set."""
     v = core.cluster.vlog_of(t.name, i)
     if v is None:
         return "LEADER_NOT_AVAILABLE", -1, -1, (), ()
-    live = core.cluster.brokers
-    leader = v.primary if v.primary in live else -1
+    leader = v.primary if v.primary in named else -1
     error = "NONE" if leader >= 0 else "LEADER_NOT_AVAILABLE"
     return error, leader, v.epoch, tuple(v.replicas), tuple(v.isr)
 
@@ -45,9 +41,9 @@ def _placement(core, t: TopicMeta, i: int) -> tuple[str, int, int, tuple, tuple]
 def _partitions(core, req: Request, t: TopicMeta, cls_name: str) -> tuple:
     if core.cluster is not None:
         out = []
+        live = core.cluster.leaders_named()
         for i in range(len(t.partitions)):
-            error, leader, epoch, replicas, isr = _placement(core, t, i)
-            live = core.cluster.brokers
+            error, leader, epoch, replicas, isr = _placement(core, t, i, live)
             out.append(
                 sub(
                     req,
@@ -160,15 +156,14 @@ def handle_metadata(core, req: Request, conn, may_create=None) -> bytes:
 
 
 def _brokers(core, conn) -> list[tuple[int, str, int]]:
-    """(node id, host, port) of every live broker: this one alone, or the cluster's; the
-    address of the listener the client connected to, as Kafka answers."""
+    """(node id, host, port) of every live broker: this one alone, or the cluster's (with any
+    leader whose registration went, see ClusterNode.leaders_named); the address of the listener
+    the client connected to, as Kafka answers."""
     if core.cluster is None:
         return [(core.node_id, *core.endpoint(conn))]
-    listed = [
-        (b.node_id, *core.broker_endpoint(b, conn))
-        for _n, b in sorted(core.cluster.brokers.items())
-    ]
-    if core.node_id not in core.cluster.brokers:
+    named = core.cluster.leaders_named()
+    listed = [(b.node_id, *core.broker_endpoint(b, conn)) for _n, b in sorted(named.items())]
+    if core.node_id not in named:
         # Unregistered (etcd away, or its lease just lost): it answers, so it lists itself. A
         # list without it, empty in an etcd outage, made librdkafka drop every broker it knew
         # and wait minutes to bootstrap again (its producers stalled in the fault soak).
