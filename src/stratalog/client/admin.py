@@ -21,6 +21,7 @@ CONSUMER_GROUP_DESCRIBE_V = 0
 DELETE_TOPICS_V = 6
 DESCRIBE_CONFIGS_V = 4
 TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
 
 
 @dataclass
@@ -203,11 +204,16 @@ def delete_topic(client: WireClient, name: str, timeout_ms: int = 30000) -> None
 
 def topic_configs(client: WireClient, name: str) -> dict[str, dict[str, Any]]:
     """config name -> {value, source, sensitive, read_only} of a topic."""
+    return configs(client, TOPIC_RESOURCE, name)
+
+
+def configs(client: WireClient, resource_type: int, name: str) -> dict[str, dict[str, Any]]:
+    """config name -> {value, source, sensitive, read_only} of a topic or broker (its id)."""
     res = client._new(
         32,
         DESCRIBE_CONFIGS_V,
         "DescribeConfigsResource",
-        resource_type=TOPIC_RESOURCE,
+        resource_type=resource_type,
         resource_name=name,
         configuration_keys=None,
     )

@@ -249,8 +249,9 @@ class ConsoleService:
                     api = s.labels.get("api")
                     if api not in latency:
                         continue
-                    if s.name.endswith("_bucket"):
-                        latency[api]["buckets"].append([float(s.labels["le"]), s.value])
+                    le = float(s.labels.get("le", "nan"))
+                    if s.name.endswith("_bucket") and le != float("inf"):  # (_count has it)
+                        latency[api]["buckets"].append([le, s.value])
                     elif s.name.endswith("_count"):
                         latency[api]["count"] = s.value
         out.update(produced_bytes=produced, fetched_bytes=fetched, requests=requests)

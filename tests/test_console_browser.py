@@ -1,0 +1,370 @@
+"""The web console in a real browser (headless Chromium through its WebDriver), against a real
+broker process (`stratalog serve`) fed by real Kafka clients: the page's topics, records as
+text, JSON and hex, by offset and by time, groups' lag as the committed offsets say, a topic
+created and deleted and a group's offsets reset from the page, each checked afterwards through
+confluent-kafka; and the same page served by `stratalog console --bootstrap`.
+
+With STRATALOG_CONSOLE_SCREENSHOTS=1 the views are saved to docs/console/*.png (docs/console.md
+shows them); without it nothing is written to the tree.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from .conftest import REPO, BrokerProcess, create_topic
+
+CHROMIUM = shutil.which("chromium")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER),
+    reason="Chromium and chromedriver are not installed (make setup installs the Debian "
+    "packages chromium and chromium-driver: scripts/install-system-deps.sh)",
+)
+SCREENSHOTS = REPO / "docs" / "console" if os.environ.get("STRATALOG_CONSOLE_SCREENSHOTS") else None
+WAIT_S = 20
+T0 = (int(time.time()) - 3600) * 1000  # partition 1's records: one a minute from an hour ago
+BINARY = b"\x00\x01\xfe\xff"
+
+
+class Env:
+    def __init__(self, bootstrap: str, admin: str) -> None:
+        self.bootstrap = bootstrap
+        self.url = f"http://{admin}/"
+        self.kafka = AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _admin_address(bootstrap: str) -> str:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    res = ConfigResource("broker", "0")
+    return admin.describe_configs([res])[res].result(15)["admin.address"].value
+
+
+def _consumer(bootstrap: str, group: str, **extra) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, **extra})
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    bp = BrokerProcess(tmp_path_factory.mktemp("console") / "data").start()
+    live = None
+    try:
+        create_topic(bp.bootstrap, "orders", 2)
+        create_topic(bp.bootstrap, "traffic", 1)
+        p = Producer({"bootstrap.servers": bp.bootstrap, "linger.ms": 0})
+        for i in range(8):
+            order = {"order": i, "customer": f"c{i % 3}", "total": 10 * i + 0.5}
+            p.produce("orders", json.dumps(order).encode(), f"customer-{i % 3}".encode(), 0)
+        for i in range(5):
+            p.produce("orders", f"plain text {i}".encode(), None, 1, timestamp=T0 + i * 60000)
+        p.produce("orders", BINARY, b"bin", 1, timestamp=T0 + 5 * 60000)
+        assert p.flush(30) == 0
+        # "billing": offsets committed outside any generation, no members: lag 3 and 4.
+        c = _consumer(bp.bootstrap, "billing")
+        c.commit(offsets=[TopicPartition("orders", 0, 5), TopicPartition("orders", 1, 2)],
+                 asynchronous=False)  # fmt: skip
+        c.close()
+        # "live": a member that stays subscribed while the page looks.
+        live = _consumer(bp.bootstrap, "live", **{"client.id": "live-client",
+                                                  "auto.offset.reset": "earliest"})  # fmt: skip
+        live.subscribe(["orders"])
+        deadline = time.monotonic() + WAIT_S
+        while not live.assignment() and time.monotonic() < deadline:
+            live.poll(0.2)
+        assert live.assignment()
+        yield Env(bp.bootstrap, _admin_address(bp.bootstrap))
+    finally:
+        if live is not None:
+            live.close()
+        bp.kill()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1360,900", "--lang=en-US"):  # fmt: skip
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _turn(driver) -> int:
+    return int(driver.execute_script("return document.getElementById('main').dataset.turn || 0"))
+
+
+def _wait(driver, what, message: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(lambda d: what(d), message)
+
+
+def show(driver, env: Env, route: str) -> None:
+    """Open the page at ``route`` (a hash route) and wait until the view is drawn."""
+    if not driver.current_url.startswith(env.url):
+        driver.get(env.url + "#" + route)
+    else:
+        driver.execute_script("location.hash = arguments[0]", route)
+    _wait(
+        driver,
+        lambda d: d.execute_script(
+            "const m = document.getElementById('main');"
+            "return m.dataset.ready === '1' && m.dataset.route === arguments[0]",
+            route.lstrip("/"),
+        ),
+        f"the view {route} was not drawn",
+    )
+    error = driver.find_elements("id", "view-error")
+    assert not error, error[0].text
+
+
+def after(driver, action) -> None:
+    """Do ``action`` (a click, a form submission) and wait until the view is drawn again, or
+    an error is shown instead."""
+    before = _turn(driver)
+    action()
+    _wait(
+        driver,
+        lambda d: _turn(d) > before or _notice(d)[0] == "error",
+        "the view was not drawn again",
+    )
+
+
+def cells(driver, selector: str) -> list[list[str]]:
+    rows = driver.find_elements("css selector", f"{selector} tbody tr")
+    return [[td.text for td in row.find_elements("tag name", "td")] for row in rows]
+
+
+def shot(driver, name: str) -> None:
+    """The whole page (beyond the window) as docs/console/NAME.png, when asked for."""
+    if SCREENSHOTS is None:
+        return
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+    png = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
+    (SCREENSHOTS / f"{name}.png").write_bytes(base64.b64decode(png["data"]))
+
+
+def test_overview_shows_the_broker_tiers_and_live_charts(env: Env, browser) -> None:
+    show(browser, env, "/overview")
+    rows = cells(browser, "#brokers-table")
+    assert len(rows) == 1
+    assert rows[0][0] == "0" and rows[0][2] == "controller" and rows[0][-1] == "ok"
+    tiers = cells(browser, "#tiers-table")
+    assert [r[0] for r in tiers] == ["hot", "cold"]
+    assert "migration: backlog" in browser.find_element("id", "migration").text
+    # Live charts: samples of /api/metrics every 2 s while records keep arriving.
+    p = Producer({"bootstrap.servers": env.bootstrap, "linger.ms": 0})
+    deadline = time.monotonic() + 2 * WAIT_S
+    want = 3 if SCREENSHOTS is None else 12  # (a longer line for the picture)
+    while browser.execute_script("return samples.length") < want and time.monotonic() < deadline:
+        for _ in range(20):
+            p.produce("traffic", b"x" * 512)
+        p.flush(10)
+        time.sleep(0.3)
+    produced = browser.execute_script("return series().produced.map(p => p[1])")
+    assert max(produced) > 0
+    assert browser.find_element("id", "chart-latency").size["width"] > 100
+    shot(browser, "overview")
+
+
+def test_topics_with_partitions_tiers_and_configs(env: Env, browser) -> None:
+    show(browser, env, "/topics")
+    rows = {r[0]: r for r in cells(browser, "#topics-table")}
+    assert rows["orders"][1] == "2"  # partitions
+    assert rows["orders"][4] == "14"  # records
+    assert rows["orders"][5].endswith("B")  # hot tier bytes
+    shot(browser, "topics")
+    show(browser, env, "/topics/orders")
+    parts = cells(browser, "#partitions-table")
+    assert [(r[0], r[1], r[3], r[4], r[5]) for r in parts] == [
+        ("0", "0", "0", "0", "8"),
+        ("1", "0", "0", "0", "6"),
+    ]
+    configs = {r[0]: r[1] for r in cells(browser, "#configs-table")}
+    assert configs["cleanup.policy"] == "delete"
+    tiers = cells(browser, "#topic-tiers")
+    assert tiers[0][0] == "hot" and tiers[0][1] != "0 B"
+    shot(browser, "topic")
+
+
+def test_record_browser_as_text_json_and_hex(env: Env, browser) -> None:
+    browser.execute_script("localStorage.setItem('stratalog.format', 'text')")
+    show(browser, env, "/records?topic=orders&partition=0&limit=5")
+    browser.refresh()  # the format remembered is taken at load
+    show(browser, env, "/records?topic=orders&partition=0&limit=5")
+    values = [e.text for e in browser.find_elements("css selector", "#records-table td.value")]
+    assert values[0] == json.dumps({"order": 0, "customer": "c0", "total": 0.5})
+    assert len(values) == 5
+    keys = [e.text for e in browser.find_elements("css selector", "#records-table td.key")]
+    assert keys[:3] == ["customer-0", "customer-1", "customer-2"]
+
+    after(browser, lambda: browser.find_element("css selector", "[data-format=json]").click())
+    first = browser.find_element("css selector", "#records-table td.value").text
+    assert json.loads(first) == {"order": 0, "customer": "c0", "total": 0.5}
+    assert first.count("\n") == 4  # pretty-printed
+    shot(browser, "records-json")
+
+    # Next page from offset 5
+    after(browser, lambda: browser.find_element("id", "next-page").click())
+    rows = browser.find_elements("css selector", "#records-table tbody tr")
+    offsets = [r.get_attribute("data-offset") for r in rows]
+    assert offsets == ["5", "6", "7"]
+
+    after(browser, lambda: browser.find_element("css selector", "[data-format=hex]").click())
+    show(browser, env, "/records?topic=orders&partition=1&offset=5")
+    row = browser.find_element("css selector", "#records-table tr[data-offset='5']")
+    assert row.find_element("css selector", "td.value").text == "00 01 fe ff"
+    assert row.find_element("css selector", "td.key").text == "62 69 6e"  # "bin"
+    shot(browser, "records-hex")
+
+    # By time: the first record at or after T0 + 3 minutes is offset 3.
+    after(browser, lambda: browser.find_element("css selector", "[data-format=text]").click())
+    at = datetime.fromtimestamp((T0 + 3 * 60000) / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    show(browser, env, f"/records?topic=orders&partition=1&time={at}")
+    rows = cells(browser, "#records-table")
+    assert [r[0] for r in rows] == ["3", "4", "5"]
+    assert rows[0][3] == "plain text 3"
+
+
+def _committed(bootstrap: str, group: str) -> dict[int, int]:
+    c = _consumer(bootstrap, group)
+    try:
+        got = c.committed([TopicPartition("orders", p) for p in (0, 1)], timeout=15)
+    finally:
+        c.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
+def test_groups_lag_as_the_committed_offsets_say(env: Env, browser) -> None:
+    committed = _committed(env.bootstrap, "billing")
+    assert committed == {0: 5, 1: 2}
+    show(browser, env, "/groups")
+    groups = {r[0]: r for r in cells(browser, "#groups-table")}
+    assert groups["billing"][4] == str((8 - 5) + (6 - 2))
+    assert "live" in groups
+    show(browser, env, "/groups/billing")
+    rows = cells(browser, "#offsets-table")
+    # topic, partition, committed, end, lag, member
+    assert [(r[1], r[2], r[3], r[4]) for r in rows] == [
+        ("0", str(committed[0]), "8", str(8 - committed[0])),
+        ("1", str(committed[1]), "6", str(6 - committed[1])),
+    ]
+    assert browser.find_element("id", "total-lag").text == "7"
+    show(browser, env, "/groups/live")
+    members = cells(browser, "#members-table")
+    assert len(members) == 1 and members[0][1] == "live-client"
+    assert members[0][3] == "orders-0, orders-1"
+    shot(browser, "group")
+
+
+def _submit(driver, form: str, **fields: str) -> None:
+    from selenium.webdriver.support.select import Select
+
+    f = driver.find_element("id", form)
+    for name, value in fields.items():
+        field = f.find_element("name", name)
+        if field.tag_name == "select":
+            Select(field).select_by_value(value)
+        else:
+            field.clear()
+            field.send_keys(value)
+    after(driver, lambda: f.find_element("css selector", "button[type=submit]").click())
+
+
+def _notice(driver) -> tuple[str, str]:
+    n = driver.find_element("id", "notice")
+    return n.get_attribute("class"), n.text
+
+
+def test_reset_offsets_from_the_page(env: Env, browser) -> None:
+    show(browser, env, "/groups/live")
+    _submit(browser, "reset-offsets", topic="orders", to="earliest")
+    kind, text = _notice(browser)
+    assert kind == "error" and "active member" in text  # a live group's offsets are its own
+
+    show(browser, env, "/groups/billing")
+    _submit(browser, "reset-offsets", topic="orders", to="offset", offset="1")
+    assert _notice(browser) == ("ok", "group billing: 2 offset(s) of orders committed")
+    rows = cells(browser, "#offsets-table")
+    assert [(r[2], r[4]) for r in rows] == [("1", "7"), ("1", "5")]
+    assert _committed(env.bootstrap, "billing") == {0: 1, 1: 1}
+    # What a Kafka consumer of the group then reads: from offset 1 on each partition.
+    c = _consumer(env.bootstrap, "billing", **{"enable.auto.commit": False})
+    c.subscribe(["orders"])
+    first: dict[int, int] = {}
+    deadline = time.monotonic() + WAIT_S
+    while len(first) < 2 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            first.setdefault(m.partition(), m.offset())
+    c.close()
+    assert first == {0: 1, 1: 1}
+
+
+def test_create_and_delete_a_topic_from_the_page(env: Env, browser) -> None:
+    show(browser, env, "/topics")
+    _submit(browser, "create-topic", name="made-in-console", partitions="3",
+            configs="retention.ms=3600000")  # fmt: skip
+    assert _notice(browser) == ("ok", "topic made-in-console created")
+    assert "made-in-console" in {r[0] for r in cells(browser, "#topics-table")}
+    md = env.kafka.list_topics("made-in-console", timeout=15).topics["made-in-console"]
+    assert md.error is None and len(md.partitions) == 3
+    res = ConfigResource("topic", "made-in-console")
+    assert env.kafka.describe_configs([res])[res].result(15)["retention.ms"].value == "3600000"
+
+    _submit(browser, "create-topic", name="made-in-console", partitions="1")
+    assert _notice(browser)[0] == "error"
+    assert "already exists" in _notice(browser)[1]
+
+    button = browser.find_element("css selector", "button[data-delete='made-in-console']")
+
+    def delete() -> None:
+        button.click()
+        browser.switch_to.alert.accept()
+
+    after(browser, delete)
+    assert _notice(browser) == ("ok", "topic made-in-console deleted")
+    assert "made-in-console" not in env.kafka.list_topics(timeout=15).topics
+
+
+def test_stratalog_console_serves_a_remote_broker(env: Env, browser) -> None:
+    cmd = [sys.executable, "-m", "stratalog.cli", "console", "-b", env.bootstrap, "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "Stratalog console of" in line, proc.stderr.read() if proc.stderr else line
+        remote = Env(env.bootstrap, line.strip().rsplit("http://", 1)[1].rstrip("/"))
+        show(browser, remote, "/topics")
+        rows = {r[0]: r for r in cells(browser, "#topics-table")}
+        assert rows["orders"][4] == "14"
+        assert rows["orders"][5].endswith("B")  # sizes from the broker's /status
+        show(browser, remote, "/groups/billing")
+        assert [r[2] for r in cells(browser, "#offsets-table")] == ["1", "1"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
