@@ -367,4 +367,3 @@ def test_stratalog_console_serves_a_remote_broker(env: Env, browser) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-

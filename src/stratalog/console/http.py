@@ -16,6 +16,8 @@ import h11
 
 MAX_BODY = 1 << 20
 TIMEOUT_S = 30
+LINGER_S = 2.0  # after refusing a body: how long, and how much of it, to read and drop
+LINGER_BYTES = 16 * MAX_BODY
 
 
 @dataclass
@@ -74,12 +76,14 @@ async def serve(
                 length = next((v for k, v in event.headers if k == b"content-length"), b"0")
                 if not length.isdigit() or int(length) > MAX_BODY:
                     await _send(conn, writer, text(413, f"a body of at most {MAX_BODY} bytes"))
+                    await _linger(reader)
                     break
                 continue
             if isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > MAX_BODY:
                     await _send(conn, writer, text(413, f"a body of at most {MAX_BODY} bytes"))
+                    await _linger(reader)
                     break
                 continue
             if isinstance(event, h11.EndOfMessage) and request is not None:
@@ -91,6 +95,19 @@ async def serve(
         pass
     finally:
         writer.close()
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """Read and drop what the client still sends (for a while) before closing: closed with
+    unread data, the socket would reset, and the client would see a broken pipe instead of the
+    answer it was sent."""
+    try:
+        async with asyncio.timeout(LINGER_S):
+            dropped = 0
+            while dropped < LINGER_BYTES and (data := await reader.read(65536)):
+                dropped += len(data)
+    except TimeoutError:
+        pass
 
 
 async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, answer: Answer) -> None:

@@ -152,13 +152,13 @@ class ConsoleService:
                 offset = end  # no record that late
         else:
             offset = _int(params, "offset", start, lo=0)
-        offset = max(offset, start)
+        offset = min(max(offset, start), end)
         rows: list[dict[str, Any]] = []
         at = offset
-        while len(rows) < limit and at < end:
+        while True:  # at least one read, even of an empty partition: the reader's rights
             data = self._read(topic, partition, at, FETCH_BYTES)
             nxt = _decode(data, at, limit - len(rows), rows)
-            if nxt <= at:
+            if len(rows) >= limit or nxt <= at or nxt >= end:
                 break
             at = nxt
         return {
