@@ -111,6 +111,18 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, **configs: str)
     fs[name].result(timeout=15)
 
 
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
+    """partition -> ``group``'s committed offset on ``topic``, as confluent-kafka reads it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=15)
+    finally:
+        c.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
 class BrokerProcess:
     """`stratalog serve` as a child process, killed by PID (SIGTERM or SIGKILL)."""
 

@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from .conftest import REPO, BrokerProcess, create_topic
+from .conftest import REPO, BrokerProcess, committed_offsets, create_topic
 
 CHROMIUM = shutil.which("chromium")
 DRIVER = shutil.which("chromedriver")
@@ -33,7 +33,9 @@ pytestmark = pytest.mark.skipif(
     reason="Chromium and chromedriver are not installed (make setup installs the Debian "
     "packages chromium and chromium-driver: scripts/install-system-deps.sh)",
 )
-SCREENSHOTS = REPO / "docs" / "console" if os.environ.get("STRATALOG_CONSOLE_SCREENSHOTS") else None
+SCREENSHOTS = (
+    REPO / "docs" / "console" if os.environ.get("STRATALOG_CONSOLE_SCREENSHOTS") == "1" else None
+)
 WAIT_S = 20
 T0 = (int(time.time()) - 3600) * 1000  # partition 1's records: one a minute from an hour ago
 BINARY = b"\x00\x01\xfe\xff"
@@ -141,6 +143,7 @@ def after(driver, action) -> None:
     """Do ``action`` (a click, a form submission) and wait until the view is drawn again, or
     an error is shown instead."""
     before = _turn(driver)
+    driver.execute_script("notice('')")  # (an error shown before is not this action's)
     action()
     _wait(
         driver,
@@ -250,12 +253,7 @@ def test_record_browser_as_text_json_and_hex(env: Env, browser) -> None:
 
 
 def _committed(bootstrap: str, group: str) -> dict[int, int]:
-    c = _consumer(bootstrap, group)
-    try:
-        got = c.committed([TopicPartition("orders", p) for p in (0, 1)], timeout=15)
-    finally:
-        c.close()
-    return {tp.partition: tp.offset for tp in got}
+    return committed_offsets(bootstrap, group, "orders", (0, 1))
 
 
 def test_groups_lag_as_the_committed_offsets_say(env: Env, browser) -> None:

@@ -25,9 +25,9 @@ from confluent_kafka.admin import (
 
 from stratalog import Broker
 
-from .conftest import PLAIN_USERS, secure_config
+from .conftest import PLAIN_USERS
+from .test_acls import acl_config, client
 
-AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 ALICE = ("alice", PLAIN_USERS["alice"])
 ADMIN = ("admin", PLAIN_USERS["admin"])
 
@@ -36,28 +36,16 @@ ADMIN = ("admin", PLAIN_USERS["admin"])
 def broker(
     tmp_path_factory: pytest.TempPathFactory, certs: dict[str, Path], plain_users_file: Path
 ) -> Iterator[Broker]:
-    config = secure_config(
-        certs,
-        plain_users_file,
-        **{"authorizer.class.name": AUTHORIZER, "super.users": "User:admin"},
-    )
+    config = acl_config(certs, plain_users_file)
     with Broker(tmp_path_factory.mktemp("console-auth") / "data", config=config) as b:
-        admin = AdminClient({
-            "bootstrap.servers": b.bootstraps["SASL_PLAINTEXT"],
-            "security.protocol": "sasl_plaintext", "sasl.mechanism": "PLAIN",
-            "sasl.username": "admin", "sasl.password": PLAIN_USERS["admin"],
-        })  # fmt: skip
+        admin = AdminClient(client(b, "admin"))
         for f in admin.create_topics([NewTopic("secret", 1), NewTopic("shared", 1)]).values():
             f.result(15)
         yield b
 
 
 def _allow(broker: Broker, rtype, name: str, op) -> None:
-    admin = AdminClient({
-        "bootstrap.servers": broker.bootstraps["SASL_PLAINTEXT"],
-        "security.protocol": "sasl_plaintext", "sasl.mechanism": "PLAIN",
-        "sasl.username": "admin", "sasl.password": PLAIN_USERS["admin"],
-    })  # fmt: skip
+    admin = AdminClient(client(broker, "admin"))
     binding = AclBinding(rtype, name, ResourcePatternType.LITERAL, "User:alice", "*", op,
                          AclPermissionType.ALLOW)  # fmt: skip
     admin.create_acls([binding])[binding].result(15)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stratalog.client.errors import WireError
-from stratalog.client.wire import METADATA_V, WireClient
+from stratalog.client.wire import WireClient
 
 LIST_GROUPS_V = 5
 DESCRIBE_GROUPS_V = 5
@@ -67,18 +67,7 @@ def _check(code: Any, what: str, message: str | None = None) -> None:
 
 def cluster(client: WireClient) -> Cluster:
     """Every broker, and every topic's partitions with their leader, replicas and ISR."""
-    resp = client.request(
-        3,
-        METADATA_V,
-        client._new(
-            3,
-            METADATA_V,
-            topics=None,
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        ),
-    )
-    client.leaders.learn_brokers((b.node_id, b.host, b.port) for b in resp.brokers)
+    resp = client._refresh(None)  # (the client learns the brokers and leaders from it)
     topics: dict[str, list[Partition]] = {}
     internal = set()
     for t in resp.topics:

@@ -193,7 +193,9 @@ const views = {
       el("td", {}, when(oldest(t))), el("td", {}, when(newest(t))),
       el("td", {},
         el("a", { href: `#/records?topic=${encodeURIComponent(t.name)}` }, "records"), " ",
-        el("button", { class: "danger", "data-delete": t.name, onclick: () => deleteTopic(t.name) }, "Delete"))));
+        t.internal ? "" : el("button", {
+          class: "danger", "data-delete": t.name, onclick: () => deleteTopic(t.name),
+        }, "Delete"))));
     main.append(el("h2", {}, "Topics"), create,
       table(["topic", { label: "partitions", num: 1 }, { label: "RF", num: 1 },
         { label: "under-replicated", num: 1 }, { label: "records", num: 1 },
