@@ -10,10 +10,12 @@ reads and changes what that user may, and nothing the Kafka API would refuse the
 
 The /status document, the metrics and the record browser's reads come from the broker's state
 directly: ``status(core)`` and each partition's ``read`` (whole stored batches, cold tier
-included) on the event loop, with READ on the topic checked as a Fetch would. In a cluster, the
-broker answers for what it holds: records of a partition another broker leads, and groups
-another broker coordinates, are to be seen in that broker's console or with ``stratalog
-console --bootstrap``, which asks each where it is.
+included) on the event loop, with READ on the topic checked as a Fetch would.
+
+In a cluster without security the requests for other brokers (and the reads of partitions this
+one does not hold) go to them over TCP; with security on the console answers for what this
+broker holds (``InBrokerClient``), and ``stratalog console --bootstrap``, which logs in to each
+broker with ``--command-config``, shows the rest.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from stratalog.security.acls import Operation, ResourceType
 from stratalog.storage.partition import FileSlice
 
 CALL_TIMEOUT_S = 30.0
+NOT_HELD = 6  # NOT_LEADER_OR_FOLLOWER
 T = TypeVar("T")
 
 
@@ -91,18 +94,27 @@ class LoopbackConnection:
 
 
 class InBrokerClient(WireClient):
-    """A WireClient whose every connection is the loopback one."""
+    """A WireClient whose connection to this broker is the loopback one. In a cluster without
+    security its connections to the other brokers are ordinary ones (every client there is
+    ``User:ANONYMOUS`` anyway); with security on, the console has no credential of its user to
+    log in to them with, so every request stays here and what another broker answers for
+    (a partition it leads, a group it coordinates) is answered NOT_LEADER_OR_FOLLOWER or
+    NOT_COORDINATOR, at once."""
 
     def __init__(self, core, dispatch, loop, caller: Caller) -> None:
+        self._home_address = (core.advertised_host, core.advertised_port)
+        self._only_here = core.config.secured
         super().__init__(
             f"{core.advertised_host}:{core.advertised_port}",
             client_id="stratalog-console",
-            leader_wait=1.0,
+            leader_wait=0.0 if self._only_here else 5.0,
         )
         self._loopback = (dispatch, loop, caller)
 
-    def _new_connection(self, addr: Address) -> LoopbackConnection:  # type: ignore[override]
-        return LoopbackConnection(addr, *self._loopback)
+    def _new_connection(self, addr: Address):
+        if self._only_here or tuple(addr) == self._home_address:
+            return LoopbackConnection(addr, *self._loopback)
+        return super()._new_connection(addr)
 
 
 def on_loop(loop, call: Callable[[], Any]) -> Any:
@@ -123,7 +135,12 @@ def service(core, dispatch, loop, principal: str, peer: str) -> ConsoleService:
     caller = Caller(principal, peer)
 
     def read_batches(topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
-        parts = on_loop(loop, lambda: _read(core, caller, topic, partition, offset, max_bytes))
+        try:
+            parts = on_loop(loop, lambda: _read(core, caller, topic, partition, offset, max_bytes))
+        except WireError as e:
+            if e.error_code != NOT_HELD or core.config.secured:
+                raise
+            return service.fetch_batches(topic, partition, offset, max_bytes)  # from its leader
         try:
             return b"".join(p.read() if isinstance(p, FileSlice) else p for p in parts)
         finally:
@@ -133,12 +150,13 @@ def service(core, dispatch, loop, principal: str, peer: str) -> ConsoleService:
         on_loop(loop, lambda: update_scraped_metrics(core))
         return generate_latest().decode()
 
-    return ConsoleService(
+    service = ConsoleService(
         InBrokerClient(core, dispatch, loop, caller),
         status=lambda: on_loop(loop, lambda: status(core)),
         metrics_text=metrics_text,
         read_batches=read_batches,
     )
+    return service
 
 
 def _read(core, caller: Caller, topic: str, partition: int, offset: int, max_bytes: int):
@@ -152,11 +170,7 @@ def _read(core, caller: Caller, topic: str, partition: int, offset: int, max_byt
     p = core.partition(topic, partition)
     if p is None:
         if core.partition_exists(topic, partition):
-            raise WireError(
-                f"{topic}-{partition} is not held by this broker: open the console of its "
-                "leader, or `stratalog console --bootstrap`",
-                6,
-            )
+            raise WireError(f"{topic}-{partition} is not held by this broker", NOT_HELD)
         raise WireError(f"{topic}-{partition} does not exist", 3)
     result = p.read(offset, max_bytes)
     # Memory parts (the tail cache) are copied here, on the loop; file slices are read by the

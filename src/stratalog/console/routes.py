@@ -15,8 +15,8 @@
 
 Writes take a JSON body with ``content-type: application/json`` (which a page of another site
 cannot send without the browser asking first). Bad input is answered 400 with a message; a
-Kafka error by its meaning: 403 not authorized, 404 unknown topic or group, 409 exists, 502 the
-broker could not be asked.
+Kafka error by its meaning: 403 not authorized, 404 unknown topic or group, 409 exists, 503
+another broker answers for it, 502 the broker could not be asked.
 """
 
 from __future__ import annotations
@@ -46,7 +46,13 @@ _STATUS = {
     42: 400,  # INVALID_REQUEST
     44: 400,  # POLICY_VIOLATION
     1: 400,  # OFFSET_OUT_OF_RANGE
+    6: 503,  # NOT_LEADER_OR_FOLLOWER: another broker answers for it (see MOVED)
+    16: 503,  # NOT_COORDINATOR
 }
+MOVED = (
+    " (another broker answers for it: open its console, or `stratalog console --bootstrap`, "
+    "which asks every broker)"
+)
 
 GETS: dict[str, Callable[[ConsoleService, str, dict[str, str]], Any]] = {
     "overview": lambda s, _arg, _q: s.overview(),
@@ -119,7 +125,8 @@ async def _run(service: Callable[[], ConsoleService], call: Callable[[ConsoleSer
         except ConnectionLost as e:
             return _error(502, str(e))
         except WireError as e:
-            return _error(_STATUS.get(e.error_code, 502), str(e))
+            status = _STATUS.get(e.error_code, 502)
+            return _error(status, str(e) + (MOVED if status == 503 else ""))
         finally:
             s.client.close()
 

@@ -31,6 +31,8 @@ from stratalog.storage.batch import HEADER_SIZE, parse_header
 MAX_RECORDS = 500  # records one page of the browser asks at most
 FETCH_BYTES = 1 << 20
 LATENCY_APIS = ("produce", "fetch")
+# Errors of a request another broker answers for (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE)
+UNANSWERED = frozenset((6, 5))
 
 
 class BadRequest(Exception):
@@ -52,7 +54,7 @@ class ConsoleService:
         self.client = client
         self._status = status
         self._metrics_text = metrics_text
-        self._read = read_batches or self._fetch
+        self._read = read_batches or self.fetch_batches
 
     # -- reads ---------------------------------------------------------------------------------
     def overview(self) -> dict[str, Any]:
@@ -318,8 +320,21 @@ class ConsoleService:
             indexes = [p.index for p in parts or []]
         if not indexes:
             return {}
-        first = self.client.list_offsets(topic, indexes, EARLIEST)
-        last = self.client.list_offsets(topic, indexes, LATEST)
+        try:
+            first = self.client.list_offsets(topic, indexes, EARLIEST)
+            last = self.client.list_offsets(topic, indexes, LATEST)
+        except WireError as e:
+            if parts is None or e.error_code not in UNANSWERED:
+                raise
+            # A broker's own console in a secured cluster: the partitions it answers for.
+            out = {}
+            for i in indexes:
+                try:
+                    out[i] = self._offsets(topic, None, [i])[i]
+                except WireError as one:
+                    if one.error_code not in UNANSWERED:
+                        raise
+            return out
         return {i: (first[i][0], last[i][0]) for i in indexes}
 
     def _ends(self, keys) -> dict[tuple[str, int], int]:
@@ -335,7 +350,8 @@ class ConsoleService:
             out.update({(t, i): o for i, (o, _ts) in found.items()})
         return out
 
-    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
+    def fetch_batches(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
+        """Whole batches of a partition from ``offset`` by a Fetch to its leader."""
         got = self.client.fetch(
             topic, {partition: offset}, max_bytes=max_bytes, partition_max_bytes=max_bytes
         )[partition]
