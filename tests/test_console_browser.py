@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -54,13 +55,27 @@ def _admin_address(bootstrap: str) -> str:
     return admin.describe_configs([res])[res].result(15)["admin.address"].value
 
 
+def _status(admin: str) -> dict:
+    with urllib.request.urlopen(f"http://{admin}/status", timeout=10) as r:
+        return json.loads(r.read())
+
+
 def _consumer(bootstrap: str, group: str, **extra) -> Consumer:
     return Consumer({"bootstrap.servers": bootstrap, "group.id": group, **extra})
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    bp = BrokerProcess(tmp_path_factory.mktemp("console") / "data").start()
+    root = tmp_path_factory.mktemp("console")
+    # A small hot tier over a cold one, so the console has migrated segments to show.
+    tiers = {
+        "tiers.cold.path": str(root / "cold"),
+        "tiers.hot.capacity": "200000",
+        "tiers.migrate.threshold": "0.5",
+        "tiers.migrate.interval.ms": "100",
+        "segment.bytes": "30000",
+    }
+    bp = BrokerProcess(root / "data", settings=tiers).start()
     live = None
     try:
         create_topic(bp.bootstrap, "orders", 2)
@@ -72,7 +87,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         for i in range(5):
             p.produce("orders", f"plain text {i}".encode(), None, 1, timestamp=T0 + i * 60000)
         p.produce("orders", BINARY, b"bin", 1, timestamp=T0 + 5 * 60000)
+        for _ in range(300):
+            p.produce("traffic", b"t" * 1000)
         assert p.flush(30) == 0
+        admin = _admin_address(bp.bootstrap)
+        deadline = time.monotonic() + WAIT_S
+        while _status(admin)["migration"]["migrated_segments"] == 0:
+            assert time.monotonic() < deadline, "nothing migrated to the cold tier"
+            time.sleep(0.1)
         # "billing": offsets committed outside any generation, no members: lag 3 and 4.
         c = _consumer(bp.bootstrap, "billing")
         c.commit(offsets=[TopicPartition("orders", 0, 5), TopicPartition("orders", 1, 2)],
@@ -86,7 +108,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         while not live.assignment() and time.monotonic() < deadline:
             live.poll(0.2)
         assert live.assignment()
-        yield Env(bp.bootstrap, _admin_address(bp.bootstrap))
+        yield Env(bp.bootstrap, admin)
     finally:
         if live is not None:
             live.close()
@@ -177,7 +199,9 @@ def test_overview_shows_the_broker_tiers_and_live_charts(env: Env, browser) -> N
     assert rows[0][0] == "0" and rows[0][2] == "controller" and rows[0][-1] == "ok"
     tiers = cells(browser, "#tiers-table")
     assert [r[0] for r in tiers] == ["hot", "cold"]
-    assert "migration: backlog" in browser.find_element("id", "migration").text
+    assert tiers[1][1].endswith("cold") and tiers[1][3] == "ok"
+    migration = browser.find_element("id", "migration").text
+    assert "migration: backlog" in migration and " 0 segment(s)" not in migration
     # Live charts: samples of /api/metrics every 2 s while records keep arriving.
     p = Producer({"bootstrap.servers": env.bootstrap, "linger.ms": 0})
     deadline = time.monotonic() + 2 * WAIT_S
@@ -209,8 +233,12 @@ def test_topics_with_partitions_tiers_and_configs(env: Env, browser) -> None:
     configs = {r[0]: r[1] for r in cells(browser, "#configs-table")}
     assert configs["cleanup.policy"] == "delete"
     tiers = cells(browser, "#topic-tiers")
-    assert tiers[0][0] == "hot" and tiers[0][1] != "0 B"
+    assert [t[0] for t in tiers] == ["hot", "cold"]
+    assert {t[1] for t in tiers} != {"0 B"}
     shot(browser, "topic")
+    show(browser, env, "/topics")
+    cold = {r[0]: r[6] for r in cells(browser, "#topics-table")}["traffic"]
+    assert cold != "0 B"  # what migrated
 
 
 def test_record_browser_as_text_json_and_hex(env: Env, browser) -> None:
