@@ -6,6 +6,8 @@ test_console_auth.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -153,3 +155,24 @@ def test_status_and_metrics_stay_where_they_were(broker) -> None:
     with urllib.request.urlopen(f"http://{broker.core.admin_address}/", timeout=10) as r:
         assert r.headers["content-type"].startswith("text/html")
         assert b"console.js" in r.read()
+
+
+def test_stratalog_console_answers_as_the_broker_does(broker) -> None:
+    cmd = [sys.executable, "-m", "stratalog.cli", "console", "-b", broker.bootstrap, "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "Stratalog console of" in line, proc.stderr.read() if proc.stderr else line
+        url = line.strip().rsplit(" ", 1)[1].rstrip("/")
+        with urllib.request.urlopen(f"{url}/api/topics/events", timeout=20) as r:
+            remote = json.loads(r.read())
+        assert remote == call(broker, "/api/topics/events")[1]
+        # Another site's name resolved to 127.0.0.1 (DNS rebinding): not answered.
+        request = urllib.request.Request(f"{url}/api/topics", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=20)
+        assert e.value.code == 421
+    finally:
+        proc.terminate()
+        proc.wait(10)

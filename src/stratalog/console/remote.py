@@ -7,11 +7,16 @@ The same page and API as the broker's admin endpoint (console/routes.py), answer
 their leader, groups to their coordinator, ListGroups to every broker. Tiers, migration and the
 charts' metrics come from the admin endpoint of a broker (its ``admin.address`` config), read as
 ``stratalog status`` reads it; without one the console shows the rest.
+
+It has no login of its own: whoever reaches its port acts with ``--command-config``'s
+credentials. It listens on 127.0.0.1 by default, and there answers only requests addressed to
+a loopback name (not a page of another site whose name was made to resolve to 127.0.0.1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 from collections.abc import Callable
 
@@ -70,12 +75,22 @@ async def serve(bootstrap: str, host: str, port: int, ready: Callable[[str], Non
     address = await loop.run_in_executor(None, admin_address, bootstrap)
     service = make_service(bootstrap, address)
 
+    names: set[str] = set()
+
     async def respond(request, body: bytes, _peer: str) -> http.Answer:
+        asked = next((v for k, v in request.headers if k == b"host"), b"").decode("latin-1")
+        if names and asked not in names:
+            # Served on loopback, the console acts with --command-config's credentials for
+            # whoever reaches it: a page of another site whose name was made to resolve to
+            # 127.0.0.1 (DNS rebinding) is not one of them.
+            return http.text(421, f"this console answers to {' or '.join(sorted(names))}")
         answer = await routes.answer(request.method, request.target, request.headers, body, service)
         return answer or http.text(404, "the console is at /")
 
     server = await asyncio.start_server(lambda r, w: http.serve(r, w, respond), host, port)
     bound = server.sockets[0].getsockname()
+    if ipaddress.ip_address(bound[0]).is_loopback:
+        names.update(f"{n}:{bound[1]}" for n in (bound[0], "localhost", "127.0.0.1", "[::1]"))
     ready(f"http://{bound[0]}:{bound[1]}/")
     async with server:
         await server.serve_forever()

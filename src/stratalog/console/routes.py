@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -30,6 +31,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from stratalog.client.errors import ConnectionLost, WireError
 from stratalog.console.http import Answer, static
 from stratalog.console.service import BadRequest, ConsoleService
+
+log = logging.getLogger(__name__)
 
 # Kafka error code -> HTTP status
 _STATUS = {
@@ -117,8 +120,9 @@ async def answer(
 
 async def _run(service: Callable[[], ConsoleService], call: Callable[[ConsoleService], Any]):
     def work() -> Answer:
-        s = service()
+        s = None
         try:
+            s = service()
             return _json(200, call(s))
         except BadRequest as e:
             return _error(400, str(e))
@@ -127,7 +131,11 @@ async def _run(service: Callable[[], ConsoleService], call: Callable[[ConsoleSer
         except WireError as e:
             status = _STATUS.get(e.error_code, 502)
             return _error(status, str(e) + (MOVED if status == 503 else ""))
+        except Exception as e:  # a bug or a broker that does not answer: said, not dropped
+            log.exception("console: %s failed", getattr(call, "__name__", "a request"))
+            return _error(500, f"{type(e).__name__}: {e}")
         finally:
-            s.client.close()
+            if s is not None:
+                s.client.close()
 
     return await asyncio.get_running_loop().run_in_executor(None, work)
