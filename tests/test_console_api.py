@@ -6,8 +6,6 @@ test_console_auth.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
 
-from .conftest import create_topic
+from .conftest import console_process, create_topic
 
 
 @pytest.fixture(scope="module")
@@ -158,13 +156,7 @@ def test_status_and_metrics_stay_where_they_were(broker) -> None:
 
 
 def test_stratalog_console_answers_as_the_broker_does(broker) -> None:
-    cmd = [sys.executable, "-m", "stratalog.cli", "console", "-b", broker.bootstrap, "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "Stratalog console of" in line, proc.stderr.read() if proc.stderr else line
-        url = line.strip().rsplit(" ", 1)[1].rstrip("/")
+    with console_process(broker.bootstrap) as url:
         with urllib.request.urlopen(f"{url}/api/topics/events", timeout=20) as r:
             remote = json.loads(r.read())
         assert remote == call(broker, "/api/topics/events")[1]
@@ -173,6 +165,3 @@ def test_stratalog_console_answers_as_the_broker_does(broker) -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(request, timeout=20)
         assert e.value.code == 421
-    finally:
-        proc.terminate()
-        proc.wait(10)

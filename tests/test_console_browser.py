@@ -14,8 +14,6 @@ import base64
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from .conftest import REPO, BrokerProcess, committed_offsets, create_topic
+from .conftest import REPO, BrokerProcess, committed_offsets, console_process, create_topic
 
 CHROMIUM = shutil.which("chromium")
 DRIVER = shutil.which("chromedriver")
@@ -377,19 +375,11 @@ def test_create_and_delete_a_topic_from_the_page(env: Env, browser) -> None:
 
 
 def test_stratalog_console_serves_a_remote_broker(env: Env, browser) -> None:
-    cmd = [sys.executable, "-m", "stratalog.cli", "console", "-b", env.bootstrap, "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "Stratalog console of" in line, proc.stderr.read() if proc.stderr else line
-        remote = Env(env.bootstrap, line.strip().rsplit("http://", 1)[1].rstrip("/"))
+    with console_process(env.bootstrap) as url:
+        remote = Env(env.bootstrap, url.removeprefix("http://"))
         show(browser, remote, "/topics")
         rows = {r[0]: r for r in cells(browser, "#topics-table")}
         assert rows["orders"][4] == "14"
-        assert rows["orders"][5].endswith("B")  # sizes from the broker's /status
+        assert rows["orders"][6].endswith("B")  # sizes from the broker's /status
         show(browser, remote, "/groups/billing")
         assert [r[2] for r in cells(browser, "#offsets-table")] == ["1", "1"]
-    finally:
-        proc.terminate()
-        proc.wait(10)
