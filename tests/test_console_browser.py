@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,19 +22,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from .browser import WAIT_S, after, cells, chromium, needs_chromium, notice, show, submit
 from .conftest import REPO, BrokerProcess, committed_offsets, console_process, create_topic
 
-CHROMIUM = shutil.which("chromium")
-DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and DRIVER),
-    reason="Chromium and chromedriver are not installed (make setup installs the Debian "
-    "packages chromium and chromium-driver: scripts/install-system-deps.sh)",
-)
+pytestmark = needs_chromium
 SCREENSHOTS = (
     REPO / "docs" / "console" if os.environ.get("STRATALOG_CONSOLE_SCREENSHOTS") == "1" else None
 )
-WAIT_S = 20
 T0 = (int(time.time()) - 3600) * 1000  # partition 1's records: one a minute from an hour ago
 BINARY = b"\x00\x01\xfe\xff"
 
@@ -115,66 +108,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1360,900", "--lang=en-US"):  # fmt: skip
-        opts.add_argument(arg)
-    driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def _turn(driver) -> int:
-    return int(driver.execute_script("return document.getElementById('main').dataset.turn || 0"))
-
-
-def _wait(driver, what, message: str):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(lambda d: what(d), message)
-
-
-def show(driver, env: Env, route: str) -> None:
-    """Open the page at ``route`` (a hash route) and wait until the view is drawn."""
-    if not driver.current_url.startswith(env.url):
-        driver.get(env.url + "#" + route)
-    else:
-        driver.execute_script("location.hash = arguments[0]", route)
-    _wait(
-        driver,
-        lambda d: d.execute_script(
-            "const m = document.getElementById('main');"
-            "return m.dataset.ready === '1' && m.dataset.route === arguments[0]",
-            route.lstrip("/"),
-        ),
-        f"the view {route} was not drawn",
-    )
-    error = driver.find_elements("id", "view-error")
-    assert not error, error[0].text
-
-
-def after(driver, action) -> None:
-    """Do ``action`` (a click, a form submission) and wait until the view is drawn again, or
-    an error is shown instead."""
-    before = _turn(driver)
-    driver.execute_script("notice('')")  # (an error shown before is not this action's)
-    action()
-    _wait(
-        driver,
-        lambda d: _turn(d) > before or _notice(d)[0] == "error",
-        "the view was not drawn again",
-    )
-
-
-def cells(driver, selector: str) -> list[list[str]]:
-    rows = driver.find_elements("css selector", f"{selector} tbody tr")
-    return [[td.text for td in row.find_elements("tag name", "td")] for row in rows]
 
 
 def shot(driver, name: str) -> None:
@@ -191,7 +126,7 @@ def shot(driver, name: str) -> None:
 
 
 def test_overview_shows_the_broker_tiers_and_live_charts(env: Env, browser) -> None:
-    show(browser, env, "/overview")
+    show(browser, env.url, "/overview")
     rows = cells(browser, "#brokers-table")
     assert len(rows) == 1
     assert rows[0][0] == "0" and rows[0][2] == "controller" and rows[0][-1] == "ok"
@@ -216,13 +151,13 @@ def test_overview_shows_the_broker_tiers_and_live_charts(env: Env, browser) -> N
 
 
 def test_topics_with_partitions_tiers_and_configs(env: Env, browser) -> None:
-    show(browser, env, "/topics")
+    show(browser, env.url, "/topics")
     rows = {r[0]: r for r in cells(browser, "#topics-table")}
     assert rows["orders"][1] == "2"  # partitions
     assert rows["orders"][4] == "14"  # records
     assert rows["orders"][5].endswith("B")  # hot tier bytes
     shot(browser, "topics")
-    show(browser, env, "/topics/orders")
+    show(browser, env.url, "/topics/orders")
     parts = cells(browser, "#partitions-table")
     assert [(r[0], r[1], r[3], r[4], r[5]) for r in parts] == [
         ("0", "0", "0", "0", "8"),
@@ -234,16 +169,16 @@ def test_topics_with_partitions_tiers_and_configs(env: Env, browser) -> None:
     assert [t[0] for t in tiers] == ["hot", "cold"]
     assert {t[1] for t in tiers} != {"0 B"}
     shot(browser, "topic")
-    show(browser, env, "/topics")
+    show(browser, env.url, "/topics")
     cold = {r[0]: r[6] for r in cells(browser, "#topics-table")}["traffic"]
     assert cold != "0 B"  # what migrated
 
 
 def test_record_browser_as_text_json_and_hex(env: Env, browser) -> None:
     browser.execute_script("localStorage.setItem('stratalog.format', 'text')")
-    show(browser, env, "/records?topic=orders&partition=0&limit=5")
+    show(browser, env.url, "/records?topic=orders&partition=0&limit=5")
     browser.refresh()  # the format remembered is taken at load
-    show(browser, env, "/records?topic=orders&partition=0&limit=5")
+    show(browser, env.url, "/records?topic=orders&partition=0&limit=5")
     values = [e.text for e in browser.find_elements("css selector", "#records-table td.value")]
     assert values[0] == json.dumps({"order": 0, "customer": "c0", "total": 0.5})
     assert len(values) == 5
@@ -263,7 +198,7 @@ def test_record_browser_as_text_json_and_hex(env: Env, browser) -> None:
     assert offsets == ["5", "6", "7"]
 
     after(browser, lambda: browser.find_element("css selector", "[data-format=hex]").click())
-    show(browser, env, "/records?topic=orders&partition=1&offset=5")
+    show(browser, env.url, "/records?topic=orders&partition=1&offset=5")
     row = browser.find_element("css selector", "#records-table tr[data-offset='5']")
     assert row.find_element("css selector", "td.value").text == "00 01 fe ff"
     assert row.find_element("css selector", "td.key").text == "62 69 6e"  # "bin"
@@ -272,7 +207,7 @@ def test_record_browser_as_text_json_and_hex(env: Env, browser) -> None:
     # By time: the first record at or after T0 + 3 minutes is offset 3.
     after(browser, lambda: browser.find_element("css selector", "[data-format=text]").click())
     at = datetime.fromtimestamp((T0 + 3 * 60000) / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    show(browser, env, f"/records?topic=orders&partition=1&time={at}")
+    show(browser, env.url, f"/records?topic=orders&partition=1&time={at}")
     rows = cells(browser, "#records-table")
     assert [r[0] for r in rows] == ["3", "4", "5"]
     assert rows[0][3] == "plain text 3"
@@ -285,11 +220,11 @@ def _committed(bootstrap: str, group: str) -> dict[int, int]:
 def test_groups_lag_as_the_committed_offsets_say(env: Env, browser) -> None:
     committed = _committed(env.bootstrap, "billing")
     assert committed == {0: 5, 1: 2}
-    show(browser, env, "/groups")
+    show(browser, env.url, "/groups")
     groups = {r[0]: r for r in cells(browser, "#groups-table")}
     assert groups["billing"][4] == str((8 - 5) + (6 - 2))
     assert "live" in groups
-    show(browser, env, "/groups/billing")
+    show(browser, env.url, "/groups/billing")
     rows = cells(browser, "#offsets-table")
     # topic, partition, committed, end, lag, member
     assert [(r[1], r[2], r[3], r[4]) for r in rows] == [
@@ -297,41 +232,22 @@ def test_groups_lag_as_the_committed_offsets_say(env: Env, browser) -> None:
         ("1", str(committed[1]), "6", str(6 - committed[1])),
     ]
     assert browser.find_element("id", "total-lag").text == "7"
-    show(browser, env, "/groups/live")
+    show(browser, env.url, "/groups/live")
     members = cells(browser, "#members-table")
     assert len(members) == 1 and members[0][1] == "live-client"
     assert members[0][3] == "orders-0, orders-1"
     shot(browser, "group")
 
 
-def _submit(driver, form: str, **fields: str) -> None:
-    from selenium.webdriver.support.select import Select
-
-    f = driver.find_element("id", form)
-    for name, value in fields.items():
-        field = f.find_element("name", name)
-        if field.tag_name == "select":
-            Select(field).select_by_value(value)
-        else:
-            field.clear()
-            field.send_keys(value)
-    after(driver, lambda: f.find_element("css selector", "button[type=submit]").click())
-
-
-def _notice(driver) -> tuple[str, str]:
-    n = driver.find_element("id", "notice")
-    return n.get_attribute("class"), n.text
-
-
 def test_reset_offsets_from_the_page(env: Env, browser) -> None:
-    show(browser, env, "/groups/live")
-    _submit(browser, "reset-offsets", topic="orders", to="earliest")
-    kind, text = _notice(browser)
+    show(browser, env.url, "/groups/live")
+    submit(browser, "reset-offsets", topic="orders", to="earliest")
+    kind, text = notice(browser)
     assert kind == "error" and "active member" in text  # a live group's offsets are its own
 
-    show(browser, env, "/groups/billing")
-    _submit(browser, "reset-offsets", topic="orders", to="offset", offset="1")
-    assert _notice(browser) == ("ok", "group billing: 2 offset(s) of orders committed")
+    show(browser, env.url, "/groups/billing")
+    submit(browser, "reset-offsets", topic="orders", to="offset", offset="1")
+    assert notice(browser) == ("ok", "group billing: 2 offset(s) of orders committed")
     rows = cells(browser, "#offsets-table")
     assert [(r[2], r[4]) for r in rows] == [("1", "7"), ("1", "5")]
     assert _committed(env.bootstrap, "billing") == {0: 1, 1: 1}
@@ -349,19 +265,19 @@ def test_reset_offsets_from_the_page(env: Env, browser) -> None:
 
 
 def test_create_and_delete_a_topic_from_the_page(env: Env, browser) -> None:
-    show(browser, env, "/topics")
-    _submit(browser, "create-topic", name="made-in-console", partitions="3",
+    show(browser, env.url, "/topics")
+    submit(browser, "create-topic", name="made-in-console", partitions="3",
             configs="retention.ms=3600000")  # fmt: skip
-    assert _notice(browser) == ("ok", "topic made-in-console created")
+    assert notice(browser) == ("ok", "topic made-in-console created")
     assert "made-in-console" in {r[0] for r in cells(browser, "#topics-table")}
     md = env.kafka.list_topics("made-in-console", timeout=15).topics["made-in-console"]
     assert md.error is None and len(md.partitions) == 3
     res = ConfigResource("topic", "made-in-console")
     assert env.kafka.describe_configs([res])[res].result(15)["retention.ms"].value == "3600000"
 
-    _submit(browser, "create-topic", name="made-in-console", partitions="1")
-    assert _notice(browser)[0] == "error"
-    assert "already exists" in _notice(browser)[1]
+    submit(browser, "create-topic", name="made-in-console", partitions="1")
+    assert notice(browser)[0] == "error"
+    assert "already exists" in notice(browser)[1]
 
     button = browser.find_element("css selector", "button[data-delete='made-in-console']")
 
@@ -370,16 +286,16 @@ def test_create_and_delete_a_topic_from_the_page(env: Env, browser) -> None:
         browser.switch_to.alert.accept()
 
     after(browser, delete)
-    assert _notice(browser) == ("ok", "topic made-in-console deleted")
+    assert notice(browser) == ("ok", "topic made-in-console deleted")
     assert "made-in-console" not in env.kafka.list_topics(timeout=15).topics
 
 
 def test_stratalog_console_serves_a_remote_broker(env: Env, browser) -> None:
     with console_process(env.bootstrap) as url:
         remote = Env(env.bootstrap, url.removeprefix("http://"))
-        show(browser, remote, "/topics")
+        show(browser, remote.url, "/topics")
         rows = {r[0]: r for r in cells(browser, "#topics-table")}
         assert rows["orders"][4] == "14"
         assert rows["orders"][6].endswith("B")  # sizes from the broker's /status
-        show(browser, remote, "/groups/billing")
+        show(browser, remote.url, "/groups/billing")
         assert [r[2] for r in cells(browser, "#offsets-table")] == ["1", "1"]

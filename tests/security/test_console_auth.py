@@ -25,6 +25,7 @@ from confluent_kafka.admin import (
 
 from stratalog import Broker
 
+from ..browser import cells, chromium, needs_chromium, notice, show, submit
 from .conftest import PLAIN_USERS
 from .test_acls import acl_config, client
 
@@ -113,3 +114,16 @@ def test_the_console_acts_as_its_user(broker: Broker) -> None:
     assert status == 200, doc
     assert call(broker, "/api/topics/create", {"name": "admins"}, user=ADMIN)[0] == 200
     assert call(broker, "/api/topics/delete", {"name": "admins"}, user=ADMIN)[0] == 200
+
+
+@needs_chromium
+def test_in_a_browser_the_page_shows_what_its_user_may_see(broker: Broker) -> None:
+    _allow(broker, ResourceType.BROKER, "kafka-cluster", AclOperation.DESCRIBE)
+    _allow(broker, ResourceType.TOPIC, "shared", AclOperation.DESCRIBE)
+    with chromium() as driver:
+        # Credentials in the address, as a browser's login prompt would have them.
+        show(driver, f"http://alice:{ALICE[1]}@{broker.core.admin_address}/", "/topics")
+        assert [r[0] for r in cells(driver, "#topics-table")] == ["shared"]
+        submit(driver, "create-topic", name="alices")
+        kind, text = notice(driver)
+        assert kind == "error" and "authorization" in text.lower()

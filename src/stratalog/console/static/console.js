@@ -52,7 +52,9 @@ async function api(path, body) {
     headers: { "content-type": "application/json" },
     body: JSON.stringify(body),
   };
-  const r = await fetch(`api/${path}`, init);
+  // From the origin and path, never the page's URL itself: opened as http://user:pw@host/,
+  // a URL with credentials cannot be fetched (the browser sends the ones it took instead).
+  const r = await fetch(new URL(`api/${path}`, location.origin + location.pathname), init);
   const text = await r.text();
   let doc;
   try { doc = JSON.parse(text); } catch { doc = { error: text.trim() }; }
