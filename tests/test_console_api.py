@@ -143,6 +143,9 @@ def test_views_agree_with_a_kafka_client(broker) -> None:
     got = c.committed([TopicPartition("events", p) for p in (0, 1)], timeout=15)
     c.close()
     assert [tp.offset for tp in got] == [3, 3]
+    # An offset past a partition's end is the end, as kafka-consumer-groups --to-offset has it.
+    far = {"group": "api-group", "topic": "events", "to": "offset", "offset": 99}
+    assert call(broker, RESET, far)[1]["offsets"] == {"0": 3, "1": 3}
 
 
 def test_status_and_metrics_stay_where_they_were(broker) -> None:

@@ -140,7 +140,7 @@ def service(core, dispatch, loop, principal: str, peer: str) -> ConsoleService:
         except WireError as e:
             if e.error_code != NOT_HELD or core.config.secured:
                 raise
-            return service.fetch_batches(topic, partition, offset, max_bytes)  # from its leader
+            return svc.fetch_batches(topic, partition, offset, max_bytes)  # from its leader
         try:
             return b"".join(p.read() if isinstance(p, FileSlice) else p for p in parts)
         finally:
@@ -150,13 +150,13 @@ def service(core, dispatch, loop, principal: str, peer: str) -> ConsoleService:
         on_loop(loop, lambda: update_scraped_metrics(core))
         return generate_latest().decode()
 
-    service = ConsoleService(
+    svc = ConsoleService(
         InBrokerClient(core, dispatch, loop, caller),
         status=lambda: on_loop(loop, lambda: status(core)),
         metrics_text=metrics_text,
         read_batches=read_batches,
     )
-    return service
+    return svc
 
 
 def _read(core, caller: Caller, topic: str, partition: int, offset: int, max_bytes: int):

@@ -281,9 +281,10 @@ class ConsoleService:
         return {"deleted": name}
 
     def reset_offsets(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Commit a group's offsets on a topic to the earliest, the latest, an offset, or the
-        first at or after a time, as ``stratalog groups reset-offsets --execute`` does: only
-        while the group has no members (a live group's offsets are its members' to commit)."""
+        """Commit a group's offsets on a topic to the earliest, the latest, an offset (within
+        each partition's range), or the first at or after a time, as ``stratalog groups
+        reset-offsets --execute`` does: only while the group has no members (a live group's
+        offsets are its members' to commit)."""
         group = _str(body, "group")
         topic = _str(body, "topic")
         to = body.get("to")
@@ -301,7 +302,9 @@ class ConsoleService:
             )
         ends = self._offsets(topic, None, indexes)
         if to == "offset":
-            target = {i: _int(body, "offset", 0, lo=0) for i in indexes}
+            # As kafka-consumer-groups --to-offset: within each partition's range.
+            wanted = _int(body, "offset", 0, lo=0)
+            target = {i: min(max(wanted, ends[i][0]), ends[i][1]) for i in indexes}
         elif to == "timestamp":
             ts = _int(body, "timestamp", 0)
             found = self.client.list_offsets(topic, indexes, ts)
