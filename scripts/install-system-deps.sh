@@ -21,6 +21,10 @@ declare -A wanted=(
   # libfuse 3 and fusermount3, for the crash oracle's recording file system
   # (src/stratalog/faults/crash_oracle/, tests/test_crash_oracle.py).
   [fusermount3]=fuse3
+  # The web console's browser test (tests/test_console_browser.py): headless Chromium and its
+  # WebDriver.
+  [chromium]=chromium
+  [chromedriver]=chromium-driver
 )
 for extra in "$@"; do wanted[${extra%%:*}]=${extra#*:}; done
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -109,6 +110,33 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, **configs: str)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     fs = admin.create_topics([NewTopic(name, partitions, 1, config=configs)])
     fs[name].result(timeout=15)
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
+    """partition -> ``group``'s committed offset on ``topic``, as confluent-kafka reads it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=15)
+    finally:
+        c.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
+@contextlib.contextmanager
+def console_process(bootstrap: str) -> Iterator[str]:
+    """`stratalog console --bootstrap` on a free port as a child process: its URL."""
+    cmd = [sys.executable, "-m", "stratalog.cli", "console", "-b", bootstrap, "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        assert "Stratalog console of" in line, line + proc.stderr.read()
+        yield line.strip().rsplit(" ", 1)[1].rstrip("/")
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 class BrokerProcess:

@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
 
-from .conftest import create_topic
+from .conftest import committed_offsets, create_topic
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +46,7 @@ def _commit(broker: Broker, group: str, offsets: dict[int, int]) -> None:
 
 
 def _committed(broker: Broker, group: str) -> dict[int, int]:
-    c = _consumer(broker, group)
-    try:
-        got = c.committed([TopicPartition("lagging", p) for p in (0, 1)], timeout=15)
-    finally:
-        c.close()
-    return {tp.partition: tp.offset for tp in got}
+    return committed_offsets(broker.bootstrap, group, "lagging", (0, 1))
 
 
 def _lag_rows(out: str) -> dict[int, tuple[str, str, str]]:

@@ -21,6 +21,7 @@ from stratalog.cli_client import (
     TIMEOUT,
     Bootstrap,
     CliError,
+    admin_get,
     console,
     err_console,
     fail,
@@ -479,9 +480,7 @@ def replay(
 def _admin_status(admin, bootstrap: str) -> dict | None:
     """The broker's /status document, found through its admin.address config (None if the
     broker has no admin endpoint, e.g. it is not Stratalog)."""
-    import base64
     import json
-    import urllib.request
 
     from confluent_kafka.admin import ConfigResource
 
@@ -495,21 +494,7 @@ def _admin_status(admin, bootstrap: str) -> dict | None:
     entry = configs.get("admin.address")
     if entry is None or not entry.value:
         return None
-    request = urllib.request.Request(f"http://{entry.value}/status")
-    user = os.environ.get("STRATALOG_ADMIN_USER")
-    if user:
-        # A secured broker's admin endpoint takes a SASL user's credential (docs/security.md).
-        token = f"{user}:{os.environ.get('STRATALOG_ADMIN_PASSWORD', '')}".encode()
-        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as r:
-            return json.loads(r.read())
-    except OSError as e:
-        hint = ""
-        if getattr(e, "code", None) in (401, 403):
-            hint = " (set STRATALOG_ADMIN_USER and STRATALOG_ADMIN_PASSWORD to a SASL user's)"
-        fail(f"cannot read the broker's status from http://{entry.value}/status: {e}{hint}")
-    return None
+    return json.loads(admin_get(entry.value, "/status"))
 
 
 def _when(ms: int | None) -> str:
@@ -603,6 +588,32 @@ def status(
         for g in sorted(groups.valid, key=lambda g: g.group_id):
             gt.add_row(g.group_id, str(g.state.name if g.state else ""))
         console.print(gt)
+
+
+# -- console -------------------------------------------------------------------------------------
+@app.command("console")
+def console_(
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    host: Annotated[str, typer.Option(help="Address to serve the console on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to serve the console on (0: any).")] = 8080,
+) -> None:
+    """Serve the web console of a remote broker or cluster on a local port (a broker serves
+    its own on its admin endpoint: docs/console.md)."""
+    from stratalog.client.errors import WireError
+    from stratalog.console import remote
+
+    _check_reachable(bootstrap)
+
+    def ready(url: str) -> None:
+        console.print(f"Stratalog console of {bootstrap} at {url}", highlight=False)
+        sys.stdout.flush()
+
+    try:
+        asyncio.run(remote.serve(bootstrap, host, port, ready))
+    except WireError as e:
+        fail(f"cannot describe the cluster at {bootstrap}: {e}")
+    except OSError as e:
+        fail(f"cannot serve on {host}:{port}: {e.strerror or e}")
 
 
 # -- scrub ---------------------------------------------------------------------------------------

@@ -104,3 +104,27 @@ def metadata(admin, bootstrap: str, topic: str | None = None):
         return admin.list_topics(topic=topic, timeout=TIMEOUT)
     except KafkaException as e:
         fail(f"cannot reach a broker at {bootstrap}: {e.args[0].str() if e.args else e}")
+
+
+def admin_get(address: str, path: str) -> bytes:
+    """GET ``path`` of a broker's admin endpoint (HOST:PORT, its ``admin.address`` config),
+    with the credential of STRATALOG_ADMIN_USER and STRATALOG_ADMIN_PASSWORD if set (a secured
+    broker's endpoint takes a SASL user's: docs/security.md)."""
+    import base64
+    import os
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{address}{path}")
+    user = os.environ.get("STRATALOG_ADMIN_USER")
+    if user:
+        token = f"{user}:{os.environ.get('STRATALOG_ADMIN_PASSWORD', '')}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as r:
+            return r.read()
+    except OSError as e:
+        hint = ""
+        if getattr(e, "code", None) in (401, 403):
+            hint = " (set STRATALOG_ADMIN_USER and STRATALOG_ADMIN_PASSWORD to a SASL user's)"
+        fail(f"cannot read the broker's {path} from http://{address}{path}: {e}{hint}")
+    raise AssertionError("unreachable")

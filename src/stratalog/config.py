@@ -228,7 +228,7 @@ SETTINGS: dict[str, Setting] = {
             "admin.port",
             int,
             0,
-            "Port of the HTTP admin endpoint (/status, /metrics) on the "
+            "Port of the HTTP admin endpoint (/status, /metrics, the web console at /) on the "
             "listener's host; 0: any free port; -1: off.",
         ),
         _S(

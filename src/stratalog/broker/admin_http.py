@@ -1,6 +1,8 @@
-"""The broker's admin endpoint: ``GET /status`` (JSON) and ``GET /metrics`` (Prometheus).
+"""The broker's admin endpoint: ``GET /status`` (JSON), ``GET /metrics`` (Prometheus) and the
+web console (``/`` and ``/api/``: console/routes.py, broker/console_api.py).
 
-A small HTTP/1.1 server on the broker's event loop, with h11 doing the protocol. ``stratalog
+A small HTTP/1.1 server on the broker's event loop, with h11 doing the protocol
+(console/http.py). ``stratalog
 status`` finds it through the Kafka API (the broker's ``admin.address`` config) and prints what
 ``/status`` returns: per topic and per tier the bytes, segments and timestamp range, and the
 migration backlog and rate.
@@ -8,9 +10,10 @@ migration backlog and rate.
 With security on (``admin.auth``: by default when a listener is not PLAINTEXT or the authorizer
 is on) every request needs HTTP basic authentication as a SASL user: a PLAIN user of
 ``sasl.plain.users.file`` or a SCRAM user (security/credentials.py), who with the authorizer on
-must also be allowed DESCRIBE on the cluster. A missing or wrong credential is answered 401, a
-user without that ACL 403. A credential that passed is remembered (as a SHA-256 of the header)
-for ``VERIFIED_S``, so a scraper does not cost a PBKDF2 per scrape.
+must also be allowed DESCRIBE on the cluster; the console then acts as that user, every request
+it makes checked by the authorizer as the Kafka API checks it. A missing or wrong credential is
+answered 401, a user without that ACL 403. A credential that passed is remembered (as a SHA-256
+of the header) for ``VERIFIED_S``, so a scraper does not cost a PBKDF2 per scrape.
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ from typing import Any
 import h11
 from prometheus_client import generate_latest
 
-from stratalog.broker import metrics
+from stratalog.broker import console_api, metrics
+from stratalog.broker.dispatch import make_dispatch
+from stratalog.console import http, routes
 from stratalog.security.acls import CLUSTER_NAME, Operation, ResourceType
+from stratalog.security.tls import ANONYMOUS
 
 VERIFIED_S = 60.0  # how long a credential that passed is taken without checking it again
 VERIFIED_MAX = 1024  # credentials remembered at most
@@ -93,6 +99,12 @@ def _update_log_metrics(core) -> None:
     for state, n in doc["logs"].items():
         metrics.LOGS_BY_STATE.labels(state).set(n)
     metrics.LOG_DIR_STATE.set(int(doc["state"] == "online"))
+
+
+def update_scraped_metrics(core) -> None:
+    """The gauges set afresh at every scrape (on the event loop)."""
+    _update_log_metrics(core)
+    _update_lag_metrics(core)
 
 
 def status(core) -> dict[str, Any]:
@@ -180,6 +192,8 @@ class AdminServer:
         self._server: asyncio.AbstractServer | None = None
         self.basic = needs_credentials(core.config)
         self._verified: dict[bytes, tuple[str, float]] = {}  # header digest -> (user, until)
+        # The console's in-process Kafka requests go through the same dispatch (and checks).
+        self.dispatch = make_dispatch(core)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
@@ -191,57 +205,32 @@ class AdminServer:
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    data = await asyncio.wait_for(reader.read(65536), timeout=30)
-                    conn.receive_data(data)
-                    if not data:
-                        break
-                    continue
-                if isinstance(event, h11.Request):
-                    refusal = None
-                    if self.basic:
-                        peer = writer.get_extra_info("peername")
-                        refusal = await self._refusal(event.headers, peer[0] if peer else "")
-                    if refusal is None:
-                        status, ctype, body = await self._route(event.method, event.target)
-                    else:
-                        status, ctype, body = refusal
-                    headers = [
-                        ("content-type", ctype),
-                        ("content-length", str(len(body))),
-                        ("connection", "close"),  # one request per connection keeps this small
-                    ]
-                    if status == 401:
-                        headers.append(("www-authenticate", 'Basic realm="stratalog"'))
-                    writer.write(conn.send(h11.Response(status_code=status, headers=headers)))
-                    writer.write(conn.send(h11.Data(data=body)))
-                    writer.write(conn.send(h11.EndOfMessage()))
-                    await writer.drain()
-                    break
-                if isinstance(event, h11.ConnectionClosed):
-                    break
-        except (TimeoutError, h11.RemoteProtocolError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+        await http.serve(reader, writer, self._respond)
 
-    async def _refusal(self, headers, host: str) -> tuple[int, str, bytes] | None:
-        """None if the request's basic credential is a SASL user's who may see the cluster;
-        else the answer (401 or 403)."""
+    async def _respond(self, request: h11.Request, body: bytes, host: str) -> http.Answer:
+        user = None
+        if self.basic:
+            refused, user = await self._refusal(request.headers, host)
+            if refused is not None:
+                return refused
+        principal = f"User:{user}" if user else ANONYMOUS
+        return await self._route(request, body, principal, host)
+
+    async def _refusal(self, headers, host: str) -> tuple[http.Answer | None, str | None]:
+        """(None, the user) if the request's basic credential is a SASL user's who may see
+        the cluster; else (the answer, 401 or 403; None)."""
         header = next((v for k, v in headers if k == b"authorization"), None)
         user = await self._user(header) if header is not None else None
         if user is None:
-            return 401, "text/plain", b"a SASL user's credential is needed (HTTP basic auth)\n"
+            answer = http.text(401, "a SASL user's credential is needed (HTTP basic auth)")
+            answer.headers.append(("www-authenticate", 'Basic realm="stratalog"'))
+            return answer, None
         authorizer = self.core.authorizer
         if authorizer is not None and not authorizer.authorize(
             f"User:{user}", host, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME
         ):
-            return 403, "text/plain", f"User:{user} may not DESCRIBE the cluster\n".encode()
-        return None
+            return http.text(403, f"User:{user} may not DESCRIBE the cluster"), None
+        return None, user
 
     async def _user(self, header: bytes) -> str | None:
         """The user a ``Basic`` authorization header proves, if it does."""
@@ -272,18 +261,28 @@ class AdminServer:
         self._verified[digest] = (user, now + VERIFIED_S)
         return user
 
-    async def _route(self, method: bytes, target: bytes) -> tuple[int, str, bytes]:
-        if method != b"GET":
-            return 405, "text/plain", b"only GET\n"
-        path = target.split(b"?", 1)[0]
-        if path == b"/status":
-            return 200, "application/json", json.dumps(status(self.core), indent=1).encode()
-        if path == b"/metrics":
+    async def _route(
+        self, request: h11.Request, body: bytes, principal: str, host: str
+    ) -> http.Answer:
+        path = request.target.split(b"?", 1)[0]
+        if request.method == b"GET" and path == b"/status":
+            doc = json.dumps(status(self.core), indent=1).encode()
+            return http.Answer(200, "application/json", doc)
+        if request.method == b"GET" and path == b"/metrics":
             # Rendered on a thread: pure Python over every sample (20-120 ms a scrape with 23
             # request histograms under load), which on the event loop held every request up.
             # The registry and the metrics take their own locks.
-            _update_log_metrics(self.core)
-            _update_lag_metrics(self.core)
+            update_scraped_metrics(self.core)
             text = await asyncio.get_running_loop().run_in_executor(None, generate_latest)
-            return 200, "text/plain; version=0.0.4", text
-        return 404, "text/plain", b"try /status or /metrics\n"
+            return http.Answer(200, "text/plain; version=0.0.4", text)
+        loop = asyncio.get_running_loop()
+        answer = await routes.answer(
+            request.method,
+            request.target,
+            request.headers,
+            body,
+            lambda: console_api.service(self.core, self.dispatch, loop, principal, host),
+        )
+        if answer is not None:
+            return answer
+        return http.text(404, "try / (the console), /status or /metrics")
