@@ -42,6 +42,7 @@ _FIRST = (
     "spark-2",
     "apps",
     "tests/test_bench.py",
+    "tests/test_bench_tiers.py",
     "conformance",
     "tests/test_crash.py",
     "tests/security/test_kafka_parity.py",

@@ -7,7 +7,6 @@ speed: speeds are for docs/benchmarks.md."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,17 +21,9 @@ from stratalog.bench.runner import CaseResult, Runner, evict_page_cache
 from stratalog.bench.targets import process_cpu_s
 from stratalog.bench.workload import WorkloadError, find_workloads, load_workload, parse_workload
 
+from .bench_runs import _one, assert_report, merged, quick_bench, stratalog
+
 pytestmark = pytest.mark.timeout(900)
-
-
-def stratalog(*args: str, timeout: float = 840) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "stratalog.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_every_workload_file_loads_in_both_profiles():
@@ -129,38 +120,18 @@ def test_process_cpu_and_page_cache_eviction(tmp_path):
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> dict:
-    """Quick runs of every workload kind: plain (a, b with kcat read-back), derived rate (c) and
-    sweep (d) on Stratalog, and a, b, d on Apache Kafka as a peer; then catch-up (e, on the hot
-    tier and from a cold tier), Spark reads (f), tiers (g) and a burst (h) on Stratalog. Three
-    commands, as a target named on the command line runs every workload that has it. Their
-    results are merged; ``_dirs`` are the result directories."""
+    """Quick runs of the plain workload kinds: plain (a, b with kcat read-back), derived rate
+    (c) and sweep (d) on Stratalog, and a, b, d on Apache Kafka as a peer (two commands, as a
+    target named on the command line runs every workload that has it; the tiers' kinds are in
+    test_bench_tiers.py, so the two modules run on two workers). Their results are merged;
+    ``_dirs`` are the result directories."""
     runs = []
     for args in (
         ("a", "b", "c", "d", "-t", "stratalog"),
         ("a", "b", "d", "-t", "kafka"),
-        ("e", "f", "g", "h", "-t", "stratalog", "-t", "stratalog-cold-only",
-         "-t", "stratalog-tiered", "-t", "stratalog-hot-only"),
     ):  # fmt: skip
-        out = tmp_path_factory.mktemp("bench")
-        r = stratalog("bench", *args, "--quick", "--no-limits", "-o", str(out))
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        run = json.loads((out / "results.json").read_text())
-        run["_dir"] = str(out)
-        runs.append(run)
-    results = [r for run in runs for r in run["results"]]
-    return {"results": results, "_dirs": [run["_dir"] for run in runs]}
-
-
-def _one(run: dict, workload: str, target: str, **params) -> dict:
-    hits = [
-        r
-        for r in run["results"]
-        if r["workload"] == workload
-        and r["target"] == target
-        and all(str(r["params"].get(k)) == str(v) for k, v in params.items())
-    ]
-    assert len(hits) == 1, [(r["workload"], r["target"], r["params"]) for r in run["results"]]
-    return hits[0]
+        runs.append(quick_bench(tmp_path_factory.mktemp("bench"), *args))
+    return merged(runs)
 
 
 def test_plain_cases_count_every_record(quick_run):
@@ -229,95 +200,12 @@ def test_d_sweeps_topics_and_layouts(quick_run):
     assert not [r for r in quick_run["results"] if r["target"] == "kafka-fsync"]
 
 
-def test_e_measures_both_phases(quick_run):
-    e = _one(quick_run, "e", "stratalog")
-    assert e["ok"], e["error"]
-    x = e["extra"]
-    assert x["backlog_bytes_written"] >= 16_777_216 - 1024
-    assert x["evicted_bytes"] >= x["backlog_bytes_written"]
-    # Each phase with readers reads the backlog from its start again: at most all of it.
-    assert 0 < x["backlog_read_bytes"] <= x["phase_pairs"] * x["backlog_bytes_written"]
-    # The tail consumers read exactly the phase's records (backlog readers are told apart by
-    # group, not by the order their results arrive in).
-    assert e["consumed"] == e["records"] > 0
-    assert x["publish_alone"]["count"] > 0 and x["publish_with_backlog"]["count"] > 0
-    # The quick profile alternates two pairs of phases: A B A B, each with its own tail topics
-    # and tail readers, the backlog readers in every B phase.
-    phases = x["phases"]
-    assert [(p["phase"], p["pair"]) for p in phases] == [
-        ("alone", 0), ("with-backlog-readers", 0), ("alone", 1), ("with-backlog-readers", 1),
-    ]  # fmt: skip
-    for p in phases:
-        assert p["tail_read"] == p["acked"] > 0
-        assert (p["backlog_read_bytes"] > 0) == (p["phase"] != "alone")
-        assert p["backlog_read_bytes"] <= x["backlog_bytes_written"]
-    assert x["backlog_read_bytes"] == sum(p["backlog_read_bytes"] for p in phases)
-    # The goal compares medians of the phases' p99s (of two values: their mean).
-    med = {
-        kind: sum(p["publish_p99_ms"] for p in phases if p["phase"] == kind) / 2
-        for kind in ("alone", "with-backlog-readers")
-    }
-    assert x["publish_p99_alone_ms"] == pytest.approx(med["alone"])
-    assert x["p99_increase"] == pytest.approx(med["with-backlog-readers"] / med["alone"] - 1)
-    a1, a2 = (p["publish_p99_ms"] for p in phases if p["phase"] == "alone")
-    assert x["alone_p99_spread"] == pytest.approx(max(a1, a2) / min(a1, a2) - 1)
-    # The broker's own produce p99 per phase, from its /metrics histogram: a produce (acks=all,
-    # fsync=always) is answered after an fsync, so it takes some time, and no more than the
-    # client's own p99 plus a bucket's width (the histogram's resolution is 1.5x).
-    for p in phases:
-        assert 0 < p["broker_produce_p99_ms"] <= p["publish_max_ms"] * 1.5
-        assert p["fsync_p99_ms"] > 0  # fsync=always: group commits ran in each phase
-        # Each group commit as the loop sees it holds its fsyncs (same buckets: never less).
-        assert p["commit_p99_ms"] >= p["fsync_p99_ms"]
-    for phase in ("alone", "with_backlog"):
-        assert x[f"broker_produce_p99_{phase}_ms"] > 0
-        assert x[f"fsync_p99_{phase}_ms"] > 0
-        assert x[f"commit_p99_{phase}_ms"] >= x[f"fsync_p99_{phase}_ms"]
-    # From a cold tier too: the backlog was migrated down first, then read in every B phase.
-    t = _one(quick_run, "e", "stratalog-tiered")
-    assert t["ok"], t["error"]
-    assert t["extra"]["migration_wait_s"] > 0
-    assert all(
-        (p["backlog_read_bytes"] > 0) == (p["phase"] != "alone") for p in t["extra"]["phases"]
-    )
-
-
 def test_report_files(quick_run):
-    charts = {0: ("throughput.png", "latency.png", "sweep-d.png"), 2: ("catchup.png",)}
-    for i, workloads in ((0, "abcd"), (2, "efgh")):
-        out = Path(quick_run["_dirs"][i])
-        md = (out / "results.md").read_text()
-        assert "## Goals (ratios from this run)" in md
-        for w in workloads:
-            assert f"## Workload {w}:" in md
-        for png in charts[i]:
-            assert (out / png).stat().st_size > 1000, png
-            assert f"({png})" in md
+    assert_report(quick_run["_dirs"][0], "abcd", ("throughput.png", "latency.png", "sweep-d.png"))
     verdicts = {g.name: g.verdict for g in report.goals(quick_run["results"], None)}
     # Measured in this run (whatever the verdict), or plainly not measured.
     assert verdicts["b vs disk"] == "not measured"  # --no-limits
     assert verdicts["a: one producer, 100 B"] in ("met", "missed")
-    assert verdicts["e: produce p99 with backlog readers (stratalog)"] in ("met", "missed")
-
-
-def test_f_reads_the_topic_into_spark_with_every_format(quick_run):
-    f = _one(quick_run, "f", "stratalog")
-    assert f["ok"], f["error"]
-    assert set(f["extra"]["spark"]) == {"stratalog", "stratalog-python", "kafka"}
-    for fmt in ("stratalog", "stratalog-python", "kafka"):
-        sp = f["extra"]["spark"][fmt]
-        runs, warm = sp["runs"], sp["warmup"]
-        assert len(runs) == 1 and len(warm) == 1  # the quick profile's counts
-        assert all(r["rows"] == f["records"] == 20_000 for r in runs + warm)
-        assert all(r["bytes"] == 20_000 * 1024 for r in runs + warm)
-        assert sp["first_rows_per_s"] == warm[0]["rows_per_s"]
-    # The one-off job: its own fresh session, the whole topic once (in the quick profile for
-    # the JVM connector only: each costs a JVM start).
-    one = f["extra"]["spark"]["stratalog"]["one_off"]
-    assert one["rows"] == 20_000 and one["bytes"] == 20_000 * 1024 and one["seconds"] > 0
-    assert one["rows_per_s"] == one["rows"] / one["seconds"]
-    assert one is not f["extra"]["spark"]["stratalog"]["warmup"][0]
-    assert f["extra"]["spark"]["kafka"]["one_off"] is None
 
 
 def test_several_runs_are_reported_as_medians():
@@ -341,46 +229,6 @@ def test_several_runs_are_reported_as_medians():
     assert row["runs_records_per_s"] == [300, 100, 200]
     md = report.markdown({"started": "-", "command": "x", "runs": 4, "results": [case(1, 300, 9)]})
     assert "median" in md and "| 1: 300 |" in md
-
-
-def test_g_reads_a_log_back_across_tiers(quick_run):
-    g = _one(quick_run, "g", "stratalog-cold-only")
-    assert g["ok"], g["error"]
-    assert g["stored"] == g["records"] == 20_000
-    assert g["extra"]["kcat"]["records"] == g["records"]
-    assert "tiers.hot.capacity" in g["describe"]
-
-
-def test_h_follows_a_burst_into_a_small_hot_tier_and_its_drain(quick_run):
-    quick = find_workloads(["h"], "quick")[0]
-    prefill = quick.prefill_bytes // quick.record_size
-    for target in ("stratalog-tiered", "stratalog-hot-only"):
-        h = _one(quick_run, "h", target)
-        assert h["ok"], h["error"]
-        assert h["records"] == quick.records
-        assert h["stored"] == quick.records + prefill
-    b = _one(quick_run, "h", "stratalog-tiered")["extra"]["burst"]
-    cap = quick.vars["hot_capacity"]
-    seg = quick.vars["segment_bytes"]
-    assert b["capacity_mb"] == cap / 1e6 and b["cold_mb_per_s"] == quick.vars["cold_rate"] / 1e6
-    # The burst (20 MB into a 16 MiB hot tier holding ~7.5 MB) filled the hot tier ...
-    tl = b["timeline"]
-    assert max(p["hot_mb"] for p in tl) >= (cap - seg) / 1e6
-    assert b["absorb_s"] > 0 and b["absorb_mb_per_s"] > 0
-    # ... every acknowledged byte is on the timeline, and migration drained the hot tier back
-    # to the threshold afterwards.
-    assert tl[-1]["acked_mb"] == pytest.approx(quick.records * quick.record_size / 1e6)
-    assert b["drain_s"] is not None
-    assert tl[-1]["hot_mb"] <= (cap * b["threshold"] + seg) / 1e6
-    assert "burst-h.png" in (Path(quick_run["_dirs"][2]) / "results.md").read_text()
-    hot_only = _one(quick_run, "h", "stratalog-hot-only")["extra"]["burst"]
-    assert "capacity_mb" not in hot_only and hot_only["timeline"]
-    # Both burst goals are judged from this run (whatever the verdict), for the tiered target.
-    verdicts = {g.name: g.verdict for g in report.goals(quick_run["results"], None)}
-    filled = "burst taken at the offered rate until the hot tier fills"
-    for goal in (filled, "drain to the threshold"):
-        assert verdicts[f"h: {goal} (stratalog-tiered)"] in ("met", "missed")
-        assert f"h: {goal} (stratalog-hot-only)" not in verdicts
 
 
 @pytest.mark.parametrize(
