@@ -308,6 +308,28 @@ def test_connect_to_a_dead_port_names_the_address(etcd):
     asyncio.run(main())
 
 
+def test_a_lease_granted_late_is_renewed_before_its_deadline(etcd):
+    """A grant sent while etcd is paused is answered when it resumes: the lease's deadline,
+    counted from the send, is then near. Its first keep-alive must go out at once, not a third
+    of the TTL later, when it used to find the deadline passed and drop a lease etcd still held
+    (every broker lost its new registration a second after an etcd pause)."""
+
+    async def body(store: EtcdStore) -> None:
+        etcd.pause()
+        try:
+            grant = asyncio.ensure_future(store.grant_lease(3))
+            await asyncio.sleep(2.2)
+        finally:
+            etcd.resume()
+        lease = await asyncio.wait_for(grant, timeout=5)
+        await store.put("/t/late/k", b"alive", lease=lease)
+        await asyncio.sleep(4)
+        assert not lease.lost.is_set() and lease.held
+        assert await store.get("/t/late/k") is not None
+
+    _run(etcd, body)
+
+
 def test_connect_to_a_paused_etcd_times_out(etcd):
     async def main() -> None:
         etcd.pause()

@@ -126,7 +126,10 @@ class Lease:
     async def _renew_until_lost(self) -> None:
         interval = self.ttl / 3
         while True:
-            await asyncio.sleep(interval)
+            # Leave a keep-alive's time before the deadline: a grant answered late (etcd paused
+            # as it was sent) starts with a near deadline, which a full interval's sleep missed.
+            spare = self._deadline - time.monotonic() - interval
+            await asyncio.sleep(min(interval, max(0.0, spare)))
             failures = 0
             while True:  # retry a failed keep-alive while the lease may still be alive
                 remaining = self._deadline - time.monotonic()
