@@ -410,3 +410,59 @@ def test_a_retry_of_a_written_batch_is_its_duplicate_while_the_in_sync_set_is_sh
     c.close()
     assert values == [b"once"]
     assert retried["base_offset"] == 0
+
+
+def test_the_batches_behind_a_refused_one_are_refused_alike_not_as_a_gap(cluster):
+    """A batch refused NOT_ENOUGH_REPLICAS (unwritten) while the in-sync set is short; the set
+    is whole again before the producer's next batch comes. That one used to fail the sequence
+    check (OUT_OF_ORDER_SEQUENCE_NUMBER), which librdkafka takes for a lost request: it bumps
+    its producer epoch and renumbers every unacknowledged record, some already written (the
+    fault soak's duplicates). It gets the first one's refusal instead, and the producer's retry
+    from the refused batch writes both once."""
+    first = cluster.brokers[0].bootstrap
+    _create(first, "refused-window")
+    t = _wait_in_sync(first, "refused-window", 3)
+    leader_id = t["partitions"][0]["leader_id"]
+    leader = next(b for b in cluster.brokers if b.node_id == leader_id)
+    backups = [b for b in cluster.brokers if b is not leader]
+    pid = wire.call(leader.bootstrap, 22, 4, transactional_id=None, transaction_timeout=-1,
+                    producer_id=-1, producer_epoch=-1)["producer_id"]  # fmt: skip
+
+    def produce(seq: int, value: bytes) -> dict:
+        batch = build_batch([(b"k", value, int(time.time() * 1000))],
+                            producer_id=pid, producer_epoch=0, base_sequence=seq)  # fmt: skip
+        data = [{"name": "refused-window", "partition_data": [{"index": 0, "records": batch}]}]
+        r = wire.call(
+            leader.bootstrap, 0, 9, transactional_id=None, acks=-1, timeout=25000, topic_data=data
+        )
+        return r["responses"][0]["partition_responses"][0]
+
+    for b in backups:
+        cluster.send_signal(b, signal.SIGSTOP)
+    try:
+        shrunk = _wait_in_sync(leader.bootstrap, "refused-window", 1, timeout=30)
+        refused = produce(0, b"v0")
+    finally:
+        for b in backups:
+            cluster.send_signal(b, signal.SIGCONT)
+    assert refused["error_code"] == 19, (refused, shrunk)  # NOT_ENOUGH_REPLICAS
+    _wait_in_sync(leader.bootstrap, "refused-window", 3, timeout=60)
+    behind = produce(1, b"v1")
+    assert behind["error_code"] == 19, behind  # not 45, OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert "sequence 0" in behind["error_message"]
+    assert produce(0, b"v0")["error_code"] == 0
+    assert produce(1, b"v1")["error_code"] == 0
+    c = Consumer({"bootstrap.servers": leader.bootstrap, "group.id": "refused-window",
+                  "enable.partition.eof": True})  # fmt: skip
+    c.assign([TopicPartition("refused-window", 0, 0)])
+    values = []
+    while True:
+        m = c.poll(10)
+        assert m is not None, values
+        if m.error():
+            break
+        values.append(m.value())
+    c.close()
+    assert values == [b"v0", b"v1"]
+    # A gap that no refusal here explains is still one.
+    assert produce(5, b"v5")["error_code"] == 45

@@ -25,6 +25,7 @@ from stratalog.broker.group_coordinator import GroupCoordinator
 from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
+from stratalog.broker.refusals import Refusals
 from stratalog.broker.share_groups import ShareGroups
 from stratalog.broker.share_sessions import ShareSessions
 from stratalog.broker.stopping import BoundedStop
@@ -240,6 +241,7 @@ class BrokerCore:
         )
         self.meta_executor = ThreadPoolExecutor(1, thread_name_prefix="stratalog-meta")
         self.disk = DiskGuard(self.store.root, config["storage.min_free_bytes"])
+        self.refusals = Refusals()  # idempotent batches refused unwritten (api/produce.py)
         self.host = config["host"]
         self.port = config["port"]
         # The inter-broker listener once bound (its advertised address is the broker's), and

@@ -522,6 +522,10 @@ class PartitionLog:
         """Whether appends now land in the cold tier's directory (the hot tier is full)."""
         return self.vlog.active.directory != self.vlog.directory
 
+    def next_sequence(self, producer_id: int, epoch: int) -> int | None:
+        """The sequence this partition expects next from an idempotent producer's epoch."""
+        return self.producers.next_sequence(producer_id, epoch)
+
     def written_duplicate(self, records: bytes | memoryview) -> BatchMeta | None:
         """The written batch that ``records`` (one idempotent batch) repeats, if it is a retry
         of one; None otherwise, or when that cannot be told. Checks nothing else."""

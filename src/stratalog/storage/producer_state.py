@@ -69,6 +69,13 @@ class ProducerStateTable:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
 
+    def next_sequence(self, producer_id: int, epoch: int) -> int | None:
+        """The sequence expected next from ``producer_id`` at ``epoch`` (None: no state)."""
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.epoch != epoch or not entry.batches:
+            return None
+        return (entry.last_seq + 1) & _INT32_MAX
+
     def check(self, h: BatchHeader) -> BatchMeta | None:
         """Validate a batch before it is appended.
 

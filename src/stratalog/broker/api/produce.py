@@ -212,6 +212,8 @@ def _append_all(
                     continue
             if lead is not None:
                 r.error_code = code(lead)
+                if lead in _REFUSED_UNWRITTEN:
+                    core.refusals.note(name, pd.index, pd.records, lead)
                 if hints and lead == leader_hints.NOT_LEADER:
                     r.current_leader = leader_hints.current_leader(core, name, pd.index)
                 any_error = True
@@ -219,6 +221,13 @@ def _append_all(
             p: PartitionLog | None = core.partition(name, pd.index) if topic else None
             if p is None:
                 r.error_code = code("UNKNOWN_TOPIC_OR_PARTITION")
+                any_error = True
+                continue
+            if core.refusals and (
+                again := core.refusals.instead_of_gap(name, pd.index, pd.records, p)
+            ):
+                # An earlier batch of this producer was refused unwritten: refused alike.
+                r.error_code, r.error_message = code(again[0]), again[1]
                 any_error = True
                 continue
             try:
@@ -247,6 +256,8 @@ def _append_all(
                 deposed = isinstance(e, NotPrimary)
                 r.error_code = code("NOT_LEADER_OR_FOLLOWER" if deposed else "KAFKA_STORAGE_ERROR")
                 r.error_message = str(e)
+                if deposed:
+                    core.refusals.note(name, pd.index, pd.records, "NOT_LEADER_OR_FOLLOWER")
                 if deposed and hints:
                     r.current_leader = leader_hints.current_leader(core, name, pd.index)
                 any_error = True
@@ -256,6 +267,11 @@ def _append_all(
             r.log_start_offset = p.log_start_offset
             appended.append((p, res, r, len(pd.records), p.spilling))
     return any_error
+
+
+# Refusals of a whole batch before any of it is written, which librdkafka retries as not
+# persisted (broker/refusals.py).
+_REFUSED_UNWRITTEN = frozenset({"NOT_LEADER_OR_FOLLOWER", "NOT_ENOUGH_REPLICAS"})
 
 
 def _require_keys(records, p: PartitionLog) -> None:
