@@ -360,46 +360,34 @@ def test_a_write_committed_by_a_shrunken_in_sync_set_is_not_acknowledged(cluster
     _wait_in_sync(leader.bootstrap, "shrink", 3, timeout=60)
 
 
-def test_a_retry_of_a_written_batch_is_its_duplicate_while_the_in_sync_set_is_short(cluster):
-    """An idempotent batch written and then left with too few in-sync replicas is answered
-    NOT_ENOUGH_REPLICAS_AFTER_APPEND; the producer's retry of it, while the set is still short,
-    is that batch (answered with its offset once committed), not NOT_ENOUGH_REPLICAS: librdkafka
-    takes the latter for "never written" and, after a producer-epoch bump, sends it again as new
-    records (the fault soak's duplicates)."""
-    first = cluster.brokers[0].bootstrap
-    _create(first, "retry-short")
-    t = _wait_in_sync(first, "retry-short", 3)
-    leader_id = t["partitions"][0]["leader_id"]
-    leader = next(b for b in cluster.brokers if b.node_id == leader_id)
-    backups = [b for b in cluster.brokers if b is not leader]
-    pid = wire.call(leader.bootstrap, 22, 4, transactional_id=None, transaction_timeout=-1,
-                    producer_id=-1, producer_epoch=-1)["producer_id"]  # fmt: skip
-    batch = build_batch(
-        [(b"k", b"once", int(time.time() * 1000))],
-        producer_id=pid, producer_epoch=0, base_sequence=0,
-    )  # fmt: skip
-    data = [{"name": "retry-short", "partition_data": [{"index": 0, "records": batch}]}]
+def _leader_and_backups(cluster: LocalCluster, name: str):
+    _create(cluster.brokers[0].bootstrap, name)
+    t = _wait_in_sync(cluster.brokers[0].bootstrap, name, 3)
+    leader = next(b for b in cluster.brokers if b.node_id == t["partitions"][0]["leader_id"])
+    return leader, [b for b in cluster.brokers if b is not leader]
 
-    def produce() -> dict:
-        r = wire.call(
-            leader.bootstrap, 0, 9, transactional_id=None, acks=-1, timeout=25000, topic_data=data
-        )
+
+def _idempotent_writer(bootstrap: str, name: str):
+    """A new producer id, and a function sending one of its batches (sequence, value) to
+    partition 0 with acks=all; it returns the partition's answer."""
+    pid = wire.call(bootstrap, 22, 4, transactional_id=None, transaction_timeout=-1,
+                    producer_id=-1, producer_epoch=-1)["producer_id"]  # fmt: skip
+
+    def produce(seq: int, value: bytes) -> dict:
+        batch = build_batch([(b"k", value, int(time.time() * 1000))],
+                            producer_id=pid, producer_epoch=0, base_sequence=seq)  # fmt: skip
+        data = [{"name": name, "partition_data": [{"index": 0, "records": batch}]}]
+        r = wire.call(bootstrap, 0, 9, transactional_id=None, acks=-1, timeout=25000,
+                      topic_data=data)  # fmt: skip
         return r["responses"][0]["partition_responses"][0]
 
-    for b in backups:
-        cluster.send_signal(b, signal.SIGSTOP)
-    try:
-        written = produce()
-        retried = produce()
-    finally:
-        for b in backups:
-            cluster.send_signal(b, signal.SIGCONT)
-    assert written["error_code"] == 20, written  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
-    assert retried["error_code"] == 0, retried  # not 19, NOT_ENOUGH_REPLICAS
-    _wait_in_sync(leader.bootstrap, "retry-short", 3, timeout=60)
-    c = Consumer({"bootstrap.servers": leader.bootstrap, "group.id": "retry-short",
-                  "auto.offset.reset": "earliest", "enable.partition.eof": True})  # fmt: skip
-    c.assign([TopicPartition("retry-short", 0, 0)])
+    return produce
+
+
+def _values_of_partition_0(bootstrap: str, name: str) -> list[bytes]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": name,
+                  "enable.partition.eof": True})  # fmt: skip
+    c.assign([TopicPartition(name, 0, 0)])
     values = []
     while True:
         m = c.poll(10)
@@ -408,7 +396,29 @@ def test_a_retry_of_a_written_batch_is_its_duplicate_while_the_in_sync_set_is_sh
             break  # end of the partition
         values.append(m.value())
     c.close()
-    assert values == [b"once"]
+    return values
+
+
+def test_a_retry_of_a_written_batch_is_its_duplicate_while_the_in_sync_set_is_short(cluster):
+    """An idempotent batch written and then left with too few in-sync replicas is answered
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND; the producer's retry of it, while the set is still short,
+    is that batch (answered with its offset once committed), not NOT_ENOUGH_REPLICAS: librdkafka
+    takes the latter for "never written" and, after a producer-epoch bump, sends it again as new
+    records (the fault soak's duplicates)."""
+    leader, backups = _leader_and_backups(cluster, "retry-short")
+    produce = _idempotent_writer(leader.bootstrap, "retry-short")
+    for b in backups:
+        cluster.send_signal(b, signal.SIGSTOP)
+    try:
+        written = produce(0, b"once")
+        retried = produce(0, b"once")
+    finally:
+        for b in backups:
+            cluster.send_signal(b, signal.SIGCONT)
+    assert written["error_code"] == 20, written  # NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    assert retried["error_code"] == 0, retried  # not 19, NOT_ENOUGH_REPLICAS
+    _wait_in_sync(leader.bootstrap, "retry-short", 3, timeout=60)
+    assert _values_of_partition_0(leader.bootstrap, "retry-short") == [b"once"]
     assert retried["base_offset"] == 0
 
 
@@ -419,24 +429,8 @@ def test_the_batches_behind_a_refused_one_are_refused_alike_not_as_a_gap(cluster
     its producer epoch and renumbers every unacknowledged record, some already written (the
     fault soak's duplicates). It gets the first one's refusal instead, and the producer's retry
     from the refused batch writes both once."""
-    first = cluster.brokers[0].bootstrap
-    _create(first, "refused-window")
-    t = _wait_in_sync(first, "refused-window", 3)
-    leader_id = t["partitions"][0]["leader_id"]
-    leader = next(b for b in cluster.brokers if b.node_id == leader_id)
-    backups = [b for b in cluster.brokers if b is not leader]
-    pid = wire.call(leader.bootstrap, 22, 4, transactional_id=None, transaction_timeout=-1,
-                    producer_id=-1, producer_epoch=-1)["producer_id"]  # fmt: skip
-
-    def produce(seq: int, value: bytes) -> dict:
-        batch = build_batch([(b"k", value, int(time.time() * 1000))],
-                            producer_id=pid, producer_epoch=0, base_sequence=seq)  # fmt: skip
-        data = [{"name": "refused-window", "partition_data": [{"index": 0, "records": batch}]}]
-        r = wire.call(
-            leader.bootstrap, 0, 9, transactional_id=None, acks=-1, timeout=25000, topic_data=data
-        )
-        return r["responses"][0]["partition_responses"][0]
-
+    leader, backups = _leader_and_backups(cluster, "refused-window")
+    produce = _idempotent_writer(leader.bootstrap, "refused-window")
     for b in backups:
         cluster.send_signal(b, signal.SIGSTOP)
     try:
@@ -452,17 +446,6 @@ def test_the_batches_behind_a_refused_one_are_refused_alike_not_as_a_gap(cluster
     assert "sequence 0" in behind["error_message"]
     assert produce(0, b"v0")["error_code"] == 0
     assert produce(1, b"v1")["error_code"] == 0
-    c = Consumer({"bootstrap.servers": leader.bootstrap, "group.id": "refused-window",
-                  "enable.partition.eof": True})  # fmt: skip
-    c.assign([TopicPartition("refused-window", 0, 0)])
-    values = []
-    while True:
-        m = c.poll(10)
-        assert m is not None, values
-        if m.error():
-            break
-        values.append(m.value())
-    c.close()
-    assert values == [b"v0", b"v1"]
+    assert _values_of_partition_0(leader.bootstrap, "refused-window") == [b"v0", b"v1"]
     # A gap that no refusal here explains is still one.
     assert produce(5, b"v5")["error_code"] == 45
