@@ -70,6 +70,7 @@ class SharePartition:
         lock_ms: int = 30000,
         delivery_limit: int = 5,
         max_locks: int = 2000,
+        leader_epoch: int = 0,
     ) -> None:
         self.start = start_offset
         self.end = start_offset
@@ -81,6 +82,46 @@ class SharePartition:
         self.lock_ms = lock_ms
         self.delivery_limit = delivery_limit
         self.max_locks = max_locks
+        # The epoch of the partition's leadership this state was taken at (a new leadership
+        # reads the durable state again), and a count of the changes the durable state must
+        # follow (acquisitions, acknowledgements) against the count it holds.
+        self.leader_epoch = leader_epoch
+        self.version = 0
+        self.durable_version = 0
+
+    # -- durable state (share_state.py writes it to __share_group_state) --------------------------
+    def state_batches(self) -> list[tuple[int, int, int, int]]:
+        """Runs (first, last, state, delivery count) covering [start, end): what is written
+        durably. An acquired record is written as available with its delivery count: after a
+        crash its lock is gone and it is delivered again, its earlier deliveries counted."""
+        out: list[tuple[int, int, int, int]] = []
+        records = self.records
+        for off in range(self.start, self.end):
+            r = records[off]
+            state = AVAILABLE if r.state == ACQUIRED else r.state
+            if out and out[-1][2] == state and out[-1][3] == r.delivery_count:
+                out[-1] = (out[-1][0], off, state, r.delivery_count)
+            else:
+                out.append((off, off, state, r.delivery_count))
+        return out
+
+    def restore(self, start: int, batches: list[tuple[int, int, int, int]]) -> None:
+        """Take the state written by :meth:`state_batches` (read back after a restart, or by a
+        new leader). A record written as available that was delivered as often as the limit
+        allows was acquired for its last delivery: it is archived, as a release would."""
+        self.start = self.end = start
+        self.records = {}
+        for first, last, state, count in sorted(batches):
+            for off in range(max(first, start), last + 1):
+                if off >= self.end:
+                    for gap in range(self.end, off):  # (never written so: nothing to deliver)
+                        self.records[gap] = InFlight(ARCHIVED)
+                    self.end = off + 1
+                r = self.records[off] = InFlight(state, count)
+                if state == AVAILABLE and count >= self.delivery_limit:
+                    r.state = ARCHIVED
+        self.written = True
+        self._advance()
 
     # -- acquisition -----------------------------------------------------------------------------
     def fetch_from(self) -> int | None:
@@ -128,8 +169,20 @@ class SharePartition:
                 r.deadline = now + self.lock_ms
                 taken.append(off)
             off += 1
+        if taken:
+            self.version += 1
         self._advance()
         return self._runs(taken)
+
+    def unacquire(self, member: str, acquired: list[Acquired]) -> None:
+        """Undo an acquisition whose durable write failed: the records were never handed out."""
+        for a in acquired:
+            for off in range(a.first_offset, a.last_offset + 1):
+                r = self.records.get(off)
+                if r is not None and r.state == ACQUIRED and r.member == member:
+                    r.state, r.member = AVAILABLE, None
+                    r.delivery_count -= 1
+        self.version += 1
 
     def _runs(self, offsets: list[int]) -> list[Acquired]:
         out: list[Acquired] = []
@@ -173,6 +226,7 @@ class SharePartition:
             else:  # RENEW: the member needs longer; the lock starts over
                 r.deadline = now + self.lock_ms
         self.written = True
+        self.version += 1
         self._advance()
 
     @staticmethod

@@ -8,7 +8,10 @@ answer carries the batches as stored plus the acquired offset ranges with their 
 the client hands out only acquired records. With nothing acquired it waits, up to ``max_wait``,
 for new records or for records to come back (released, or a lock run out).
 
-The share-partitions live on the broker that leads the partition, in memory.
+The share-partitions live on the broker that leads the partition, in memory; their state is
+durable in ``__share_group_state`` (``broker/share_state.py``): read back when a share-partition
+is first used after a start or a change of leader, and written before an answer hands records
+out (the delivery counted) or confirms acknowledgements.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_groups import ShareGroup
 from stratalog.broker.share_partition import Acquired, ShareError, SharePartition
 from stratalog.broker.share_sessions import FINAL_EPOCH, OPEN_EPOCH, ShareSession
+from stratalog.broker.share_state import restore
 from stratalog.protocol.connection import Request
+from stratalog.storage.journal import StorageFailure
 from stratalog.storage.partition import FileSlice, ReadResult
 
 from . import leader_hints
@@ -30,6 +35,10 @@ from .consumer_groups import _now
 from .share_groups import keep_expiring, wake_share_fetches
 
 TopicPartition = tuple[uuid.UUID, int]
+
+# A share-partition whose durable state could not be read or written now (its coordinator is
+# moving, or the write failed): retriable, the client asks again.
+STATE_UNAVAILABLE = "COORDINATOR_NOT_AVAILABLE"
 
 
 class _Outcome:
@@ -56,7 +65,14 @@ def _group(core, group_id: str) -> ShareGroup:
     return g
 
 
+def _leader_epoch(core, topic: str, index: int) -> int:
+    """The epoch of this broker's leadership of the partition (0 on a single node)."""
+    v = core.cluster.vlog_of(topic, index) if core.cluster is not None else None
+    return v.epoch if v is not None else 0
+
+
 def _share_partition(core, g: ShareGroup, tp: TopicPartition) -> tuple[SharePartition | None, str]:
+    """The share-partition of ``tp`` loaded by :func:`_load_share_partitions`, or why not."""
     t = core.topic_by_id(tp[0])
     if t is None:
         return None, "UNKNOWN_TOPIC_ID"
@@ -67,23 +83,78 @@ def _share_partition(core, g: ShareGroup, tp: TopicPartition) -> tuple[SharePart
     if p is None:
         return None, "UNKNOWN_TOPIC_OR_PARTITION"
     sp = g.partitions.get(tp)
-    if sp is None:
-        cfg = core.config
-        earliest = cfg["share.auto.offset.reset"] == "earliest"
-        sp = g.partitions[tp] = SharePartition(
-            p.log_start_offset if earliest else p.high_watermark,
-            lock_ms=cfg["group.share.record.lock.duration.ms"],
-            delivery_limit=cfg["group.share.delivery.count.limit"],
-            max_locks=cfg["group.share.partition.max.record.locks"],
-        )
+    if sp is None or sp.leader_epoch != _leader_epoch(core, t.name, tp[1]):
+        return None, STATE_UNAVAILABLE
     sp.move_start(p.log_start_offset)
     return sp, "NONE"
 
 
-def _acknowledge(core, g: ShareGroup, member: str, topics, out: dict) -> bool:
-    """Apply every acknowledgement batch; whether any record came back for others."""
+async def _load_share_partitions(core, g: ShareGroup, tps) -> None:
+    """Make sure each share-partition of ``tps`` this broker leads is in memory at its current
+    leadership: read its durable state (or start it where ``share.auto.offset.reset`` says when
+    none was written). One that cannot be read now stays out (STATE_UNAVAILABLE)."""
+    cfg = core.config
+    for tp in dict.fromkeys(tps):
+        t = core.topic_by_id(tp[0])
+        if t is None or core.leader_error(t.name, tp[1]) is not None:
+            continue
+        epoch = _leader_epoch(core, t.name, tp[1])
+        sp = g.partitions.get(tp)
+        if sp is not None and sp.leader_epoch == epoch:
+            continue
+        try:
+            state = await core.share_state.read((g.group_id, tp[0], tp[1]))
+        except StorageFailure:
+            continue
+        p = core.partition(t.name, tp[1])
+        sp = g.partitions.get(tp)
+        if p is None or (sp is not None and sp.leader_epoch == epoch):
+            continue  # (gone, or loaded by another request meanwhile)
+        earliest = cfg["share.auto.offset.reset"] == "earliest"
+        sp = SharePartition(
+            p.log_start_offset if earliest else p.high_watermark,
+            lock_ms=cfg["group.share.record.lock.duration.ms"],
+            delivery_limit=cfg["group.share.delivery.count.limit"],
+            max_locks=cfg["group.share.partition.max.record.locks"],
+            leader_epoch=epoch,
+        )
+        if state is not None:
+            restore(sp, state)
+        g.partitions[tp] = sp
+
+
+async def _persist(core, g: ShareGroup, member: str, tps, out: dict, ack: bool) -> None:
+    """Make the state of the share-partitions of ``tps`` durable; a partition whose write
+    failed gets STATE_UNAVAILABLE as its acknowledgement error (``ack``) or its fetch error,
+    and its acquisitions are undone."""
+    tps = [tp for tp in dict.fromkeys(tps) if tp in g.partitions]
+    results = await asyncio.gather(
+        *(core.share_state.persist((g.group_id, *tp), g.partitions[tp]) for tp in tps),
+        return_exceptions=True,
+    )
+    for tp, r in zip(tps, results, strict=True):
+        if r is None:
+            continue
+        if not isinstance(r, StorageFailure):
+            raise r
+        o = out.setdefault(tp, _Outcome())
+        if ack:
+            o.ack_error, o.ack_message = STATE_UNAVAILABLE, str(r)
+        else:
+            g.partitions[tp].unacquire(member, o.acquired)
+            o.acquired = []
+            o.records = None
+            o.error, o.message = STATE_UNAVAILABLE, str(r)
+
+
+def _acknowledge(
+    core, g: ShareGroup, member: str, topics, out: dict
+) -> tuple[bool, list[TopicPartition]]:
+    """Apply every acknowledgement batch; whether any record came back for others, and the
+    share-partitions changed (their state to be made durable before the answer)."""
     now = _now()
     released = False
+    changed: list[TopicPartition] = []
     for t in topics:
         for part in t.partitions:
             batches = part.acknowledgement_batches
@@ -96,6 +167,7 @@ def _acknowledge(core, g: ShareGroup, member: str, topics, out: dict) -> bool:
                 o.ack_error = error
                 continue
             before = sp.fetch_from()
+            changed.append(tp)
             try:
                 for b in batches:
                     sp.acknowledge(
@@ -104,7 +176,16 @@ def _acknowledge(core, g: ShareGroup, member: str, topics, out: dict) -> bool:
             except ShareError as e:
                 o.ack_error, o.ack_message = e.error, e.message
             released |= sp.fetch_from() != before
-    return released
+    return released, changed
+
+
+def _ack_partitions(topics) -> list[TopicPartition]:
+    return [
+        (t.topic_id, p.partition_index)
+        for t in topics
+        for p in t.partitions
+        if p.acknowledgement_batches
+    ]
 
 
 def _session(core, req: Request, added: list[TopicPartition], forgotten: list[TopicPartition]):
@@ -178,14 +259,22 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
         # The answer that opens a session names every partition of it, records or not.
         for tp in session.partitions:
             out[tp] = _Outcome()
-    if _acknowledge(core, g, b.member_id, b.topics, out):
+    await _load_share_partitions(core, g, [*_ack_partitions(b.topics), *session.partitions])
+    released, acked = _acknowledge(core, g, b.member_id, b.topics, out)
+    if released:
         wake_share_fetches(core)
-    if epoch == FINAL_EPOCH:
-        core.share_sessions.close(b.group_id, b.member_id)
-        if _release_member(g, b.member_id):
-            wake_share_fetches(core)
-    else:
-        await _fetch(core, req, g, session, out)
+    # The acknowledgements are made durable while the fetch waits for records: both before
+    # the answer.
+    acks_durable = asyncio.ensure_future(_persist(core, g, b.member_id, acked, out, ack=True))
+    try:
+        if epoch == FINAL_EPOCH:
+            core.share_sessions.close(b.group_id, b.member_id)
+            if _release_member(g, b.member_id):
+                wake_share_fetches(core)
+        else:
+            await _fetch(core, req, g, session, out)
+    finally:
+        await acks_durable
     keep_expiring(core)
     return _answer(core, req, out, lock_ms)
 
@@ -196,11 +285,17 @@ async def _fetch(core, req: Request, g: ShareGroup, session: ShareSession, out: 
     deadline = time.monotonic() + max(0.0, max_wait)
     loop = asyncio.get_running_loop()
     while True:
-        waits = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
-        got = [(o, rr) for o, rr in waits if rr is not None]
+        got = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
         if got or any(o.error != "NONE" for o in out.values()):
-            for o, rr in got:
-                o.records = await loop.run_in_executor(core.read_executor, _bytes_of, rr)
+            # The acquisitions are durable (their delivery counted) before the records go out.
+            durable = _persist(core, g, b.member_id, [tp for tp, _o, _r in got], out, ack=False)
+            reads = asyncio.gather(
+                *(loop.run_in_executor(core.read_executor, _bytes_of, rr) for _t, _o, rr in got)
+            )
+            _none, data = await asyncio.gather(durable, reads)
+            for (_tp, o, _rr), records in zip(got, data, strict=True):
+                if o.acquired:
+                    o.records = records
             return
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -233,9 +328,9 @@ def _acquire(
     out: dict,
 ):
     """Acquire records for ``member`` in each partition of its session, up to ``max_records``
-    over all of them; (outcome, read) of each partition that got some."""
+    over all of them; (partition, outcome, read) of each partition that got some."""
     now = _now()
-    reads: list[tuple[_Outcome, ReadResult | None]] = []
+    reads: list[tuple[TopicPartition, _Outcome, ReadResult]] = []
     budget_records = max(1, max_records)
     budget_bytes = max_bytes
     for tp in session.rotated():
@@ -268,7 +363,7 @@ def _acquire(
         o.acquired = acquired
         budget_records -= sum(a.last_offset - a.first_offset + 1 for a in acquired)
         budget_bytes -= rr.size
-        reads.append((o, rr))
+        reads.append((tp, o, rr))
     return reads
 
 
@@ -327,7 +422,7 @@ _TOPIC_ENTITY = {78: "ShareFetchableTopicResponse", 79: "ShareAcknowledgeTopicRe
 
 
 # -- ShareAcknowledge --------------------------------------------------------------------------
-def handle_share_acknowledge(core, req: Request, conn) -> bytes:
+async def handle_share_acknowledge(core, req: Request, conn) -> bytes:
     b = req.body
     lock_ms = core.config["group.share.record.lock.duration.ms"]
     try:
@@ -341,7 +436,9 @@ def handle_share_acknowledge(core, req: Request, conn) -> bytes:
         return _error_answer(req, e.error, e.message)
     g = _group(core, b.group_id)
     out: dict[TopicPartition, _Outcome] = {}
-    released = _acknowledge(core, g, b.member_id, b.topics, out)
+    await _load_share_partitions(core, g, _ack_partitions(b.topics))
+    released, acked = _acknowledge(core, g, b.member_id, b.topics, out)
+    await _persist(core, g, b.member_id, acked, out, ack=True)
     if b.share_session_epoch == FINAL_EPOCH:
         core.share_sessions.close(b.group_id, b.member_id)
         released |= _release_member(g, b.member_id)
