@@ -1,0 +1,235 @@
+"""Share groups' durable state (``__share_group_state``, broker/share_state.py).
+
+The crash test kills `stratalog serve` with SIGKILL while two librdkafka share consumers
+(confluent-kafka ``ShareConsumer``, explicit acknowledgement) are consuming, one of them holding
+records it acquired and never acknowledged, and restarts it on the same port. The oracle trusts
+only what the consumers saw: each delivery (partition, offset, delivery count), and each
+acknowledgement the broker confirmed (the acknowledgement-commit callback without an error).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+
+from stratalog.broker.share_partition import (
+    ACCEPT,
+    ACKNOWLEDGED,
+    ARCHIVED,
+    AVAILABLE,
+    RELEASE,
+    SharePartition,
+)
+from stratalog.broker.share_state import restore, state_of
+from stratalog.broker.share_state_records import (
+    ShareState,
+    StateBatch,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    kafka_uuid,
+    partition_for,
+)
+
+from .conftest import BrokerProcess, create_topic
+
+DELIVERY_LIMIT = 5
+SETTINGS = {
+    "group.share.record.lock.duration.ms": "3000",
+    "group.share.heartbeat.interval.ms": "1000",
+    "group.share.session.timeout.ms": "10000",
+    "group.share.delivery.count.limit": str(DELIVERY_LIMIT),
+    "share.auto.offset.reset": "earliest",
+}
+
+
+# -- records and the state they carry ---------------------------------------------------------
+def test_snapshot_records_round_trip_in_kafkas_layout() -> None:
+    tid = uuid.UUID("8f1e0a6e-6c1b-4d3b-9a57-0f5a3c2b1d00")
+    key = ("g", tid, 3)
+    raw = encode_key(key)
+    # ShareSnapshotKey (record type 0): group as an int16-length string, the uuid, the index.
+    assert raw == b"\x00\x00" + b"\x00\x01g" + tid.bytes + b"\x00\x00\x00\x03"
+    assert decode_key(raw) == key
+    assert decode_key(b"\x00\x01" + raw[2:]) is None  # a ShareUpdate key: not a state
+    state = ShareState(10, (StateBatch(10, 12, 0, 2), StateBatch(13, 13, 2, 1)), 1, 4, 0)
+    assert decode_value(encode_value(state)) == state
+    assert decode_value(None) is None
+    # Kafka's coordinator key: the topic id in Kafka's base64 spelling.
+    assert kafka_uuid(tid) == "jx4KbmwbTTuaVw9aPCsdAA"
+    assert 0 <= partition_for(key, 50) < 50
+
+
+def test_a_share_partition_restored_keeps_counts_and_redelivers_what_was_acquired() -> None:
+    sp = SharePartition(0, delivery_limit=3)
+    sp.acquire("a", 0, 6, 10, now=0)  # 0-5 delivered once
+    sp.acknowledge("a", 0, 1, (ACCEPT,), now=0)  # start moves to 2
+    sp.acknowledge("a", 3, 3, (RELEASE,), now=0)
+    sp.acquire("b", 3, 4, 10, now=0)  # 3 again: count 2
+    sp.acknowledge("a", 4, 4, (ACCEPT,), now=0)
+    assert state_of(sp).start_offset == 2
+    again = SharePartition(0, delivery_limit=3)
+    restore(again, state_of(sp))
+    assert (again.start, again.end) == (2, 6)
+    # Acquired at the crash (2, 3, 5): available again with their counts; 4 stays done.
+    assert {o: (r.state, r.delivery_count) for o, r in again.records.items()} == {
+        2: (AVAILABLE, 1),
+        3: (AVAILABLE, 2),
+        4: (ACKNOWLEDGED, 1),
+        5: (AVAILABLE, 1),
+    }
+    runs = again.acquire("c", 2, 6, 10, now=0)
+    assert [(a.first_offset, a.last_offset, a.delivery_count) for a in runs] == [
+        (2, 2, 2),
+        (3, 3, 3),
+        (5, 5, 2),
+    ]
+    # A record acquired for its last permitted delivery when the broker went is archived.
+    last = SharePartition(0, delivery_limit=3)
+    restore(last, state_of(again))
+    assert last.records[3].state == ARCHIVED
+
+
+# -- kill -9 with real consumers ----------------------------------------------------------------
+class _Oracle:
+    """What the consumers observed: deliveries and confirmed acknowledgements."""
+
+    def __init__(self) -> None:
+        self.poison: tuple[int, int] | None = None
+        self.deliveries: dict[tuple[int, int], list[int]] = {}
+        self.confirmed: dict[tuple[int, int], int] = {}
+        self.failed: set[tuple[int, int]] = set()  # acknowledgements the broker refused
+        self.killed = False
+        self.redelivered_confirmed: list[tuple[int, int]] = []
+
+    def callback(self, offsets, error) -> None:
+        for tp, offs in offsets.items():
+            for o in offs:
+                key = (tp.partition, o)
+                if key == self.poison:
+                    continue
+                if error is None:
+                    self.confirmed[key] = self.confirmed.get(key, 0) + 1
+                else:
+                    self.failed.add(key)
+
+    def delivered(self, msgs) -> None:
+        for m in msgs:
+            key = (m.partition(), m.offset())
+            if self.confirmed.get(key):
+                self.redelivered_confirmed.append(key)
+            self.deliveries.setdefault(key, []).append(m.delivery_count())
+
+
+def _consumer(bootstrap: str, group: str, topic: str, oracle: _Oracle) -> ShareConsumer:
+    c = ShareConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit",
+        }
+    )
+    c.set_acknowledgement_commit_callback(oracle.callback)
+    c.subscribe([topic])
+    return c
+
+
+def _poll(c: ShareConsumer, oracle: _Oracle, timeout: float = 0.3) -> list:
+    msgs = [m for m in c.poll(timeout) if m.error() is None]
+    oracle.delivered(msgs)
+    return msgs
+
+
+def _ack(c: ShareConsumer, msgs: list, oracle: _Oracle) -> None:
+    for m in msgs:
+        poison = (m.partition(), m.offset()) == oracle.poison
+        c.acknowledge(m, AcknowledgeType.RELEASE if poison else AcknowledgeType.ACCEPT)
+    if msgs:
+        c.commit_sync(10)
+
+
+def test_kill_9_mid_consumption_keeps_acknowledgements_and_delivery_counts(tmp_path: Path) -> None:
+    topic, group, per_partition = "share-crash", "share-crash-g", 1500
+    bp = BrokerProcess(tmp_path / "data", settings=SETTINGS)
+    bp.start()
+    oracle = _Oracle()
+    consumers: list[ShareConsumer] = []
+    try:
+        create_topic(bp.bootstrap, topic, 2)
+        p = Producer({"bootstrap.servers": bp.bootstrap, "acks": "all", "linger.ms": 5})
+        for i in range(2 * per_partition):
+            p.produce(topic, value=f"r{i}".encode(), partition=i % 2)
+        assert p.flush(30) == 0
+        a = _consumer(bp.bootstrap, group, topic, oracle)
+        b = _consumer(bp.bootstrap, group, topic, oracle)
+        consumers = [a, b]
+        # Consume about a third, acknowledging everything.
+        deadline = time.monotonic() + 60
+        while len(oracle.confirmed) < 2 * per_partition // 3:
+            assert time.monotonic() < deadline, f"{len(oracle.confirmed)} confirmed"
+            for c in consumers:
+                _ack(c, _poll(c, oracle), oracle)
+        # b acquires records and never acknowledges them; then the broker dies.
+        held: list = []
+        while not held:
+            assert time.monotonic() < deadline
+            _ack(a, _poll(a, oracle, 0.1), oracle)
+            held = _poll(b, oracle)
+        held_keys = {(m.partition(), m.offset()) for m in held}
+        # One of them is a poison record from now on, always released: it must be archived at
+        # the delivery limit, its deliveries before the crash counted.
+        poison = oracle.poison = min(held_keys)
+        before = {k: list(v) for k, v in oracle.deliveries.items()}
+        confirmed_before = dict(oracle.confirmed)
+        bp.kill()
+        bp.start()  # the same port: the consumers reconnect
+        # b's acknowledgement of what it held reaches a broker that no longer has those records
+        # acquired by anyone: refused, not confirmed.
+        _ack(b, held, oracle)
+        everything = {(part, o) for part in range(2) for o in range(per_partition)} - {poison}
+        deadline = time.monotonic() + 90
+        while True:
+            missing = everything - set(oracle.confirmed) - (oracle.failed - held_keys)
+            poison_done = oracle.deliveries.get(poison, [0])[-1] >= DELIVERY_LIMIT
+            if not missing and poison_done:
+                break
+            assert time.monotonic() < deadline, (
+                f"{len(missing)} never acknowledged, e.g. {sorted(missing)[:5]}; "
+                f"poison deliveries {oracle.deliveries.get(poison)}"
+            )
+            for c in consumers:
+                _ack(c, _poll(c, oracle), oracle)
+        for _ in range(5):  # nothing more comes, the poison record least of all
+            for c in consumers:
+                _ack(c, _poll(c, oracle, 0.2), oracle)
+    finally:
+        for c in consumers:
+            c.close()
+        bp.kill()
+
+    # Nothing whose acknowledgement the broker confirmed was delivered again, before or after
+    # the crash, and every record was confirmed exactly once (an acknowledgement refused at the
+    # crash may have been made durable just before it: then its record is not delivered again).
+    assert oracle.redelivered_confirmed == []
+    assert all(n == 1 for n in oracle.confirmed.values()), {
+        k: n for k, n in oracle.confirmed.items() if n != 1
+    }
+    unconfirmed = everything - set(oracle.confirmed)
+    assert unconfirmed <= oracle.failed - held_keys, sorted(unconfirmed)[:10]
+    assert len(confirmed_before) >= 2 * per_partition // 3
+    # What b held at the crash came again, each with its earlier delivery counted.
+    for key in held_keys - {poison}:
+        seen = oracle.deliveries[key]
+        assert len(seen) >= 2 and seen[-1] > before[key][-1], (key, seen)
+        assert oracle.confirmed.get(key) == 1, key
+    # Delivery counts went on across the crash, never back: the poison record was delivered
+    # at most DELIVERY_LIMIT times in all, with counts rising, then archived.
+    for key, seen in oracle.deliveries.items():
+        assert seen == sorted(set(seen)), (key, seen)
+    assert len(oracle.deliveries[poison]) <= DELIVERY_LIMIT
+    assert oracle.deliveries[poison][-1] == DELIVERY_LIMIT
+    assert len(before.get(poison, [])) >= 1
