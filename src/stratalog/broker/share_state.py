@@ -48,6 +48,14 @@ SHARE_CODEC: StateCodec[ShareKey, ShareState] = StateCodec(
 )
 
 
+class FencedLeader(StorageFailure):
+    """A state write from a leader of the partition older than the one that last wrote it."""
+
+    def __init__(self, keys: list[ShareKey]) -> None:
+        super().__init__(f"share-partition state written by a newer leader: {keys}")
+        self.keys = keys
+
+
 def state_of(sp: SharePartition, leader_epoch: int = 0) -> ShareState:
     batches = tuple(StateBatch(*b) for b in sp.state_batches())
     return ShareState(sp.start, batches, leader_epoch=leader_epoch)
@@ -119,6 +127,15 @@ class ShareStateStore:
         self._ensure_loaded(idx, parts)
         return True
 
+    def keys_of(self, group_id: str) -> list[ShareKey]:
+        """The share-partitions of ``group_id`` with state here: in memory (led here) or
+        durable in a partition of the topic this broker coordinates."""
+        keys = {(group_id, *tp) for g in [self.core.share_groups.group(group_id)] if g
+                for tp in g.partitions}  # fmt: skip
+        for idx in self._loaded:
+            keys.update(k for k in self.log.live(idx) if k[0] == group_id)
+        return sorted(keys, key=lambda k: (str(k[1]), k[2]))
+
     # -- reading and writing ---------------------------------------------------------------------
     def read_local(self, key: ShareKey) -> ShareState | None:
         """The durable state of ``key``, which this broker coordinates (None: none written)."""
@@ -141,9 +158,13 @@ class ShareStateStore:
 
         return await read_remote(self.core, key)
 
-    async def write(self, entries: list[tuple[ShareKey, ShareState | None]]) -> None:
+    async def write(
+        self, entries: list[tuple[ShareKey, ShareState | None]], local_only: bool = False
+    ) -> None:
         """Write the new states (None: delete) and return once durable wherever they are
-        coordinated; raises StorageFailure when any was not made durable."""
+        coordinated (``local_only``: here, WriteShareGroupState's); raises FencedLeader for
+        states older leaders wrote than the ones stored, StorageFailure when any was not made
+        durable."""
         if not entries:
             return
         parts = self.core.share_state_partitions(True)  # created at the first write
@@ -155,6 +176,17 @@ class ShareStateStore:
                 local.append((key, state))
             else:
                 remote.append((key, state))
+        fenced = [
+            key
+            for key, state in local
+            if state is not None
+            and (old := self.log.live(partition_for(key, len(parts))).get(key)) is not None
+            and old.leader_epoch > state.leader_epoch
+        ]
+        if fenced:
+            raise FencedLeader(fenced)
+        if remote and local_only:
+            raise StorageFailure(f"{SHARE_STATE_TOPIC}: not the coordinator of {remote[0][0]}")
         if remote:
             if self.core.cluster is None:
                 raise StorageFailure(f"{SHARE_STATE_TOPIC} is not led here")

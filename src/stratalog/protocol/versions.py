@@ -60,6 +60,9 @@ SHARE_GROUP_HEARTBEAT = 76
 SHARE_GROUP_DESCRIBE = 77
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
+READ_SHARE_GROUP_STATE = 84
+WRITE_SHARE_GROUP_STATE = 85
+DELETE_SHARE_GROUP_STATE = 86
 DESCRIBE_SHARE_GROUP_OFFSETS = 90
 
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -116,6 +119,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SHARE_FETCH: (1, 2),
     SHARE_ACKNOWLEDGE: (1, 2),
     DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
+    # The share coordinator's inter-broker APIs (broker/api/share_state.py), between brokers of
+    # a cluster: a share-partition leader reads and writes its state at the coordinator.
+    READ_SHARE_GROUP_STATE: (0, 0),
+    WRITE_SHARE_GROUP_STATE: (0, 0),
+    DELETE_SHARE_GROUP_STATE: (0, 0),
     # Security (security/, broker/api/sasl.py, broker/api/scram_users.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),

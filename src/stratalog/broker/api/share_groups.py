@@ -10,6 +10,7 @@ import uuid
 from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_groups import ShareGroup, ShareHeartbeat, ShareMember
 from stratalog.protocol.connection import Request
+from stratalog.storage.journal import StorageFailure
 
 from .common import NONE, err, reply, sub
 from .consumer_groups import (
@@ -53,6 +54,12 @@ def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
         answer = core.share_groups.heartbeat(hb, BrokerTopics(core), _now())
     except GroupError as e:
         return heartbeat_refusal(req, e)
+    try:
+        # The state topic exists before the group's first ShareFetch needs it (in a cluster
+        # it is created through etcd, which takes a moment).
+        core.share_state_partitions(True)
+    except StorageFailure:
+        pass
     keep_expiring(core)
     return heartbeat_reply(req, answer)
 
