@@ -165,6 +165,7 @@ def consume_through_a_crash(
     partitions: int,
     per_partition: int,
     crash: Callable[[set[tuple[int, int]]], set[tuple[int, int]]],
+    group: str | None = None,
 ) -> None:
     """Two share consumers consume a third of ``topic`` (filled with ``per_partition`` records
     per partition), acknowledging everything; one of them then acquires records it never
@@ -177,7 +178,7 @@ def consume_through_a_crash(
         p.produce(topic, value=f"r{i}".encode(), partition=i % partitions)
     assert p.flush(30) == 0
     oracle = Oracle()
-    group = f"{topic}-g"
+    group = group or f"{topic}-g"
     consumers = [share_consumer(bootstrap, group, topic, oracle) for _ in range(2)]
     everything = {(part, o) for part in range(partitions) for o in range(per_partition)}
     try:

@@ -14,6 +14,7 @@ answers as a retriable error; a FENCED_LEADER_EPOCH answer is FencedLeader.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -89,17 +90,18 @@ async def _call(core: BrokerCore, address: Address, api_key: int, body: Any) -> 
         raise StorageFailure(f"share coordinator at {address[0]}:{address[1]}: {e}") from None
 
 
-def _build(api_key: int, **fields: Any) -> Any:
-    return codec.build(codec.request_class(api_key, 0), **fields)
+def _schema(api_key: int) -> Any:
+    """The module of the request's classes (its nested entities by name)."""
+    return importlib.import_module(codec.request_class(api_key, 0).__module__)
 
 
 async def read_remote(core: BrokerCore, key: ShareKey) -> ShareState | None:
     group, topic_id, index = key
-    body = _build(
-        READ_SHARE_GROUP_STATE,
+    m = _schema(READ_SHARE_GROUP_STATE)
+    body = m.ReadShareGroupStateRequest(
         group_id=group,
-        topics=[{"topic_id": topic_id,
-                 "partitions": [{"partition": index, "leader_epoch": -1}]}],
+        topics=(m.ReadStateData(topic_id=topic_id,
+                                partitions=(m.PartitionData(partition=index, leader_epoch=-1),)),),
     )  # fmt: skip
     resp = await _call(core, _coordinator(core, key), READ_SHARE_GROUP_STATE, body)
     for t in resp.results:
@@ -116,20 +118,20 @@ async def read_remote(core: BrokerCore, key: ShareKey) -> ShareState | None:
     raise StorageFailure(f"ReadShareGroupState of {key}: no answer for it")
 
 
-def _partition(key: ShareKey, state: ShareState | None) -> dict[str, Any]:
+def _partition(m: Any, key: ShareKey, state: ShareState | None) -> Any:
     if state is None:
-        return {"partition": key[2]}
-    return {
-        "partition": key[2],
-        "state_epoch": state.state_epoch,
-        "leader_epoch": state.leader_epoch,
-        "start_offset": state.start_offset,
-        "state_batches": [
-            {"first_offset": b.first_offset, "last_offset": b.last_offset,
-             "delivery_state": b.delivery_state, "delivery_count": b.delivery_count}
+        return m.PartitionData(partition=key[2])
+    return m.PartitionData(
+        partition=key[2],
+        state_epoch=state.state_epoch,
+        leader_epoch=state.leader_epoch,
+        start_offset=state.start_offset,
+        state_batches=tuple(
+            m.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
+                         delivery_state=b.delivery_state, delivery_count=b.delivery_count)
             for b in state.batches
-        ],
-    }  # fmt: skip
+        ),
+    )  # fmt: skip
 
 
 async def write_remote(core: BrokerCore, entries: list[tuple[ShareKey, ShareState | None]]):
@@ -141,12 +143,15 @@ async def write_remote(core: BrokerCore, entries: list[tuple[ShareKey, ShareStat
         requests.setdefault((_coordinator(core, key), key[0], api), []).append((key, state))
 
     async def one(address: Address, group: str, api: int, items) -> list[tuple[ShareKey, str]]:
+        m = _schema(api)
         by_topic: dict = {}
         for key, state in items:
-            by_topic.setdefault(key[1], []).append(_partition(key, state))
-        body = _build(api, group_id=group, topics=[
-            {"topic_id": tid, "partitions": parts} for tid, parts in by_topic.items()
-        ])  # fmt: skip
+            by_topic.setdefault(key[1], []).append(_partition(m, key, state))
+        data = m.WriteStateData if api == WRITE_SHARE_GROUP_STATE else m.DeleteStateData
+        request = codec.request_class(api, 0)
+        body = request(group_id=group, topics=tuple(
+            data(topic_id=tid, partitions=tuple(parts)) for tid, parts in by_topic.items()
+        ))  # fmt: skip
         resp = await _call(core, address, api, body)
         return [
             ((group, t.topic_id, p.partition), p.error_code.name.upper())

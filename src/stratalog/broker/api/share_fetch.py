@@ -37,7 +37,10 @@ from .share_groups import keep_expiring, wake_share_fetches
 TopicPartition = tuple[uuid.UUID, int]
 
 # A share-partition whose durable state could not be read or written now (its coordinator is
-# moving, or the write failed): retriable, the client asks again.
+# moving, or the write failed). An acknowledgement that was not made durable is answered with
+# it (as Kafka's share-partition leader answers its persister's failures); a fetch leaves such a
+# partition out of its answer, without an error, as Kafka does while a share-partition is not
+# initialized (librdkafka takes an error there as fatal), and the client fetches again.
 STATE_UNAVAILABLE = "COORDINATOR_NOT_AVAILABLE"
 
 
@@ -125,8 +128,8 @@ async def _load_share_partitions(core, g: ShareGroup, tps) -> None:
 
 async def _persist(core, g: ShareGroup, member: str, tps, out: dict, ack: bool) -> None:
     """Make the state of the share-partitions of ``tps`` durable; a partition whose write
-    failed gets STATE_UNAVAILABLE as its acknowledgement error (``ack``) or its fetch error,
-    and its acquisitions are undone."""
+    failed gets STATE_UNAVAILABLE as its acknowledgement error (``ack``), or has its
+    acquisitions undone (and hands out nothing)."""
     tps = [tp for tp in dict.fromkeys(tps) if tp in g.partitions]
     results = await asyncio.gather(
         *(core.share_state.persist((g.group_id, *tp), g.partitions[tp]) for tp in tps),
@@ -144,7 +147,6 @@ async def _persist(core, g: ShareGroup, member: str, tps, out: dict, ack: bool) 
             g.partitions[tp].unacquire(member, o.acquired)
             o.acquired = []
             o.records = None
-            o.error, o.message = STATE_UNAVAILABLE, str(r)
 
 
 def _acknowledge(
@@ -285,6 +287,7 @@ async def _fetch(core, req: Request, g: ShareGroup, session: ShareSession, out: 
     deadline = time.monotonic() + max(0.0, max_wait)
     loop = asyncio.get_running_loop()
     while True:
+        await _load_share_partitions(core, g, session.partitions)  # (one that failed before)
         got = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
         if got or any(o.error != "NONE" for o in out.values()):
             # The acquisitions are durable (their delivery counted) before the records go out.
@@ -336,7 +339,8 @@ def _acquire(
     for tp in session.rotated():
         sp, error = _share_partition(core, g, tp)
         if sp is None:
-            out.setdefault(tp, _Outcome()).error = error
+            if error != STATE_UNAVAILABLE:
+                out.setdefault(tp, _Outcome()).error = error
             continue
         if budget_records <= 0 or budget_bytes <= 0:
             break
