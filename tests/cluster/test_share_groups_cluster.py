@@ -14,18 +14,27 @@ the oracle counts what the consumers saw and what the brokers confirmed).
 from __future__ import annotations
 
 import signal
+import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from stratalog.broker.share_state_records import SHARE_STATE_TOPIC, partition_for
+from stratalog.broker.share_state import FencedLeader
+from stratalog.broker.share_state_records import (
+    SHARE_STATE_TOPIC,
+    ShareState,
+    StateBatch,
+    partition_for,
+)
 from stratalog.cluster.local_cluster import LocalCluster
+from stratalog.storage.journal import StorageFailure
 
 from ..conformance import wire
 from ..test_share_state import SETTINGS, Oracle, consume_through_a_crash, poll, share_consumer
-from .conftest import wait_for
+from .conftest import in_process_brokers, wait_for
 
 PARTITIONS = 3
+NOT_COORDINATOR = 16
 
 
 @pytest.fixture
@@ -102,3 +111,53 @@ def test_share_group_across_leaders_survives_a_leader_failover(cluster: LocalClu
     state = wire.metadata(alive, SHARE_STATE_TOPIC)["topics"][0]
     assert state["error_code"] == 0 and state["partitions"]
     assert all(len(p["replica_nodes"]) == 3 for p in state["partitions"])
+
+
+@pytest.fixture(scope="module")
+def two(etcd, tmp_path_factory):
+    started = in_process_brokers(etcd, tmp_path_factory, "share", {"admin.port": -1})
+    try:
+        yield next(started)
+    finally:
+        started.close()
+
+
+def test_state_is_read_and_written_at_its_coordinator(two) -> None:
+    """A broker reads and writes the state of a share-partition another broker coordinates
+    through it (ReadShareGroupState, WriteShareGroupState, DeleteShareGroupState), and a write
+    from an older leader of the partition is fenced there."""
+    first, _second = two
+
+    def created() -> dict[int, int] | None:
+        try:
+            first.call(first.core.share_state_partitions, True)
+        except StorageFailure:
+            return None  # (being created through etcd)
+        return all(_led(b.bootstrap, SHARE_STATE_TOPIC) for b in two) and _led(
+            first.bootstrap, SHARE_STATE_TOPIC
+        )
+
+    state_leaders = wait_for(created, 30)
+    assert state_leaders, f"{SHARE_STATE_TOPIC} was not created"
+    tid = uuid.uuid4()
+    key = ("g", tid, 0)
+    # b2 coordinates the key, b1 asks it.
+    b2 = next(
+        b for b in two if b.core.node_id == state_leaders[partition_for(key, len(state_leaders))]
+    )
+    b1 = next(b for b in two if b is not b2)
+    state = ShareState(7, (StateBatch(7, 9, 0, 2), StateBatch(10, 10, 2, 1)), leader_epoch=3)
+    b1.call(b1.core.share_state.write, [(key, state)])  # through b2
+    assert b2.call(b2.core.share_state.read_local, key) == state
+    assert b1.call(b1.core.share_state.read, key) == ShareState(7, state.batches)
+    # A former leader (epoch 2) cannot overwrite what the leader at epoch 3 wrote.
+    with pytest.raises(FencedLeader):
+        b1.call(b1.core.share_state.write, [(key, ShareState(8, leader_epoch=2))])
+    assert b2.call(b2.core.share_state.read_local, key) == state
+    # b1 does not coordinate the key: it says so to whoever asks it.
+    asked = wire.call(b1.bootstrap, 84, 0, group_id=key[0], topics=[
+        {"topic_id": tid, "partitions": [{"partition": 0, "leader_epoch": 3}]}])  # fmt: skip
+    assert asked["results"][0]["partitions"][0]["error_code"] == NOT_COORDINATOR
+    b1.call(b1.core.share_state.write, [(key, None)])  # DeleteShareGroupState
+    assert b1.call(b1.core.share_state.read, key) is None
+    assert b2.call(b2.core.share_state.read_local, key) is None
