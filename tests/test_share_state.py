@@ -36,7 +36,9 @@ from stratalog.broker.share_state_records import (
     partition_for,
 )
 
+from .conformance import wire
 from .conftest import BrokerProcess, create_topic
+from .test_share_groups import JavaShareConsumer, _produce
 
 DELIVERY_LIMIT = 5
 SETTINGS = {
@@ -263,5 +265,55 @@ def test_kill_9_mid_consumption_keeps_acknowledgements_and_delivery_counts(tmp_p
     try:
         create_topic(bp.bootstrap, topic, 2)
         consume_through_a_crash(bp.bootstrap, topic, 2, 1500, crash)
+    finally:
+        bp.kill()
+
+
+def _spso(bootstrap: str, group: str) -> tuple[int, int]:
+    """(start offset, lag) of the group's one share-partition, as DescribeShareGroupOffsets."""
+    r = wire.call(bootstrap, 90, 1, groups=[{"group_id": group, "topics": None}])
+    topics = r["groups"][0]["topics"]
+    if not topics:
+        return -1, -1
+    (part,) = topics[0]["partitions"]
+    return part["start_offset"], part["lag"]
+
+
+def _java_run(bootstrap: str, group: str, topic: str) -> list[tuple[int, int, int, str]]:
+    """Kafka's KafkaShareConsumer (kafka-console-share-consumer) until 2.5 s pass without a
+    record; it acknowledges what it printed as it goes and when it closes."""
+    c = JavaShareConsumer(bootstrap, group, topic, "--timeout-ms", "2500")
+    try:
+        c.proc.wait(60)
+    finally:
+        c.stop()
+    return c.records()
+
+
+def test_java_share_consumer_state_survives_kill_9_and_delete_groups(tmp_path: Path) -> None:
+    """What Kafka's Java share consumer acknowledged survives a kill -9 of the broker: the
+    start offset is reported from the durable state before anyone fetches, and only new
+    records are delivered; DeleteGroups deletes that state durably, so the group starts over."""
+    topic, group = "share-java-durable", "share-java-durable-g"
+    bp = BrokerProcess(tmp_path / "data", settings=SETTINGS)
+    bp.start()
+    try:
+        create_topic(bp.bootstrap, topic, 1)
+        _produce(bp.bootstrap, topic, 1, 0, 5)
+        assert _java_run(bp.bootstrap, group, topic) == [(0, o, 1, f"r{o}") for o in range(5)]
+        assert _spso(bp.bootstrap, group) == (5, 0)
+        bp.kill()
+        bp.start()
+        assert _spso(bp.bootstrap, group) == (5, 0)  # read from __share_group_state
+        _produce(bp.bootstrap, topic, 1, 5, 2)
+        assert _spso(bp.bootstrap, group) == (5, 2)
+        assert _java_run(bp.bootstrap, group, topic) == [(0, 5, 1, "r5"), (0, 6, 1, "r6")]
+        deleted = wire.call(bp.bootstrap, 42, 2, groups_names=[group])
+        assert deleted["results"][0]["error_code"] == 0, deleted
+        bp.kill()
+        bp.start()
+        assert _spso(bp.bootstrap, group) == (-1, -1)
+        again = _java_run(bp.bootstrap, group, topic)
+        assert again == [(0, o, 1, f"r{o}") for o in range(7)]  # from the log start, afresh
     finally:
         bp.kill()
