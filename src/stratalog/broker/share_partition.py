@@ -19,6 +19,7 @@ that until ``start`` moves, as Kafka's ``group.share.partition.max.record.locks`
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,6 +89,8 @@ class SharePartition:
         self.leader_epoch = leader_epoch
         self.version = 0
         self.durable_version = 0
+        # Lock deadlines in the order given out (so, rising: the lock time is one setting).
+        self._deadlines: deque[int] = deque()
 
     # -- durable state (share_state.py writes it to __share_group_state) --------------------------
     def state_batches(self) -> list[tuple[int, int, int, int]]:
@@ -148,31 +151,48 @@ class SharePartition:
     def acquire(self, member: str, lo: int, hi: int, max_records: int, now: int) -> list[Acquired]:
         """Lock up to ``max_records`` acquirable offsets in [lo, hi) (the range a read of the
         log covered) for ``member``; the runs handed out, in offset order."""
-        taken: list[int] = []
+        # One pass, per record only what must be per record (this runs for every record a
+        # share group delivers).
+        records = self.records
+        deadline = now + self.lock_ms
+        limit = self.start + self.max_locks
+        end = self.end
+        runs: list[list[int]] = []  # [first, last, delivery count]
+        taken = 0
         off = max(lo, self.start)
-        while off < hi and len(taken) < max_records:
-            if off >= self.end:
-                if self.end - self.start >= self.max_locks:
+        while off < hi and taken < max_records:
+            if off >= end:
+                if end >= limit:
                     break
-                if off > self.end:
-                    # Offsets the log does not have (compacted away, or before the read's first
-                    # batch): nothing to deliver, done at once.
-                    for gap in range(self.end, off):
-                        self.records[gap] = InFlight(ARCHIVED)
-                self.end = off + 1
-                self.records[off] = InFlight(AVAILABLE)
-            r = self.records[off]
-            if r.state == AVAILABLE:
+                # Offsets the log does not have (compacted away, or before the read's first
+                # batch): nothing to deliver, done at once.
+                for gap in range(end, off):
+                    records[gap] = InFlight(ARCHIVED)
+                end = off + 1
+                r = records[off] = InFlight(ACQUIRED, 1, member, deadline)
+            else:
+                r = records[off]
+                if r.state != AVAILABLE:
+                    off += 1
+                    continue
                 r.state = ACQUIRED
                 r.member = member
                 r.delivery_count += 1
-                r.deadline = now + self.lock_ms
-                taken.append(off)
+                r.deadline = deadline
+            taken += 1
+            count = r.delivery_count
+            last = runs[-1] if runs else None
+            if last is not None and last[1] == off - 1 and last[2] == count:
+                last[1] = off
+            else:
+                runs.append([off, off, count])
             off += 1
+        self.end = end
         if taken:
             self.version += 1
+            self._deadlines.append(deadline)
         self._advance()
-        return self._runs(taken)
+        return [Acquired(a, b, c) for a, b, c in runs]
 
     def unacquire(self, member: str, acquired: list[Acquired]) -> None:
         """Undo an acquisition whose durable write failed: the records were never handed out."""
@@ -183,16 +203,6 @@ class SharePartition:
                     r.state, r.member = AVAILABLE, None
                     r.delivery_count -= 1
         self.version += 1
-
-    def _runs(self, offsets: list[int]) -> list[Acquired]:
-        out: list[Acquired] = []
-        for off in offsets:
-            count = self.records[off].delivery_count
-            if out and out[-1].last_offset == off - 1 and out[-1].delivery_count == count:
-                out[-1] = Acquired(out[-1].first_offset, off, count)
-            else:
-                out.append(Acquired(off, off, count))
-        return out
 
     # -- acknowledgement ---------------------------------------------------------------------------
     def acknowledge(
@@ -205,26 +215,35 @@ class SharePartition:
             raise ShareError("INVALID_REQUEST", "Invalid acknowledgement batch.")
         if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):
             raise ShareError("INVALID_REQUEST", "Invalid acknowledge type.")
-        for off in range(max(first, self.start), last + 1):
-            r = self.records.get(off) if off < self.end else None
+        records = self.records
+        lo = max(first, self.start)
+        for off in range(lo, last + 1):
+            r = records.get(off)
             if r is None or r.state != ACQUIRED or r.member != member:
                 raise ShareError(
                     "INVALID_RECORD_STATE",
                     f"The record at offset {off} is not acquired by member {member}.",
                 )
-        for i, off in enumerate(range(first, last + 1)):
-            if off < self.start:
-                continue  # done already (Kafka ignores acknowledgements below the start too)
-            t = types[0] if len(types) == 1 else types[i]
-            r = self.records[off]
-            if t == ACCEPT:
-                self._finish(r, ACKNOWLEDGED)
-            elif t in (REJECT, GAP):
-                self._finish(r, ARCHIVED)
-            elif t == RELEASE:
-                self._release(r)
-            else:  # RENEW: the member needs longer; the lock starts over
-                r.deadline = now + self.lock_ms
+        # Offsets below the start are done already (Kafka ignores acknowledgements of them).
+        if len(types) == 1 and types[0] in (ACCEPT, REJECT, GAP):
+            done = ACKNOWLEDGED if types[0] == ACCEPT else ARCHIVED
+            for off in range(lo, last + 1):
+                r = records[off]
+                r.state = done
+                r.member = None
+        else:
+            for off in range(lo, last + 1):
+                t = types[0] if len(types) == 1 else types[off - first]
+                r = records[off]
+                if t == ACCEPT:
+                    self._finish(r, ACKNOWLEDGED)
+                elif t in (REJECT, GAP):
+                    self._finish(r, ARCHIVED)
+                elif t == RELEASE:
+                    self._release(r)
+                else:  # RENEW: the member needs longer; the lock starts over
+                    r.deadline = now + self.lock_ms
+                    self._deadlines.append(r.deadline)
         self.written = True
         self.version += 1
         self._advance()
@@ -247,6 +266,9 @@ class SharePartition:
     # -- locks and members -----------------------------------------------------------------------
     def expire(self, now: int) -> int:
         """Release every record whose lock has run out; how many came back."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0] <= now:
+            deadlines.popleft()
         return self._release_where(lambda r: r.deadline <= now)
 
     def release_member(self, member: str) -> int:
@@ -265,7 +287,10 @@ class SharePartition:
         return n
 
     def next_deadline(self) -> int | None:
-        return min((r.deadline for r in self.records.values() if r.state == ACQUIRED), default=None)
+        """The earliest lock deadline given out and not yet expired (maybe of records
+        acknowledged since: the expiry it causes then finds nothing, which costs less than
+        looking through every record at every request)."""
+        return self._deadlines[0] if self._deadlines else None
 
     def move_start(self, log_start: int) -> None:
         """The log lost its records before ``log_start`` (retention, DeleteRecords): they can
