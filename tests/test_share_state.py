@@ -279,12 +279,14 @@ def _spso(bootstrap: str, group: str) -> tuple[int, int]:
     return part["start_offset"], part["lag"]
 
 
-def _java_run(bootstrap: str, group: str, topic: str) -> list[tuple[int, int, int, str]]:
-    """Kafka's KafkaShareConsumer (kafka-console-share-consumer) until 2.5 s pass without a
-    record; it acknowledges what it printed as it goes and when it closes."""
-    c = JavaShareConsumer(bootstrap, group, topic, "--timeout-ms", "2500")
+def _java_run(bootstrap: str, group: str, topic: str, n: int) -> list[tuple[int, int, int, str]]:
+    """Kafka's KafkaShareConsumer (kafka-console-share-consumer) until it printed ``n`` records
+    (it acknowledges them as it goes, the last ones when it closes), or 30 s without one."""
+    c = JavaShareConsumer(
+        bootstrap, group, topic, "--max-messages", str(n), "--timeout-ms", "30000"
+    )
     try:
-        c.proc.wait(60)
+        c.proc.wait(90)
     finally:
         c.stop()
     return c.records()
@@ -300,20 +302,21 @@ def test_java_share_consumer_state_survives_kill_9_and_delete_groups(tmp_path: P
     try:
         create_topic(bp.bootstrap, topic, 1)
         _produce(bp.bootstrap, topic, 1, 0, 5)
-        assert _java_run(bp.bootstrap, group, topic) == [(0, o, 1, f"r{o}") for o in range(5)]
+        assert _java_run(bp.bootstrap, group, topic, 5) == [(0, o, 1, f"r{o}") for o in range(5)]
         assert _spso(bp.bootstrap, group) == (5, 0)
         bp.kill()
         bp.start()
         assert _spso(bp.bootstrap, group) == (5, 0)  # read from __share_group_state
         _produce(bp.bootstrap, topic, 1, 5, 2)
         assert _spso(bp.bootstrap, group) == (5, 2)
-        assert _java_run(bp.bootstrap, group, topic) == [(0, 5, 1, "r5"), (0, 6, 1, "r6")]
+        assert _java_run(bp.bootstrap, group, topic, 2) == [(0, 5, 1, "r5"), (0, 6, 1, "r6")]
+        assert _spso(bp.bootstrap, group) == (7, 0)
         deleted = wire.call(bp.bootstrap, 42, 2, groups_names=[group])
         assert deleted["results"][0]["error_code"] == 0, deleted
         bp.kill()
         bp.start()
         assert _spso(bp.bootstrap, group) == (-1, -1)
-        again = _java_run(bp.bootstrap, group, topic)
+        again = _java_run(bp.bootstrap, group, topic, 7)
         assert again == [(0, o, 1, f"r{o}") for o in range(7)]  # from the log start, afresh
     finally:
         bp.kill()
