@@ -589,6 +589,12 @@ class BrokerCore:
         elif name == SHARE_STATE_TOPIC:
             self.share_state.load()
 
+    def leadership_epoch(self, topic: str, index: int) -> int:
+        """The epoch of the partition's leadership (its virtual log's; 0 on a single node):
+        a coordinator or share-partition leader reads its state again when it changes."""
+        v = self.cluster.vlog_of(topic, index) if self.cluster is not None else None
+        return v.epoch if v is not None else 0
+
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""
         if self.cluster is None:

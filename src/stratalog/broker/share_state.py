@@ -80,13 +80,6 @@ class ShareStateStore:
         self._writing: dict[ShareKey, asyncio.Future[bool]] = {}
 
     # -- which partitions are coordinated here ---------------------------------------------------
-    def _leader_epoch(self, idx: int) -> int:
-        cluster = self.core.cluster
-        if cluster is None:
-            return 0
-        v = cluster.vlog_of(SHARE_STATE_TOPIC, idx)
-        return v.epoch if v is not None else 0
-
     def _led_here(self, idx: int, parts) -> bool:
         p = parts[idx]
         return (
@@ -107,7 +100,7 @@ class ShareStateStore:
             self.log.forget_partition(idx)
 
     def _ensure_loaded(self, idx: int, parts) -> None:
-        epoch = self._leader_epoch(idx)
+        epoch = self.core.leadership_epoch(SHARE_STATE_TOPIC, idx)
         if self._loaded.get(idx) != epoch:
             self.log.forget_partition(idx)
             found = self.log.load_partition(idx, parts[idx])

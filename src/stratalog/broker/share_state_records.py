@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from stratalog.broker.offset_records import OffsetRecordError, _Reader, _string
 from stratalog.broker.offset_records import partition_for as _hash_partition
+from stratalog.protocol.wire import uvarint
 
 SHARE_STATE_TOPIC = "__share_group_state"
 SNAPSHOT_KEY = 0  # ShareSnapshotKey's record type
@@ -79,15 +80,6 @@ def encode_key(key: ShareKey) -> bytes:
     return _I16.pack(SNAPSHOT_KEY) + _string(group) + topic_id.bytes + _I32.pack(partition)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_value(s: ShareState) -> bytes:
     parts = [
         _I16.pack(VALUE_VERSION),
@@ -95,7 +87,7 @@ def encode_value(s: ShareState) -> bytes:
         _I32.pack(s.state_epoch),
         _I32.pack(s.leader_epoch),
         _I64.pack(s.start_offset),
-        _uvarint(len(s.batches) + 1),
+        uvarint(len(s.batches) + 1),
     ]
     for b in s.batches:
         parts.append(_BATCH.pack(b.first_offset, b.last_offset, b.delivery_state,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from stratalog.broker.offset_records import OffsetRecordError
-from stratalog.broker.offset_store import _read_records
+from stratalog.broker.offset_store import _read_records, cancel_all
 from stratalog.records import build_batch
 from stratalog.storage.batch import CorruptBatchError
 from stratalog.storage.journal import StorageFailure
@@ -258,13 +258,7 @@ class StateLog(Generic[K, V]):
             self._compacting.discard(idx)
 
     async def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_all(self._tasks)
 
     def abandon(self) -> None:
         for t in list(self._tasks):

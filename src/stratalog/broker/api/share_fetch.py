@@ -68,12 +68,6 @@ def _group(core, group_id: str) -> ShareGroup:
     return g
 
 
-def _leader_epoch(core, topic: str, index: int) -> int:
-    """The epoch of this broker's leadership of the partition (0 on a single node)."""
-    v = core.cluster.vlog_of(topic, index) if core.cluster is not None else None
-    return v.epoch if v is not None else 0
-
-
 def _share_partition(core, g: ShareGroup, tp: TopicPartition) -> tuple[SharePartition | None, str]:
     """The share-partition of ``tp`` loaded by :func:`_load_share_partitions`, or why not."""
     t = core.topic_by_id(tp[0])
@@ -86,7 +80,7 @@ def _share_partition(core, g: ShareGroup, tp: TopicPartition) -> tuple[SharePart
     if p is None:
         return None, "UNKNOWN_TOPIC_OR_PARTITION"
     sp = g.partitions.get(tp)
-    if sp is None or sp.leader_epoch != _leader_epoch(core, t.name, tp[1]):
+    if sp is None or sp.leader_epoch != core.leadership_epoch(t.name, tp[1]):
         return None, STATE_UNAVAILABLE
     sp.move_start(p.log_start_offset)
     return sp, "NONE"
@@ -101,7 +95,7 @@ async def _load_share_partitions(core, g: ShareGroup, tps) -> None:
         t = core.topic_by_id(tp[0])
         if t is None or core.leader_error(t.name, tp[1]) is not None:
             continue
-        epoch = _leader_epoch(core, t.name, tp[1])
+        epoch = core.leadership_epoch(t.name, tp[1])
         sp = g.partitions.get(tp)
         if sp is not None and sp.leader_epoch == epoch:
             continue
