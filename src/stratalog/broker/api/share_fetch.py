@@ -120,11 +120,12 @@ async def _load_share_partitions(core, g: ShareGroup, tps) -> None:
         g.partitions[tp] = sp
 
 
-async def _persist(core, g: ShareGroup, member: str, tps, out: dict, ack: bool) -> None:
-    """Make the state of the share-partitions of ``tps`` durable; a partition whose write
-    failed gets STATE_UNAVAILABLE as its acknowledgement error (``ack``), or has its
-    acquisitions undone (and hands out nothing)."""
-    tps = [tp for tp in dict.fromkeys(tps) if tp in g.partitions]
+async def _persist(core, g: ShareGroup, member: str, acked, acquired, out: dict) -> None:
+    """Make the state of the share-partitions ``acked`` and ``acquired`` durable, one write
+    each; where it failed, an acknowledgement gets STATE_UNAVAILABLE as its error and an
+    acquisition is undone (the partition hands out nothing)."""
+    acked, acquired = set(acked), set(acquired)
+    tps = [tp for tp in dict.fromkeys([*acked, *acquired]) if tp in g.partitions]
     results = await asyncio.gather(
         *(core.share_state.persist((g.group_id, *tp), g.partitions[tp]) for tp in tps),
         return_exceptions=True,
@@ -135,9 +136,9 @@ async def _persist(core, g: ShareGroup, member: str, tps, out: dict, ack: bool) 
         if not isinstance(r, StorageFailure):
             raise r
         o = out.setdefault(tp, _Outcome())
-        if ack:
+        if tp in acked:
             o.ack_error, o.ack_message = STATE_UNAVAILABLE, str(r)
-        else:
+        if tp in acquired:
             g.partitions[tp].unacquire(member, o.acquired)
             o.acquired = []
             o.records = None
@@ -259,50 +260,59 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
     released, acked = _acknowledge(core, g, b.member_id, b.topics, out)
     if released:
         wake_share_fetches(core)
-    # The acknowledgements are made durable while the fetch waits for records: both before
-    # the answer.
-    acks_durable = asyncio.ensure_future(_persist(core, g, b.member_id, acked, out, ack=True))
-    try:
-        if epoch == FINAL_EPOCH:
-            core.share_sessions.close(b.group_id, b.member_id)
-            if _release_member(g, b.member_id):
-                wake_share_fetches(core)
-        else:
-            await _fetch(core, req, g, session, out)
-    finally:
-        await acks_durable
+    if epoch == FINAL_EPOCH:
+        await _persist(core, g, b.member_id, acked, (), out)
+        core.share_sessions.close(b.group_id, b.member_id)
+        if _release_member(g, b.member_id):
+            wake_share_fetches(core)
+    else:
+        await _fetch(core, req, g, session, out, acked)
     keep_expiring(core)
     return _answer(core, req, out, lock_ms)
 
 
-async def _fetch(core, req: Request, g: ShareGroup, session: ShareSession, out: dict) -> None:
+async def _fetch(
+    core, req: Request, g: ShareGroup, session: ShareSession, out: dict, acked: list
+) -> None:
+    """Acquire records (waiting up to ``max_wait`` for some) and make the acquisitions and the
+    request's acknowledgements (``acked``) durable before the answer: in one write per
+    share-partition when records come at once (a consumer acknowledges what it fetched in its
+    next fetch of the same partitions), else the acknowledgements first, while it waits."""
     b = req.body
     max_wait = b.max_wait.total_seconds()
     deadline = time.monotonic() + max(0.0, max_wait)
     loop = asyncio.get_running_loop()
-    while True:
-        await _load_share_partitions(core, g, session.partitions)  # (one that failed before)
-        got = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
-        if got or any(o.error != "NONE" for o in out.values()):
-            # The acquisitions are durable (their delivery counted) before the records go out.
-            durable = _persist(core, g, b.member_id, [tp for tp, _o, _r in got], out, ack=False)
-            reads = asyncio.gather(
-                *(loop.run_in_executor(core.read_executor, _bytes_of, rr) for _t, _o, rr in got)
-            )
-            _none, data = await asyncio.gather(durable, reads)
-            for (_tp, o, _rr), records in zip(got, data, strict=True):
-                if o.acquired:
-                    o.records = records
-            return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        fut = loop.create_future()
-        core.share_waiters.append(fut)
-        waiters = [fut] + [p.waiter() for p in _logs(core, session)]
-        await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        for w in waiters:
-            w.cancel()
+    acks_durable: asyncio.Future | None = None
+    try:
+        while True:
+            await _load_share_partitions(core, g, session.partitions)  # (one that failed)
+            got = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
+            if got or any(o.error != "NONE" for o in out.values()):
+                # The acquisitions are durable (their delivery counted) before the records go.
+                durable = _persist(core, g, b.member_id, () if acks_durable else acked,
+                                   [tp for tp, _o, _r in got], out)  # fmt: skip
+                reads = asyncio.gather(
+                    *(loop.run_in_executor(core.read_executor, _bytes_of, rr) for *_x, rr in got)
+                )
+                _none, data = await asyncio.gather(durable, reads)
+                for (_tp, o, _rr), records in zip(got, data, strict=True):
+                    if o.acquired:
+                        o.records = records
+                return
+            if acks_durable is None and acked:
+                acks_durable = asyncio.ensure_future(_persist(core, g, b.member_id, acked, (), out))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            fut = loop.create_future()
+            core.share_waiters.append(fut)
+            waiters = [fut] + [p.waiter() for p in _logs(core, session)]
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+    finally:
+        if acks_durable is not None:
+            await acks_durable
 
 
 def _logs(core, session: ShareSession) -> list:
@@ -436,7 +446,7 @@ async def handle_share_acknowledge(core, req: Request, conn) -> bytes:
     out: dict[TopicPartition, _Outcome] = {}
     await _load_share_partitions(core, g, _ack_partitions(b.topics))
     released, acked = _acknowledge(core, g, b.member_id, b.topics, out)
-    await _persist(core, g, b.member_id, acked, out, ack=True)
+    await _persist(core, g, b.member_id, acked, (), out)
     if b.share_session_epoch == FINAL_EPOCH:
         core.share_sessions.close(b.group_id, b.member_id)
         released |= _release_member(g, b.member_id)
