@@ -117,8 +117,8 @@ def test_a_share_group_drains_the_topic_each_record_acknowledged_once(tmp_path: 
     v = res["extra"]["share"]
     assert v["acked_once"] == v["expected"] == res["records"] > 0
     assert v["acked_more"] == 0 and v["never"] == 0
-    assert res["records_per_s"] > 0 and sum(res["extra"]["per_consumer"]) == res["records"]
-    assert v["delivered"] == res["records"]  # (no lock ran out: nothing delivered twice)
+    assert res["records_per_s"] > 0 and res["consumed"] >= res["records"]
+    assert v["delivered"] == sum(res["extra"]["per_consumer"]) >= res["records"]
     assert "a share group of 4 consumers (stratalog)" in (out / "results.md").read_text()
 
 
