@@ -97,7 +97,7 @@ HANDLERS = {
     v.DELETE_ACLS: acls.handle_delete_acls,
 }
 
-missing = set(v.SUPPORTED) - set(HANDLERS)
+missing = (set(v.SUPPORTED) | set(v.INTER_BROKER)) - set(HANDLERS)
 assert not missing, f"advertised APIs without a handler: {missing}"
 
 
