@@ -89,8 +89,10 @@ class SharePartition:
         self.leader_epoch = leader_epoch
         self.version = 0
         self.durable_version = 0
-        # Lock deadlines in the order given out (so, rising: the lock time is one setting).
+        # Lock deadlines in the order given out (so, rising: the lock time is one setting), and
+        # how many records each still locks: the next deadline without a look at every record.
         self._deadlines: deque[int] = deque()
+        self._locked: dict[int, int] = {}
 
     # -- durable state (share_state.py writes it to __share_group_state) --------------------------
     def state_batches(self) -> list[tuple[int, int, int, int]]:
@@ -114,6 +116,8 @@ class SharePartition:
         allows was acquired for its last delivery: it is archived, as a release would."""
         self.start = self.end = start
         self.records = {}
+        self._deadlines.clear()
+        self._locked.clear()
         for first, last, state, count in sorted(batches):
             for off in range(max(first, start), last + 1):
                 if off >= self.end:
@@ -190,7 +194,7 @@ class SharePartition:
         self.end = end
         if taken:
             self.version += 1
-            self._deadlines.append(deadline)
+            self._lock(deadline, taken)
         self._advance()
         return [Acquired(a, b, c) for a, b, c in runs]
 
@@ -200,7 +204,7 @@ class SharePartition:
             for off in range(a.first_offset, a.last_offset + 1):
                 r = self.records.get(off)
                 if r is not None and r.state == ACQUIRED and r.member == member:
-                    r.state, r.member = AVAILABLE, None
+                    self._finish(r, AVAILABLE)
                     r.delivery_count -= 1
         self.version += 1
 
@@ -227,10 +231,12 @@ class SharePartition:
         # Offsets below the start are done already (Kafka ignores acknowledgements of them).
         if len(types) == 1 and types[0] in (ACCEPT, REJECT, GAP):
             done = ACKNOWLEDGED if types[0] == ACCEPT else ARCHIVED
+            locked = self._locked
             for off in range(lo, last + 1):
                 r = records[off]
                 r.state = done
                 r.member = None
+                locked[r.deadline] -= 1
         else:
             for off in range(lo, last + 1):
                 t = types[0] if len(types) == 1 else types[off - first]
@@ -242,14 +248,22 @@ class SharePartition:
                 elif t == RELEASE:
                     self._release(r)
                 else:  # RENEW: the member needs longer; the lock starts over
+                    self._locked[r.deadline] -= 1
                     r.deadline = now + self.lock_ms
-                    self._deadlines.append(r.deadline)
+                    self._lock(r.deadline, 1)
         self.written = True
         self.version += 1
         self._advance()
 
-    @staticmethod
-    def _finish(r: InFlight, state: int) -> None:
+    def _lock(self, deadline: int, records: int) -> None:
+        if deadline not in self._locked:
+            self._deadlines.append(deadline)
+            self._locked[deadline] = 0
+        self._locked[deadline] += records
+
+    def _finish(self, r: InFlight, state: int) -> None:
+        """An acquired record leaves its lock."""
+        self._locked[r.deadline] -= 1
         r.state = state
         r.member = None
 
@@ -266,9 +280,6 @@ class SharePartition:
     # -- locks and members -----------------------------------------------------------------------
     def expire(self, now: int) -> int:
         """Release every record whose lock has run out; how many came back."""
-        deadlines = self._deadlines
-        while deadlines and deadlines[0] <= now:
-            deadlines.popleft()
         return self._release_where(lambda r: r.deadline <= now)
 
     def release_member(self, member: str) -> int:
@@ -287,10 +298,11 @@ class SharePartition:
         return n
 
     def next_deadline(self) -> int | None:
-        """The earliest lock deadline given out and not yet expired (maybe of records
-        acknowledged since: the expiry it causes then finds nothing, which costs less than
-        looking through every record at every request)."""
-        return self._deadlines[0] if self._deadlines else None
+        """The earliest deadline of a record still acquired."""
+        deadlines, locked = self._deadlines, self._locked
+        while deadlines and locked[deadlines[0]] <= 0:
+            del locked[deadlines.popleft()]
+        return deadlines[0] if deadlines else None
 
     def move_start(self, log_start: int) -> None:
         """The log lost its records before ``log_start`` (retention, DeleteRecords): they can
@@ -298,7 +310,9 @@ class SharePartition:
         if log_start <= self.start:
             return
         for off in range(self.start, min(log_start, self.end)):
-            del self.records[off]
+            r = self.records.pop(off)
+            if r.state == ACQUIRED:
+                self._locked[r.deadline] -= 1
         self.start = log_start
         self.end = max(self.end, log_start)
         self._advance()
