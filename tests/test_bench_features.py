@@ -97,3 +97,36 @@ def test_failed_logins_beside_a_good_client(tmp_path: Path):
     md = (out / "results.md").read_text()
     assert "failed SASL logins (stratalog-sasl-plaintext)" in md
     assert (out / "features.png").is_file()
+
+
+def test_a_share_group_drains_the_topic_each_record_acknowledged_once(tmp_path: Path):
+    """The share workload's quick profile, for real (about 15 s): a filled topic drained by 4
+    librdkafka share consumers of one group; the harness counts the acknowledgements the
+    broker confirmed to each consumer across the group."""
+    (w,) = find_workloads(["share"], "full")
+    assert w.kind == "share" and w.share_consumers == 4 and w.record_size == 100
+    out = tmp_path / "bench"
+    r = subprocess.run(
+        [sys.executable, "-m", "stratalog.cli", "bench", "share", "--quick", "--no-limits",
+         "-o", str(out)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (res,) = json.loads((out / "results.json").read_text())["results"]
+    assert res["ok"], res["error"]
+    v = res["extra"]["share"]
+    assert v["acked_once"] == v["expected"] == res["records"] > 0
+    assert v["acked_more"] == 0 and v["never"] == 0
+    assert res["records_per_s"] > 0 and res["consumed"] >= res["records"]
+    assert v["delivered"] == sum(res["extra"]["per_consumer"]) >= res["records"]
+    assert "a share group of 4 consumers (stratalog)" in (out / "results.md").read_text()
+
+
+def test_the_share_goal_needs_the_rate_and_exactly_once():
+    verdict = {"acked_once": 10, "acked_more": 0, "never": 0, "expected": 10}
+    fast = _row("share", "stratalog", 12, share=verdict)  # 12,000 records/s
+    goal = features_report.share_goal([fast | {"records_per_s": 120_000}], "stratalog")
+    assert goal.met is True and "120,000 records/s" in goal.measured
+    assert features_report.share_goal([fast], "stratalog").met is False
+    failed = fast | {"ok": False, "error": "3 of 10 records acknowledged once"}
+    assert features_report.share_goal([failed], "stratalog").met is None

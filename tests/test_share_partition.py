@@ -135,3 +135,17 @@ def test_acknowledgements_below_the_start_are_left_alone():
     sp.acknowledge("a", 0, 0, (REJECT,), now=0)
     with pytest.raises(ShareError):  # released, not acquired any more
         sp.acknowledge("a", 1, 1, (ACCEPT,), now=0)
+
+
+def test_the_next_deadline_is_of_a_record_still_locked():
+    sp = SharePartition(0, lock_ms=100)
+    sp.acquire("a", 0, 2, 10, now=0)  # 0-1 locked until 100
+    sp.acquire("b", 2, 4, 10, now=50)  # 2-3 until 150
+    sp.acknowledge("a", 0, 0, (ACCEPT,), now=60)
+    assert sp.next_deadline() == 100  # offset 1 still holds its lock
+    sp.acknowledge("a", 1, 1, (RENEW,), now=70)  # until 170
+    assert sp.next_deadline() == 150
+    sp.acknowledge("b", 2, 3, (RELEASE,), now=80)
+    assert sp.next_deadline() == 170
+    assert sp.expire(169) == 0 and sp.expire(170) == 1
+    assert sp.next_deadline() is None

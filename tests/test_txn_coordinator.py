@@ -17,7 +17,7 @@ import time
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from stratalog import Broker
-from stratalog.broker import txn_coordinator, txn_log
+from stratalog.broker import state_log, txn_coordinator
 from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC, TxnState
 
 from .conformance import wire
@@ -70,7 +70,7 @@ def test_a_prepared_commit_is_finished_by_the_next_start(tmp_path, monkeypatch):
 
 
 def test_the_transaction_log_is_kept_short_and_reads_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(txn_log, "COMPACT_SLACK", 5)
+    monkeypatch.setattr(state_log, "COMPACT_SLACK", 5)
     data = tmp_path / "data"
     with Broker(data, config={"transaction.state.log.num.partitions": 1}) as b:
         wire.call(b.bootstrap, 10, 6, key_type=1, coordinator_keys=["a"])

@@ -685,6 +685,14 @@ SETTINGS: dict[str, Setting] = {
             "abs(hash(id)) % this, whose leader coordinates it, as in Kafka.",
         ),
         _S(
+            "share.coordinator.state.topic.num.partitions",
+            int,
+            50,
+            "Partitions of the internal topic __share_group_state, created at a share group's "
+            "first state write; a share-partition's state goes to partition "
+            "abs(hash(group:topicId:partition)) % this, as in Kafka.",
+        ),
+        _S(
             "transaction.max.timeout.ms",
             int,
             900_000,
@@ -962,6 +970,7 @@ class BrokerConfig:
         "connections.max.reauth.ms": 0,
         "sasl.server.max.receive.size": 1,
         "transaction.state.log.num.partitions": 1,
+        "share.coordinator.state.topic.num.partitions": 1,
         "transaction.max.timeout.ms": 1,
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1,
         "transactional.id.expiration.ms": 1,

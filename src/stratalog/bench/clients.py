@@ -71,7 +71,8 @@ class ConsumerJob:
     sched_idle: bool = False  # run in SCHED_IDLE: only the CPU nobody else wants
     cpus: str = ""  # a Linux CPU list to run on (empty: anywhere)
     # "confluent-kafka" (the factory's consumer) or "arrow": raw batches decoded into Arrow
-    # columns as the Spark source does (bench/history_reader.py), for Kafka-protocol targets.
+    # columns as the Spark source does (bench/history_reader.py), for Kafka-protocol targets;
+    # or "share": a share consumer, all of a case's in one share group (bench/share_client.py).
     client: str = "confluent-kafka"
 
 
@@ -120,6 +121,9 @@ class ConsumerClient(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
+
+    def result_extra(self) -> dict[str, Any]:
+        return {}
 
     def record_latencies(self, values: list[bytes]) -> None:
         """End-to-end latency of each value (its first 8 bytes are the send time in us)."""
@@ -425,6 +429,7 @@ def consumer_main(factory, job, ready_q, start_evt, stop_evt, progress, result_q
             sched_idle=os.sched_getscheduler(0) == os.SCHED_IDLE,
         )
         client.close()
+        result.update(client.result_extra())  # (after close: a share consumer's last acks)
     except Exception as e:
         result["error"] = f"{type(e).__name__}: {e}"
         ready_q.put(("consumer", job.index, result["error"]))
@@ -441,7 +446,13 @@ def _consumer(factory: ClientFactory, job: ConsumerJob) -> ConsumerClient:
         if not bootstrap:
             raise ValueError("the arrow reader needs a target that speaks the Kafka protocol")
         return ArrowHistoryReader(bootstrap, job)
-    raise ValueError(f"unknown consumer client {job.client!r} (confluent-kafka or arrow)")
+    if job.client == "share":
+        from stratalog.bench.share_client import ShareConsumerClient
+
+        if not isinstance(factory, KafkaClientFactory):
+            raise ValueError("share consumers need a target that speaks the Kafka protocol")
+        return ShareConsumerClient(factory, job)
+    raise ValueError(f"unknown consumer client {job.client!r} (confluent-kafka, arrow, share)")
 
 
 def drain(q, n: int, timeout: float) -> list[Any]:

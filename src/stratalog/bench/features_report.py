@@ -14,9 +14,10 @@ from typing import Any
 from stratalog.bench.cluster_report import _num
 from stratalog.bench.report import Goal, _by_name, _save
 
-WORKLOADS = ("txn", "compaction", "sasl", "auth")
+WORKLOADS = ("txn", "compaction", "share", "sasl", "auth")
 P99_RISE_GOAL = 0.25
 RSS_GOAL_MIB = 50.0
+SHARE_GOAL = 100_000  # records/s a share group of 4 consumers delivers
 
 
 def has_features(results: list[dict]) -> bool:
@@ -75,6 +76,28 @@ def compaction_goal(raw: list[dict], target: str) -> Goal:
     if len(ok) < len(runs):
         text += f"; {len(runs) - len(ok)} run(s) failed"
     return Goal(name, want, text, med < P99_RISE_GOAL)
+
+
+def share_goal(raw: list[dict], target: str) -> Goal:
+    """Records/s the share group delivered (median of the runs), each run's every record
+    acknowledged exactly once."""
+    runs = _runs_of(raw, "share", target)
+    name = f"a share group of 4 consumers ({target})"
+    want = f"≥ {SHARE_GOAL:,} records/s, each acknowledged once"
+    ok = [r for r in runs if r["ok"]]
+    if not ok:
+        return Goal(name, want, runs[0]["error"][:120] if runs else "-", None)
+    rates = [r["records_per_s"] for r in ok]
+    med = statistics.median(rates)
+    v = ok[0]["extra"]["share"]
+    text = (
+        f"median {med:,.0f} records/s over {len(ok)} run(s) "
+        f"({', '.join(f'{x:,.0f}' for x in rates)}); {v['acked_once']:,} of {v['expected']:,} "
+        f"acknowledged once, {v['acked_more']} more than once, {v['never']} never"
+    )
+    if len(ok) < len(runs):
+        text += f"; {len(runs) - len(ok)} run(s) failed: {runs[0]['error'][:80]}"
+    return Goal(name, want, text, med >= SHARE_GOAL and len(ok) == len(runs))
 
 
 def auth_goal(raw: list[dict], target: str) -> Goal:
@@ -141,6 +164,8 @@ def feature_goals(rows: list[dict], raw: list[dict]) -> list[Goal]:
     out = ratios[:3]
     for t in sorted({r["target"] for r in raw if r["workload"] == "compaction"}):
         out.append(compaction_goal(raw, t))
+    for t in sorted({r["target"] for r in raw if r["workload"] == "share"}):
+        out.append(share_goal(raw, t))
     out += ratios[3:]
     for t in sorted({r["target"] for r in raw if r["workload"] == "auth"}):
         out.append(auth_goal(raw, t))
@@ -211,6 +236,11 @@ def chart(rows: list[dict], raw: list[dict], out_dir: Path) -> Path | None:
             ax.set_title(
                 "Transactions of 1,000 x 1 KiB" if w == "txn" else "Produce, 1 KiB, acks=all"
             )
+        elif w == "share":
+            ax.bar(range(len(mine)), [r["records_per_s"] for r in mine], color="tab:blue")
+            ax.axhline(SHARE_GOAL, color="r", ls=":", lw=1)
+            ax.set_ylabel("records/s delivered and acknowledged (median of runs)")
+            ax.set_title("A share group of 4 consumers")
         elif w == "compaction":
             _phase_bars(ax, raw, w, names, "publish_p99_ms", "produce p99 (ms)")
             ax.set_title("Produce p99 around a cleaning")

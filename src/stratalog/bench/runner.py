@@ -173,11 +173,14 @@ def run_load(
     counted_consumers: int | None = None,
     sample: Callable[[float, int], None] | None = None,
     stop_when: Callable[[], bool] | None = None,
+    expect: int | None = None,
 ) -> LoadResult:
     """Start the load processes, release them together, wait for the producers, then for the
     first ``counted_consumers`` consumers (default: all) to have read what was acknowledged;
     the others (backlog readers) run until then. ``stop_when``, asked while the producers run,
-    stops them early when it turns true (a phase that lasts as long as something else)."""
+    stops them early when it turns true (a phase that lasts as long as something else).
+    ``expect``: what the consumers must read, if not what the producers here acknowledged (a
+    load of consumers alone, draining a topic filled before)."""
     ctx = mp.get_context("spawn")
     factory = target.client_factory()
     ready_q, result_q = ctx.Queue(), ctx.Queue()
@@ -234,6 +237,8 @@ def run_load(
                 stop_evt.set()
                 raise RuntimeError(f"{label}: producers did not finish in time")
         acked = sum(r.get("records", 0) for r in results if r["role"] == "producer")
+        if expect is not None:
+            acked = total = expect
         if counted:
             drain_deadline = time.monotonic() + drain_timeout_s
             while time.monotonic() < drain_deadline:
@@ -486,6 +491,10 @@ class Runner:
                 from stratalog.bench.compaction_load import run_compaction
 
                 res = run_compaction(w, target, params, self.progress)
+            elif w.kind == "share":
+                from stratalog.bench.share_load import run_share_group
+
+                res = run_share_group(w, target, params, self.progress)
             elif w.kind == "auth-storm":
                 from stratalog.bench.auth_storm import run_auth_storm
 

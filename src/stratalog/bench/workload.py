@@ -95,6 +95,7 @@ _TOP_LEVEL = {
     "rejoin_bytes",
     "rejoin_trials",
     "transaction_records",
+    "share_consumers",
     "compacted_bytes",
     "compacted_live_fraction",
     "compacted_partitions",
@@ -226,6 +227,9 @@ class Workload:
     rejoin_trials: int = 1
     # Issue 28: > 0: transactional producers, committing every this many records.
     transaction_records: int = 0
+    # Issue 28: > 0: the topic is filled, then this many share consumers of one share group
+    # drain it (bench/share_load.py): records delivered per second, each acknowledged once.
+    share_consumers: int = 0
     # Issue 28: produce p99 alone, while a compacted topic of this size is cleaned, and after
     # (bench/compaction_load.py): its records' keys repeat so that this share of them is live.
     compacted_bytes: int = 0
@@ -254,6 +258,8 @@ class Workload:
     def kind(self) -> str:
         if self.compacted_bytes:
             return "compaction"
+        if self.share_consumers:
+            return "share"
         if self.failed_logins:
             return "auth-storm"
         if self.failover_trials:

@@ -28,6 +28,8 @@ from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
 from stratalog.broker.refusals import Refusals
 from stratalog.broker.share_groups import ShareGroups
 from stratalog.broker.share_sessions import ShareSessions
+from stratalog.broker.share_state import ShareStateStore
+from stratalog.broker.share_state_records import SHARE_STATE_TOPIC
 from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.broker.txn_coordinator import TransactionCoordinator
@@ -79,6 +81,20 @@ OFFSETS_TOPIC_CONFIGS = {
 }
 # __transaction_state: the same (Kafka writes it uncompressed; Stratalog never recompresses).
 TRANSACTION_STATE_TOPIC_CONFIGS = dict(OFFSETS_TOPIC_CONFIGS)
+# __share_group_state: Kafka's share coordinator keeps it compacted and uncompressed too.
+SHARE_STATE_TOPIC_CONFIGS = dict(OFFSETS_TOPIC_CONFIGS)
+# Each internal topic's partitions setting and topic configs.
+_INTERNAL_TOPIC_SETTINGS = {
+    OFFSETS_TOPIC: ("offsets.topic.num.partitions", OFFSETS_TOPIC_CONFIGS),
+    TRANSACTION_STATE_TOPIC: (
+        "transaction.state.log.num.partitions",
+        TRANSACTION_STATE_TOPIC_CONFIGS,
+    ),
+    SHARE_STATE_TOPIC: (
+        "share.coordinator.state.topic.num.partitions",
+        SHARE_STATE_TOPIC_CONFIGS,
+    ),
+}
 
 
 def tail_cache_bytes(config: BrokerConfig) -> int:
@@ -117,8 +133,8 @@ class BrokerCore:
         # Cluster mode (cluster.etcd set): this broker's membership, joined once listening.
         self.cluster: ClusterNode | None = None
         self.replicator: Replicator | None = None
-        self._offsets_creating: asyncio.Future | None = None
-        self._txn_state_creating: asyncio.Future | None = None
+        # Internal topics being created in etcd (cluster mode), by name.
+        self._internal_creating: dict[str, asyncio.Future] = {}
         self.controller: Controller | None = None
         self.mover: Mover | None = None
         self.metadata = MetadataStore(self.data_dir)
@@ -142,6 +158,7 @@ class BrokerCore:
             max_size=config["group.share.max.size"],
         )
         self.share_sessions = ShareSessions()
+        self.share_state = ShareStateStore(self)  # __share_group_state (share_state.py)
         self.share_group_timer: asyncio.TimerHandle | None = None  # expiry (api/share_groups)
         self.share_waiters: list[asyncio.Future[None]] = []  # ShareFetches waiting for records
         RUN_CACHE.capacity = config["storage.index_cache_bytes"]
@@ -299,6 +316,7 @@ class BrokerCore:
         self.store.open(triples)
         self.offsets.load()  # reads the offsets topic: after the logs are recovered
         self.txn.load()  # and the transaction log
+        self.share_state.load()  # and the share groups' state
 
     def start_background(self) -> None:
         if self._broker_cpus:
@@ -352,6 +370,7 @@ class BrokerCore:
             self.share_group_timer.cancel()
         await stop.step("the transaction coordinator", self.txn.close())
         await stop.step("the offsets topic's last commits", self.offsets.close())
+        await stop.step("the share groups' state", self.share_state.close())
         await stop.step("the logs' last fsyncs and clean-shutdown markers", self.store.close())
         await stop.blocking("the read threads", lambda: self.read_executor.shutdown(wait=True))
         await stop.blocking("the metadata thread", lambda: self.meta_executor.shutdown(wait=True))
@@ -373,6 +392,7 @@ class BrokerCore:
             self.share_group_timer.cancel()
         self.txn.abandon()
         self.offsets.abandon()
+        self.share_state.abandon()
         self.store.abandon()
         self.read_executor.shutdown(wait=False)
         self.meta_executor.shutdown(wait=False)
@@ -535,6 +555,7 @@ class BrokerCore:
         self.apply_cluster_log_starts()
         self.offsets.load()
         self.txn.load()
+        self.share_state.load()
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
         """Mirror a topic change from etcd: metadata for every topic, storage for the
@@ -567,6 +588,14 @@ class BrokerCore:
         self.apply_cluster_log_starts()  # (partitions added here take their log starts)
         if name == TRANSACTION_STATE_TOPIC:
             self.txn.load()
+        elif name == SHARE_STATE_TOPIC:
+            self.share_state.load()
+
+    def leadership_epoch(self, topic: str, index: int) -> int:
+        """The epoch of the partition's leadership (its virtual log's; 0 on a single node):
+        a coordinator or share-partition leader reads its state again when it changes."""
+        v = self.cluster.vlog_of(topic, index) if self.cluster is not None else None
+        return v.epoch if v is not None else 0
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""
@@ -632,6 +661,8 @@ class BrokerCore:
             self.offsets.reset()
         elif name == TRANSACTION_STATE_TOPIC:
             self.txn.load()  # its transactional ids went with it
+        elif name == SHARE_STATE_TOPIC:
+            self.share_state.load()  # and here the share-partitions' durable state
         else:
             self.offsets.forget_topic(name)
         log.info("deleted topic %s", name)
@@ -662,8 +693,8 @@ class BrokerCore:
             return None
         if name == OFFSETS_TOPIC:
             return self.ensure_offsets_topic()  # as Kafka: with the offsets topic's settings
-        if name == TRANSACTION_STATE_TOPIC:
-            return self.ensure_txn_state_topic()
+        if name in (TRANSACTION_STATE_TOPIC, SHARE_STATE_TOPIC):
+            return self.ensure_internal_topic(name)
         try:
             return self.create_topic(name, self.config["num.partitions"], {})
         except MetadataError as e:
@@ -697,15 +728,11 @@ class BrokerCore:
     def _create_internal_topic_in_cluster(self, name: str) -> None:
         cluster = self.cluster
         assert cluster is not None
-        creating = self._offsets_creating if name == OFFSETS_TOPIC else self._txn_state_creating
+        creating = self._internal_creating.get(name)
         if creating is not None and not creating.done():
             return
-        if name == OFFSETS_TOPIC:
-            partitions = self.config["offsets.topic.num.partitions"]
-            configs = OFFSETS_TOPIC_CONFIGS
-        else:
-            partitions = self.config["transaction.state.log.num.partitions"]
-            configs = TRANSACTION_STATE_TOPIC_CONFIGS
+        setting, configs = _INTERNAL_TOPIC_SETTINGS[name]
+        partitions = self.config[setting]
 
         async def create() -> None:
             factor = min(3, len(cluster.brokers))
@@ -716,11 +743,7 @@ class BrokerCore:
             except Exception as e:
                 log.warning("cannot create %s: %s", name, e)
 
-        task = asyncio.ensure_future(create())
-        if name == OFFSETS_TOPIC:
-            self._offsets_creating = task
-        else:
-            self._txn_state_creating = task
+        self._internal_creating[name] = asyncio.ensure_future(create())
 
     def _create_offsets_topic_in_cluster(self) -> None:
         self._create_internal_topic_in_cluster(OFFSETS_TOPIC)
@@ -809,24 +832,31 @@ class BrokerCore:
         """__transaction_state, created at the first FindCoordinator for a transactional id
         with transaction.state.log.num.partitions partitions (Kafka's settings otherwise as the
         offsets topic's)."""
-        t = self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+        return self.ensure_internal_topic(TRANSACTION_STATE_TOPIC)
+
+    def ensure_internal_topic(self, name: str) -> TopicMeta:
+        """A coordinator's state topic (__transaction_state, __share_group_state), created at
+        its first need with its partitions setting; in a cluster through etcd (StorageFailure
+        until it exists)."""
+        t = self.metadata.topics.get(name)
         if t is None and self.cluster is not None:
-            self._create_internal_topic_in_cluster(TRANSACTION_STATE_TOPIC)
-            raise StorageFailure(f"{TRANSACTION_STATE_TOPIC} is being created")
+            self._create_internal_topic_in_cluster(name)
+            raise StorageFailure(f"{name} is being created")
         if t is None:
-            t = self.create_topic(
-                TRANSACTION_STATE_TOPIC,
-                self.config["transaction.state.log.num.partitions"],
-                dict(TRANSACTION_STATE_TOPIC_CONFIGS),
-            )
+            setting, configs = _INTERNAL_TOPIC_SETTINGS[name]
+            t = self.create_topic(name, self.config[setting], dict(configs))
         return t
 
-    def txn_state_partitions(self, create: bool) -> list[PartitionLog | None]:
-        t = (
-            self.ensure_txn_state_topic()
-            if create
-            else self.metadata.topics.get(TRANSACTION_STATE_TOPIC)
-        )
+    def internal_partitions(self, name: str, create: bool) -> list[PartitionLog | None]:
+        """The partitions of internal topic ``name`` in order (None: one another broker of a
+        cluster holds); creates the topic if ``create``, else [] when it does not exist."""
+        t = self.ensure_internal_topic(name) if create else self.metadata.topics.get(name)
         if t is None:
             return []
         return [self.store.partitions.get(uid) for uid in t.partitions]
+
+    def txn_state_partitions(self, create: bool) -> list[PartitionLog | None]:
+        return self.internal_partitions(TRANSACTION_STATE_TOPIC, create)
+
+    def share_state_partitions(self, create: bool) -> list[PartitionLog | None]:
+        return self.internal_partitions(SHARE_STATE_TOPIC, create)

@@ -31,6 +31,7 @@ from .api import (
     scram_users,
     share_fetch,
     share_groups,
+    share_state,
     transactions,
 )
 from .api import versions as api_versions
@@ -72,6 +73,9 @@ HANDLERS = {
     v.SHARE_FETCH: share_fetch.handle_share_fetch,
     v.SHARE_ACKNOWLEDGE: share_fetch.handle_share_acknowledge,
     v.DESCRIBE_SHARE_GROUP_OFFSETS: share_groups.handle_describe_share_group_offsets,
+    v.READ_SHARE_GROUP_STATE: share_state.handle_read_share_group_state,
+    v.WRITE_SHARE_GROUP_STATE: share_state.handle_write_share_group_state,
+    v.DELETE_SHARE_GROUP_STATE: share_state.handle_delete_share_group_state,
     v.SASL_HANDSHAKE: sasl.handle_sasl_handshake,
     v.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
     v.DESCRIBE_USER_SCRAM_CREDENTIALS: scram_users.handle_describe_user_scram_credentials,
@@ -93,7 +97,7 @@ HANDLERS = {
     v.DELETE_ACLS: acls.handle_delete_acls,
 }
 
-missing = set(v.SUPPORTED) - set(HANDLERS)
+missing = (set(v.SUPPORTED) | set(v.INTER_BROKER)) - set(HANDLERS)
 assert not missing, f"advertised APIs without a handler: {missing}"
 
 

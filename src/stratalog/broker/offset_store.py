@@ -129,6 +129,18 @@ def _read_records(p: PartitionLog) -> Iterator[Record]:
                 yield rec
 
 
+async def cancel_all(tasks: set[asyncio.Task]) -> None:
+    """Cancel a coordinator's or store's background tasks and wait for them to end."""
+    tasks = set(tasks)
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        try:
+            await t
+        except (asyncio.CancelledError, Exception):
+            pass
+
+
 class OffsetStore:
     def __init__(self, data_dir: Path, host: OffsetsHost) -> None:
         self.legacy_path = Path(data_dir) / "meta" / "offsets.log"
@@ -238,14 +250,7 @@ class OffsetStore:
                 self._maybe_compact(idx, p)
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_all(self._tasks)
 
     def abandon(self) -> None:
         for t in list(self._tasks):

@@ -13,8 +13,9 @@ epoch -1 leaves. A member silent for the session timeout is removed. The records
 are not released when it leaves: its share session (``share_sessions.py``) closing releases
 them, or their locks running out.
 
-Everything lives in memory: after a restart members rejoin, and each share-partition starts again
-where ``share.auto.offset.reset`` says (the durable ``__share_group_state`` is a later step).
+Membership lives in memory: after a restart members rejoin. The share-partitions' state is
+durable in ``__share_group_state`` (``share_state.py``); a share-partition never written starts
+where ``share.auto.offset.reset`` says.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ that until ``start`` moves, as Kafka's ``group.share.partition.max.record.locks`
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,6 +71,7 @@ class SharePartition:
         lock_ms: int = 30000,
         delivery_limit: int = 5,
         max_locks: int = 2000,
+        leader_epoch: int = 0,
     ) -> None:
         self.start = start_offset
         self.end = start_offset
@@ -81,6 +83,52 @@ class SharePartition:
         self.lock_ms = lock_ms
         self.delivery_limit = delivery_limit
         self.max_locks = max_locks
+        # The epoch of the partition's leadership this state was taken at (a new leadership
+        # reads the durable state again), and a count of the changes the durable state must
+        # follow (acquisitions, acknowledgements) against the count it holds.
+        self.leader_epoch = leader_epoch
+        self.version = 0
+        self.durable_version = 0
+        # Lock deadlines in the order given out (so, rising: the lock time is one setting), and
+        # how many records each still locks: the next deadline without a look at every record.
+        self._deadlines: deque[int] = deque()
+        self._locked: dict[int, int] = {}
+
+    # -- durable state (share_state.py writes it to __share_group_state) --------------------------
+    def state_batches(self) -> list[tuple[int, int, int, int]]:
+        """Runs (first, last, state, delivery count) covering [start, end): what is written
+        durably. An acquired record is written as available with its delivery count: after a
+        crash its lock is gone and it is delivered again, its earlier deliveries counted."""
+        out: list[tuple[int, int, int, int]] = []
+        records = self.records
+        for off in range(self.start, self.end):
+            r = records[off]
+            state = AVAILABLE if r.state == ACQUIRED else r.state
+            if out and out[-1][2] == state and out[-1][3] == r.delivery_count:
+                out[-1] = (out[-1][0], off, state, r.delivery_count)
+            else:
+                out.append((off, off, state, r.delivery_count))
+        return out
+
+    def restore(self, start: int, batches: list[tuple[int, int, int, int]]) -> None:
+        """Take the state written by :meth:`state_batches` (read back after a restart, or by a
+        new leader). A record written as available that was delivered as often as the limit
+        allows was acquired for its last delivery: it is archived, as a release would."""
+        self.start = self.end = start
+        self.records = {}
+        self._deadlines.clear()
+        self._locked.clear()
+        for first, last, state, count in sorted(batches):
+            for off in range(max(first, start), last + 1):
+                if off >= self.end:
+                    for gap in range(self.end, off):  # (never written so: nothing to deliver)
+                        self.records[gap] = InFlight(ARCHIVED)
+                    self.end = off + 1
+                r = self.records[off] = InFlight(state, count)
+                if state == AVAILABLE and count >= self.delivery_limit:
+                    r.state = ARCHIVED
+        self.written = True
+        self._advance()
 
     # -- acquisition -----------------------------------------------------------------------------
     def fetch_from(self) -> int | None:
@@ -107,39 +155,58 @@ class SharePartition:
     def acquire(self, member: str, lo: int, hi: int, max_records: int, now: int) -> list[Acquired]:
         """Lock up to ``max_records`` acquirable offsets in [lo, hi) (the range a read of the
         log covered) for ``member``; the runs handed out, in offset order."""
-        taken: list[int] = []
+        # One pass, per record only what must be per record (this runs for every record a
+        # share group delivers).
+        records = self.records
+        deadline = now + self.lock_ms
+        limit = self.start + self.max_locks
+        end = self.end
+        runs: list[list[int]] = []  # [first, last, delivery count]
+        taken = 0
         off = max(lo, self.start)
-        while off < hi and len(taken) < max_records:
-            if off >= self.end:
-                if self.end - self.start >= self.max_locks:
+        while off < hi and taken < max_records:
+            if off >= end:
+                if end >= limit:
                     break
-                if off > self.end:
-                    # Offsets the log does not have (compacted away, or before the read's first
-                    # batch): nothing to deliver, done at once.
-                    for gap in range(self.end, off):
-                        self.records[gap] = InFlight(ARCHIVED)
-                self.end = off + 1
-                self.records[off] = InFlight(AVAILABLE)
-            r = self.records[off]
-            if r.state == AVAILABLE:
+                # Offsets the log does not have (compacted away, or before the read's first
+                # batch): nothing to deliver, done at once.
+                for gap in range(end, off):
+                    records[gap] = InFlight(ARCHIVED)
+                end = off + 1
+                r = records[off] = InFlight(ACQUIRED, 1, member, deadline)
+            else:
+                r = records[off]
+                if r.state != AVAILABLE:
+                    off += 1
+                    continue
                 r.state = ACQUIRED
                 r.member = member
                 r.delivery_count += 1
-                r.deadline = now + self.lock_ms
-                taken.append(off)
-            off += 1
-        self._advance()
-        return self._runs(taken)
-
-    def _runs(self, offsets: list[int]) -> list[Acquired]:
-        out: list[Acquired] = []
-        for off in offsets:
-            count = self.records[off].delivery_count
-            if out and out[-1].last_offset == off - 1 and out[-1].delivery_count == count:
-                out[-1] = Acquired(out[-1].first_offset, off, count)
+                r.deadline = deadline
+            taken += 1
+            count = r.delivery_count
+            last = runs[-1] if runs else None
+            if last is not None and last[1] == off - 1 and last[2] == count:
+                last[1] = off
             else:
-                out.append(Acquired(off, off, count))
-        return out
+                runs.append([off, off, count])
+            off += 1
+        self.end = end
+        if taken:
+            self.version += 1
+            self._lock(deadline, taken)
+        self._advance()
+        return [Acquired(a, b, c) for a, b, c in runs]
+
+    def unacquire(self, member: str, acquired: list[Acquired]) -> None:
+        """Undo an acquisition whose durable write failed: the records were never handed out."""
+        for a in acquired:
+            for off in range(a.first_offset, a.last_offset + 1):
+                r = self.records.get(off)
+                if r is not None and r.state == ACQUIRED and r.member == member:
+                    self._finish(r, AVAILABLE)
+                    r.delivery_count -= 1
+        self.version += 1
 
     # -- acknowledgement ---------------------------------------------------------------------------
     def acknowledge(
@@ -152,31 +219,51 @@ class SharePartition:
             raise ShareError("INVALID_REQUEST", "Invalid acknowledgement batch.")
         if any(t not in (GAP, ACCEPT, RELEASE, REJECT, RENEW) for t in types):
             raise ShareError("INVALID_REQUEST", "Invalid acknowledge type.")
-        for off in range(max(first, self.start), last + 1):
-            r = self.records.get(off) if off < self.end else None
+        records = self.records
+        lo = max(first, self.start)
+        for off in range(lo, last + 1):
+            r = records.get(off)
             if r is None or r.state != ACQUIRED or r.member != member:
                 raise ShareError(
                     "INVALID_RECORD_STATE",
                     f"The record at offset {off} is not acquired by member {member}.",
                 )
-        for i, off in enumerate(range(first, last + 1)):
-            if off < self.start:
-                continue  # done already (Kafka ignores acknowledgements below the start too)
-            t = types[0] if len(types) == 1 else types[i]
-            r = self.records[off]
-            if t == ACCEPT:
-                self._finish(r, ACKNOWLEDGED)
-            elif t in (REJECT, GAP):
-                self._finish(r, ARCHIVED)
-            elif t == RELEASE:
-                self._release(r)
-            else:  # RENEW: the member needs longer; the lock starts over
-                r.deadline = now + self.lock_ms
+        # Offsets below the start are done already (Kafka ignores acknowledgements of them).
+        if len(types) == 1 and types[0] in (ACCEPT, REJECT, GAP):
+            done = ACKNOWLEDGED if types[0] == ACCEPT else ARCHIVED
+            locked = self._locked
+            for off in range(lo, last + 1):
+                r = records[off]
+                r.state = done
+                r.member = None
+                locked[r.deadline] -= 1
+        else:
+            for off in range(lo, last + 1):
+                t = types[0] if len(types) == 1 else types[off - first]
+                r = records[off]
+                if t == ACCEPT:
+                    self._finish(r, ACKNOWLEDGED)
+                elif t in (REJECT, GAP):
+                    self._finish(r, ARCHIVED)
+                elif t == RELEASE:
+                    self._release(r)
+                else:  # RENEW: the member needs longer; the lock starts over
+                    self._locked[r.deadline] -= 1
+                    r.deadline = now + self.lock_ms
+                    self._lock(r.deadline, 1)
         self.written = True
+        self.version += 1
         self._advance()
 
-    @staticmethod
-    def _finish(r: InFlight, state: int) -> None:
+    def _lock(self, deadline: int, records: int) -> None:
+        if deadline not in self._locked:
+            self._deadlines.append(deadline)
+            self._locked[deadline] = 0
+        self._locked[deadline] += records
+
+    def _finish(self, r: InFlight, state: int) -> None:
+        """An acquired record leaves its lock."""
+        self._locked[r.deadline] -= 1
         r.state = state
         r.member = None
 
@@ -211,7 +298,11 @@ class SharePartition:
         return n
 
     def next_deadline(self) -> int | None:
-        return min((r.deadline for r in self.records.values() if r.state == ACQUIRED), default=None)
+        """The earliest deadline of a record still acquired."""
+        deadlines, locked = self._deadlines, self._locked
+        while deadlines and locked[deadlines[0]] <= 0:
+            del locked[deadlines.popleft()]
+        return deadlines[0] if deadlines else None
 
     def move_start(self, log_start: int) -> None:
         """The log lost its records before ``log_start`` (retention, DeleteRecords): they can
@@ -219,7 +310,9 @@ class SharePartition:
         if log_start <= self.start:
             return
         for off in range(self.start, min(log_start, self.end)):
-            del self.records[off]
+            r = self.records.pop(off)
+            if r.state == ACQUIRED:
+                self._locked[r.deadline] -= 1
         self.start = log_start
         self.end = max(self.end, log_start)
         self._advance()

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from stratalog.broker.offset_store import cancel_all
 from stratalog.broker.txn_log import TxnLog
 from stratalog.broker.txn_markers import write_markers
 from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC, TxnState, TxnValue
@@ -135,11 +136,7 @@ class TransactionCoordinator:
 
     def coordinator_epoch(self, idx: int) -> int:
         """The epoch of this broker's leadership of the log's partition (0 on a single node)."""
-        cluster = self.core.cluster
-        if cluster is None:
-            return 0
-        v = cluster.vlog_of(TRANSACTION_STATE_TOPIC, idx)
-        return v.epoch if v is not None else 0
+        return self.core.leadership_epoch(TRANSACTION_STATE_TOPIC, idx)
 
     def _check_owner(self, transactional_id: str) -> int:
         """The log partition of ``transactional_id``, if this broker coordinates it now."""
@@ -218,16 +215,10 @@ class TransactionCoordinator:
         self._timer = asyncio.ensure_future(self._timeout_loop())
 
     async def close(self) -> None:
-        tasks = [*self._completing.values(), *self._tasks]
+        tasks = {*self._completing.values(), *self._tasks}
         if self._timer is not None:
-            tasks.append(self._timer)
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+            tasks.add(self._timer)
+        await cancel_all(tasks)
         await self.log.close()
 
     def abandon(self) -> None:

@@ -60,6 +60,9 @@ SHARE_GROUP_HEARTBEAT = 76
 SHARE_GROUP_DESCRIBE = 77
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
+READ_SHARE_GROUP_STATE = 84
+WRITE_SHARE_GROUP_STATE = 85
+DELETE_SHARE_GROUP_STATE = 86
 DESCRIBE_SHARE_GROUP_OFFSETS = 90
 
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -128,6 +131,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 
 
+# Answered but not advertised: APIs only brokers send each other, which Kafka answers on its
+# inter-broker listener alone. The share coordinator's (broker/api/share_state.py): a cluster's
+# share-partition leader reads and writes its state at the coordinator.
+INTER_BROKER: dict[int, tuple[int, int]] = {
+    READ_SHARE_GROUP_STATE: (0, 0),
+    WRITE_SHARE_GROUP_STATE: (0, 0),
+    DELETE_SHARE_GROUP_STATE: (0, 0),
+}
+
 # Advertised minimums that differ from what is accepted. Kafka 4.x advertises Produce from v0
 # although it rejects v0-v2: librdkafka < 2.x checks for Produce v0 before it compresses, and
 # silently sends uncompressed batches to a broker that does not list it.
@@ -139,5 +151,5 @@ def advertised() -> dict[int, tuple[int, int]]:
 
 
 def is_supported(api_key: int, version: int) -> bool:
-    r = SUPPORTED.get(api_key)
+    r = SUPPORTED.get(api_key) or INTER_BROKER.get(api_key)
     return r is not None and r[0] <= version <= r[1]

@@ -79,6 +79,9 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
             keys = [(gid, t, p) for (t, p) in sorted(core.offsets.group_offsets(gid))]
             try:
                 await core.offsets.write([(k, None) for k in keys])
+                # A share group's durable share-partition state goes too (tombstones), so that
+                # a new group of the same name starts afresh.
+                await core.share_state.write([(k, None) for k in core.share_state.keys_of(gid)])
                 core.coordinator.forget(gid)
                 core.consumer_groups.forget(gid)
                 core.share_groups.forget(gid)  # its share-partitions' state too

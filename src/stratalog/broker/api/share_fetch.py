@@ -8,7 +8,10 @@ answer carries the batches as stored plus the acquired offset ranges with their 
 the client hands out only acquired records. With nothing acquired it waits, up to ``max_wait``,
 for new records or for records to come back (released, or a lock run out).
 
-The share-partitions live on the broker that leads the partition, in memory.
+The share-partitions live on the broker that leads the partition, in memory; their state is
+durable in ``__share_group_state`` (``broker/share_state.py``): read back when a share-partition
+is first used after a start or a change of leader, and written before an answer hands records
+out (the delivery counted) or confirms acknowledgements.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_groups import ShareGroup
 from stratalog.broker.share_partition import Acquired, ShareError, SharePartition
 from stratalog.broker.share_sessions import FINAL_EPOCH, OPEN_EPOCH, ShareSession
+from stratalog.broker.share_state import restore
 from stratalog.protocol.connection import Request
+from stratalog.storage.journal import StorageFailure
 from stratalog.storage.partition import FileSlice, ReadResult
 
 from . import leader_hints
@@ -30,6 +35,13 @@ from .consumer_groups import _now
 from .share_groups import keep_expiring, wake_share_fetches
 
 TopicPartition = tuple[uuid.UUID, int]
+
+# A share-partition whose durable state could not be read or written now (its coordinator is
+# moving, or the write failed). An acknowledgement that was not made durable is answered with
+# it (as Kafka's share-partition leader answers its persister's failures); a fetch leaves such a
+# partition out of its answer, without an error, as Kafka does while a share-partition is not
+# initialized (librdkafka takes an error there as fatal), and the client fetches again.
+STATE_UNAVAILABLE = "COORDINATOR_NOT_AVAILABLE"
 
 
 class _Outcome:
@@ -57,6 +69,7 @@ def _group(core, group_id: str) -> ShareGroup:
 
 
 def _share_partition(core, g: ShareGroup, tp: TopicPartition) -> tuple[SharePartition | None, str]:
+    """The share-partition of ``tp`` loaded by :func:`_load_share_partitions`, or why not."""
     t = core.topic_by_id(tp[0])
     if t is None:
         return None, "UNKNOWN_TOPIC_ID"
@@ -67,23 +80,78 @@ def _share_partition(core, g: ShareGroup, tp: TopicPartition) -> tuple[SharePart
     if p is None:
         return None, "UNKNOWN_TOPIC_OR_PARTITION"
     sp = g.partitions.get(tp)
-    if sp is None:
-        cfg = core.config
-        earliest = cfg["share.auto.offset.reset"] == "earliest"
-        sp = g.partitions[tp] = SharePartition(
-            p.log_start_offset if earliest else p.high_watermark,
-            lock_ms=cfg["group.share.record.lock.duration.ms"],
-            delivery_limit=cfg["group.share.delivery.count.limit"],
-            max_locks=cfg["group.share.partition.max.record.locks"],
-        )
+    if sp is None or sp.leader_epoch != core.leadership_epoch(t.name, tp[1]):
+        return None, STATE_UNAVAILABLE
     sp.move_start(p.log_start_offset)
     return sp, "NONE"
 
 
-def _acknowledge(core, g: ShareGroup, member: str, topics, out: dict) -> bool:
-    """Apply every acknowledgement batch; whether any record came back for others."""
+async def _load_share_partitions(core, g: ShareGroup, tps) -> None:
+    """Make sure each share-partition of ``tps`` this broker leads is in memory at its current
+    leadership: read its durable state (or start it where ``share.auto.offset.reset`` says when
+    none was written). One that cannot be read now stays out (STATE_UNAVAILABLE)."""
+    cfg = core.config
+    for tp in dict.fromkeys(tps):
+        t = core.topic_by_id(tp[0])
+        if t is None or core.leader_error(t.name, tp[1]) is not None:
+            continue
+        epoch = core.leadership_epoch(t.name, tp[1])
+        sp = g.partitions.get(tp)
+        if sp is not None and sp.leader_epoch == epoch:
+            continue
+        try:
+            state = await core.share_state.read((g.group_id, tp[0], tp[1]))
+        except StorageFailure:
+            continue
+        p = core.partition(t.name, tp[1])
+        sp = g.partitions.get(tp)
+        if p is None or (sp is not None and sp.leader_epoch == epoch):
+            continue  # (gone, or loaded by another request meanwhile)
+        earliest = cfg["share.auto.offset.reset"] == "earliest"
+        sp = SharePartition(
+            p.log_start_offset if earliest else p.high_watermark,
+            lock_ms=cfg["group.share.record.lock.duration.ms"],
+            delivery_limit=cfg["group.share.delivery.count.limit"],
+            max_locks=cfg["group.share.partition.max.record.locks"],
+            leader_epoch=epoch,
+        )
+        if state is not None:
+            restore(sp, state)
+        g.partitions[tp] = sp
+
+
+async def _persist(core, g: ShareGroup, member: str, acked, acquired, out: dict) -> None:
+    """Make the state of the share-partitions ``acked`` and ``acquired`` durable, one write
+    each; where it failed, an acknowledgement gets STATE_UNAVAILABLE as its error and an
+    acquisition is undone (the partition hands out nothing)."""
+    acked, acquired = set(acked), set(acquired)
+    tps = [tp for tp in dict.fromkeys([*acked, *acquired]) if tp in g.partitions]
+    results = await asyncio.gather(
+        *(core.share_state.persist((g.group_id, *tp), g.partitions[tp]) for tp in tps),
+        return_exceptions=True,
+    )
+    for tp, r in zip(tps, results, strict=True):
+        if r is None:
+            continue
+        if not isinstance(r, StorageFailure):
+            raise r
+        o = out.setdefault(tp, _Outcome())
+        if tp in acked:
+            o.ack_error, o.ack_message = STATE_UNAVAILABLE, str(r)
+        if tp in acquired:
+            g.partitions[tp].unacquire(member, o.acquired)
+            o.acquired = []
+            o.records = None
+
+
+def _acknowledge(
+    core, g: ShareGroup, member: str, topics, out: dict
+) -> tuple[bool, list[TopicPartition]]:
+    """Apply every acknowledgement batch; whether any record came back for others, and the
+    share-partitions changed (their state to be made durable before the answer)."""
     now = _now()
     released = False
+    changed: list[TopicPartition] = []
     for t in topics:
         for part in t.partitions:
             batches = part.acknowledgement_batches
@@ -96,6 +164,7 @@ def _acknowledge(core, g: ShareGroup, member: str, topics, out: dict) -> bool:
                 o.ack_error = error
                 continue
             before = sp.fetch_from()
+            changed.append(tp)
             try:
                 for b in batches:
                     sp.acknowledge(
@@ -104,7 +173,16 @@ def _acknowledge(core, g: ShareGroup, member: str, topics, out: dict) -> bool:
             except ShareError as e:
                 o.ack_error, o.ack_message = e.error, e.message
             released |= sp.fetch_from() != before
-    return released
+    return released, changed
+
+
+def _ack_partitions(topics) -> list[TopicPartition]:
+    return [
+        (t.topic_id, p.partition_index)
+        for t in topics
+        for p in t.partitions
+        if p.acknowledgement_batches
+    ]
 
 
 def _session(core, req: Request, added: list[TopicPartition], forgotten: list[TopicPartition]):
@@ -178,39 +256,63 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
         # The answer that opens a session names every partition of it, records or not.
         for tp in session.partitions:
             out[tp] = _Outcome()
-    if _acknowledge(core, g, b.member_id, b.topics, out):
+    await _load_share_partitions(core, g, [*_ack_partitions(b.topics), *session.partitions])
+    released, acked = _acknowledge(core, g, b.member_id, b.topics, out)
+    if released:
         wake_share_fetches(core)
     if epoch == FINAL_EPOCH:
+        await _persist(core, g, b.member_id, acked, (), out)
         core.share_sessions.close(b.group_id, b.member_id)
         if _release_member(g, b.member_id):
             wake_share_fetches(core)
     else:
-        await _fetch(core, req, g, session, out)
+        await _fetch(core, req, g, session, out, acked)
     keep_expiring(core)
     return _answer(core, req, out, lock_ms)
 
 
-async def _fetch(core, req: Request, g: ShareGroup, session: ShareSession, out: dict) -> None:
+async def _fetch(
+    core, req: Request, g: ShareGroup, session: ShareSession, out: dict, acked: list
+) -> None:
+    """Acquire records (waiting up to ``max_wait`` for some) and make the acquisitions and the
+    request's acknowledgements (``acked``) durable before the answer: in one write per
+    share-partition when records come at once (a consumer acknowledges what it fetched in its
+    next fetch of the same partitions), else the acknowledgements first, while it waits."""
     b = req.body
     max_wait = b.max_wait.total_seconds()
     deadline = time.monotonic() + max(0.0, max_wait)
     loop = asyncio.get_running_loop()
-    while True:
-        waits = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
-        got = [(o, rr) for o, rr in waits if rr is not None]
-        if got or any(o.error != "NONE" for o in out.values()):
-            for o, rr in got:
-                o.records = await loop.run_in_executor(core.read_executor, _bytes_of, rr)
-            return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        fut = loop.create_future()
-        core.share_waiters.append(fut)
-        waiters = [fut] + [p.waiter() for p in _logs(core, session)]
-        await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        for w in waiters:
-            w.cancel()
+    acks_durable: asyncio.Future | None = None
+    try:
+        while True:
+            await _load_share_partitions(core, g, session.partitions)  # (one that failed)
+            got = _acquire(core, g, b.member_id, session, b.max_records, b.max_bytes, out)
+            if got or any(o.error != "NONE" for o in out.values()):
+                # The acquisitions are durable (their delivery counted) before the records go.
+                durable = _persist(core, g, b.member_id, () if acks_durable else acked,
+                                   [tp for tp, _o, _r in got], out)  # fmt: skip
+                reads = asyncio.gather(
+                    *(loop.run_in_executor(core.read_executor, _bytes_of, rr) for *_x, rr in got)
+                )
+                _none, data = await asyncio.gather(durable, reads)
+                for (_tp, o, _rr), records in zip(got, data, strict=True):
+                    if o.acquired:
+                        o.records = records
+                return
+            if acks_durable is None and acked:
+                acks_durable = asyncio.ensure_future(_persist(core, g, b.member_id, acked, (), out))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            fut = loop.create_future()
+            core.share_waiters.append(fut)
+            waiters = [fut] + [p.waiter() for p in _logs(core, session)]
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+    finally:
+        if acks_durable is not None:
+            await acks_durable
 
 
 def _logs(core, session: ShareSession) -> list:
@@ -233,15 +335,16 @@ def _acquire(
     out: dict,
 ):
     """Acquire records for ``member`` in each partition of its session, up to ``max_records``
-    over all of them; (outcome, read) of each partition that got some."""
+    over all of them; (partition, outcome, read) of each partition that got some."""
     now = _now()
-    reads: list[tuple[_Outcome, ReadResult | None]] = []
+    reads: list[tuple[TopicPartition, _Outcome, ReadResult]] = []
     budget_records = max(1, max_records)
     budget_bytes = max_bytes
     for tp in session.rotated():
         sp, error = _share_partition(core, g, tp)
         if sp is None:
-            out.setdefault(tp, _Outcome()).error = error
+            if error != STATE_UNAVAILABLE:
+                out.setdefault(tp, _Outcome()).error = error
             continue
         if budget_records <= 0 or budget_bytes <= 0:
             break
@@ -268,7 +371,7 @@ def _acquire(
         o.acquired = acquired
         budget_records -= sum(a.last_offset - a.first_offset + 1 for a in acquired)
         budget_bytes -= rr.size
-        reads.append((o, rr))
+        reads.append((tp, o, rr))
     return reads
 
 
@@ -327,7 +430,7 @@ _TOPIC_ENTITY = {78: "ShareFetchableTopicResponse", 79: "ShareAcknowledgeTopicRe
 
 
 # -- ShareAcknowledge --------------------------------------------------------------------------
-def handle_share_acknowledge(core, req: Request, conn) -> bytes:
+async def handle_share_acknowledge(core, req: Request, conn) -> bytes:
     b = req.body
     lock_ms = core.config["group.share.record.lock.duration.ms"]
     try:
@@ -341,7 +444,9 @@ def handle_share_acknowledge(core, req: Request, conn) -> bytes:
         return _error_answer(req, e.error, e.message)
     g = _group(core, b.group_id)
     out: dict[TopicPartition, _Outcome] = {}
-    released = _acknowledge(core, g, b.member_id, b.topics, out)
+    await _load_share_partitions(core, g, _ack_partitions(b.topics))
+    released, acked = _acknowledge(core, g, b.member_id, b.topics, out)
+    await _persist(core, g, b.member_id, acked, (), out)
     if b.share_session_epoch == FINAL_EPOCH:
         core.share_sessions.close(b.group_id, b.member_id)
         released |= _release_member(g, b.member_id)

@@ -9,7 +9,9 @@ import uuid
 
 from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_groups import ShareGroup, ShareHeartbeat, ShareMember
+from stratalog.broker.share_partition import ACKNOWLEDGED, ARCHIVED
 from stratalog.protocol.connection import Request
+from stratalog.storage.journal import StorageFailure
 
 from .common import NONE, err, reply, sub
 from .consumer_groups import (
@@ -53,6 +55,12 @@ def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
         answer = core.share_groups.heartbeat(hb, BrokerTopics(core), _now())
     except GroupError as e:
         return heartbeat_refusal(req, e)
+    try:
+        # The state topic exists before the group's first ShareFetch needs it (in a cluster
+        # it is created through etcd, which takes a moment).
+        core.share_state_partitions(True)
+    except StorageFailure:
+        pass
     keep_expiring(core)
     return heartbeat_reply(req, answer)
 
@@ -126,7 +134,7 @@ def handle_describe_share_group_offsets(core, req: Request, conn) -> bytes:
                 req,
                 "DescribeShareGroupOffsetsResponseGroup",
                 group_id=rg.group_id,
-                topics=tuple(_offsets_of(core, req, g, rg.topics)),
+                topics=tuple(_offsets_of(core, req, rg.group_id, g, rg.topics)),
                 error_code=NONE,
                 error_message=None,
             )
@@ -134,12 +142,27 @@ def handle_describe_share_group_offsets(core, req: Request, conn) -> bytes:
     return reply(req, groups=tuple(out))
 
 
-def _offsets_of(core, req: Request, g: ShareGroup | None, topics):
+def _stored(core, group_id: str) -> dict:
+    """(topic id, partition) -> (start offset, records done past it) of the group's
+    share-partitions whose durable state this broker holds and has not loaded (after a restart,
+    before their first ShareFetch)."""
+    out = {}
+    for _g, tid, index in core.share_state.keys_of(group_id):
+        state = core.share_state.read_local((group_id, tid, index))
+        if state is not None:
+            done = sum(b.last_offset - b.first_offset + 1 for b in state.batches
+                       if b.delivery_state in (ACKNOWLEDGED, ARCHIVED))  # fmt: skip
+            out[(tid, index)] = (state.start_offset, done)
+    return out
+
+
+def _offsets_of(core, req: Request, group_id: str, g: ShareGroup | None, topics):
     partitions = g.partitions if g is not None else {}
+    stored = {k: v for k, v in _stored(core, group_id).items() if k not in partitions}
     wanted: dict[str, list[int]] = {}
     if topics is None:
         by_id = {t.topic_id: t.name for t in core.metadata.topics.values()}
-        for tid, index in sorted(partitions, key=lambda x: (str(x[0]), x[1])):
+        for tid, index in sorted({*partitions, *stored}, key=lambda x: (str(x[0]), x[1])):
             if tid in by_id:
                 wanted.setdefault(by_id[tid], []).append(index)
     else:
@@ -155,6 +178,9 @@ def _offsets_of(core, req: Request, g: ShareGroup | None, topics):
             if sp is not None and sp.written and p is not None:
                 start = sp.start
                 lag = max(0, p.high_watermark - sp.start - sp.done_in_flight())
+            elif t is not None and p is not None and (t.topic_id, index) in stored:
+                start, done = stored[(t.topic_id, index)]
+                lag = max(0, p.high_watermark - start - done)
             rows.append(sub(req, "DescribeShareGroupOffsetsResponsePartition",
                             partition_index=index, start_offset=start, leader_epoch=0, lag=lag,
                             error_code=NONE, error_message=None))  # fmt: skip

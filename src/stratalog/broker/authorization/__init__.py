@@ -58,4 +58,5 @@ CHECKS = {
 }
 # What needs no check: ApiVersions and the SASL exchange (before any principal is known).
 UNCHECKED = frozenset({v.API_VERSIONS, v.SASL_HANDSHAKE, v.SASL_AUTHENTICATE})
-assert set(CHECKS) | UNCHECKED == set(v.SUPPORTED), set(v.SUPPORTED) - set(CHECKS) - UNCHECKED
+_ANSWERED = set(v.SUPPORTED) | set(v.INTER_BROKER)
+assert set(CHECKS) | UNCHECKED == _ANSWERED, _ANSWERED - set(CHECKS) - UNCHECKED

@@ -122,6 +122,21 @@ def _refuse_write_txn_markers(req: Request) -> bytes:
     ))  # fmt: skip
 
 
+def _refuse_share_state(result: str, read: bool) -> Callable[[Request], bytes]:
+    def refuse(req: Request) -> bytes:
+        extra = {"state_epoch": -1, "start_offset": -1, "state_batches": ()} if read else {}
+        return reply(req, results=tuple(
+            sub(req, result, topic_id=t.topic_id, partitions=tuple(
+                sub(req, "PartitionResult", partition=p.partition, error_code=err(_CE),
+                    error_message=_MSG, **extra)
+                for p in t.partitions
+            ))
+            for t in req.body.topics
+        ))  # fmt: skip
+
+    return refuse
+
+
 CHECKS = {
     v.CREATE_ACLS: _cluster_check(Op.ALTER, _refuse_create_acls),
     v.DELETE_ACLS: _cluster_check(Op.ALTER, _refuse_delete_acls),
@@ -135,4 +150,14 @@ CHECKS = {
     v.DESCRIBE_USER_SCRAM_CREDENTIALS: _cluster_check(Op.DESCRIBE, _refuse_describe_scram),
     v.ALTER_USER_SCRAM_CREDENTIALS: _cluster_check(Op.ALTER, _refuse_alter_scram),
     v.WRITE_TXN_MARKERS: _cluster_check(Op.CLUSTER_ACTION, _refuse_write_txn_markers),
+    # Between brokers only, as Kafka's share coordinator APIs.
+    v.READ_SHARE_GROUP_STATE: _cluster_check(
+        Op.CLUSTER_ACTION, _refuse_share_state("ReadStateResult", read=True)
+    ),
+    v.WRITE_SHARE_GROUP_STATE: _cluster_check(
+        Op.CLUSTER_ACTION, _refuse_share_state("WriteStateResult", read=False)
+    ),
+    v.DELETE_SHARE_GROUP_STATE: _cluster_check(
+        Op.CLUSTER_ACTION, _refuse_share_state("DeleteStateResult", read=False)
+    ),
 }
