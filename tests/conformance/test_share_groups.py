@@ -432,7 +432,12 @@ def java_release_until_archived(bs: str, name: str) -> dict[str, Any]:
                 break
             assert time.monotonic() < deadline and c.proc.poll() is None, d
             time.sleep(0.2)
-        time.sleep(2)  # its first share fetch has created the share-partition (at its end)
+        # Its first share fetch creates the share-partition at the end of the log: a record
+        # produced before that is behind the start and never delivered. Until it exists the
+        # group has no offsets to describe (a fixed 2 s wait lost this race under load).
+        while not [o for o in _offsets(bs, group) if o[1] >= 0]:
+            assert time.monotonic() < deadline and c.proc.poll() is None, "no share-partition"
+            time.sleep(0.2)
         wire.produce(bs, topic, 0, _batch(1))
         c.proc.wait(60)
     finally:
