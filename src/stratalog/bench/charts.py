@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from stratalog.bench.figures import save_figure
 from stratalog.bench.rows import aggregate, catchup_p99
 
 
@@ -158,9 +159,3 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
     if features is not None:
         made.append(features)
     return made
-
-
-def save_figure(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stratalog.bench.charts import save_figure
+from stratalog.bench.figures import save_figure
 from stratalog.bench.goals import Goal
 from stratalog.bench.rows import by_client, by_name, client_label, ok_rows
 

@@ -11,8 +11,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from stratalog.bench.charts import save_figure
 from stratalog.bench.cluster_report import _num
+from stratalog.bench.figures import save_figure
 from stratalog.bench.goals import Goal
 from stratalog.bench.rows import by_name
 
