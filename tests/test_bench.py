@@ -16,8 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from stratalog.bench import report
-from stratalog.bench.runner import CaseResult, Runner, evict_page_cache
+from stratalog.bench.catchup import evict_page_cache
+from stratalog.bench.goals import goals as bench_goals
+from stratalog.bench.results import CaseResult
+from stratalog.bench.rows import aggregate
+from stratalog.bench.runner import Runner
+from stratalog.bench.tables import markdown
 from stratalog.bench.targets import process_cpu_s
 from stratalog.bench.workload import WorkloadError, find_workloads, load_workload, parse_workload
 
@@ -202,7 +206,7 @@ def test_d_sweeps_topics_and_layouts(quick_run):
 
 def test_report_files(quick_run):
     assert_report(quick_run["_dirs"][0], "abcd", ("throughput.png", "latency.png", "sweep-d.png"))
-    verdicts = {g.name: g.verdict for g in report.goals(quick_run["results"], None)}
+    verdicts = {g.name: g.verdict for g in bench_goals(quick_run["results"], None)}
     # Measured in this run (whatever the verdict), or plainly not measured.
     assert verdicts["b vs disk"] == "not measured"  # --no-limits
     assert verdicts["a: one producer, 100 B"] in ("met", "missed")
@@ -218,16 +222,14 @@ def test_several_runs_are_reported_as_medians():
             "extra": {},
         }  # fmt: skip
 
-    rows = report.aggregate(
-        [case(1, 300, 9), case(2, 100, 1), case(3, 200, 5), case(4, 0, 0, False)]
-    )
+    rows = aggregate([case(1, 300, 9), case(2, 100, 1), case(3, 200, 5), case(4, 0, 0, False)])
     assert len(rows) == 1
     row = rows[0]
     assert row["records_per_s"] == 200 and row["mb_per_s"] == 0.02
     assert row["publish"] == {"p50": 2.5, "p99": 5}
     assert row["runs"] == 3 and row["failed_runs"] == 1
     assert row["runs_records_per_s"] == [300, 100, 200]
-    md = report.markdown({"started": "-", "command": "x", "runs": 4, "results": [case(1, 300, 9)]})
+    md = markdown({"started": "-", "command": "x", "runs": 4, "results": [case(1, 300, 9)]})
     assert "median" in md and "| 1: 300 |" in md
 
 
@@ -250,7 +252,7 @@ def test_catch_up_goal_needs_the_brokers_own_p99_too(
             "broker_produce_p99_with_backlog_ms": broker_busy,
         }
     row = {"workload": "e", "ok": True, "kind": "stratalog", "target": "stratalog", "extra": extra}
-    (goal,) = [g for g in report.goals([row], None) if g.name.startswith("e: produce p99")]
+    (goal,) = [g for g in bench_goals([row], None) if g.name.startswith("e: produce p99")]
     assert goal.verdict == verdict
     if broker_alone is not None:
         assert "the broker's own" in goal.measured
@@ -266,7 +268,7 @@ def test_catch_up_experiments_are_judged_against_the_goals_too():
         # not a catch-up: a workload whose name only starts alike, without the phases' figures
         {"workload": "e-other", "ok": True, "kind": "stratalog", "target": "x", "extra": {}},
     ]  # fmt: skip
-    by_name = {g.name: g for g in report.goals(rows, {"seq_read": {"mb_per_s": 900.0}})}
+    by_name = {g.name: g for g in bench_goals(rows, {"seq_read": {"mb_per_s": 900.0}})}
     assert by_name["e: produce p99 with backlog readers (fast-hot)"].verdict == "met"
     cold = by_name["e: cold read vs the disk's sequential read (fast-hot)"]
     assert cold.verdict == "met" and cold.measured.startswith("53%")
@@ -286,7 +288,7 @@ def test_b_vs_disk_says_what_else_bounds_it():
         _row("b", "tansu", "tansu", 250.0),
         _row("b", "redis", "redis-benchmark", 200.0, describe="appendfsync always"),
     ]
-    by_name = {g.name: g for g in report.goals(rows, {"fdatasync_1m": {"mb_per_s": 800.0}})}
+    by_name = {g.name: g for g in bench_goals(rows, {"fdatasync_1m": {"mb_per_s": 800.0}})}
     g = by_name["b vs disk"]
     assert g.verdict == "missed" and g.measured.startswith("41% (330 of 800 MB/s")
     assert "clients 1.24 cores, broker 0.56" in g.measured
@@ -294,7 +296,7 @@ def test_b_vs_disk_says_what_else_bounds_it():
     # 3x Redis (600 MB/s) is within this disk's 800 MB/s: nothing to add.
     redis = "b vs Redis (appendfsync always, best client)"
     assert "above the disk" not in by_name[redis].measured
-    by_name = {g.name: g for g in report.goals(rows, {"fdatasync_1m": {"mb_per_s": 500.0}})}
+    by_name = {g.name: g for g in bench_goals(rows, {"fdatasync_1m": {"mb_per_s": 500.0}})}
     assert "above the disk's 500" in by_name[redis].measured
 
 
@@ -305,7 +307,7 @@ def test_c_reports_the_memory_only_brokers_latency_at_the_same_rate():
         _row("c", "stratalog", "stratalog", 100.0, publish=lat),
         _row("c", "tansu", "tansu", 100.0, publish=own),
     ]
-    (g,) = [g for g in report.goals(rows, None) if g.name.startswith("c: publish latency")]
+    (g,) = [g for g in bench_goals(rows, None) if g.name.startswith("c: publish latency")]
     assert g.verdict == "missed"
     assert "memory-only broker" in g.measured and "p99 30.00 ms" in g.measured
 
@@ -336,7 +338,7 @@ def test_d_reports_the_memory_only_broker_beside_the_layouts():
         d("stratalog", "stratalog", 25.0, "per-partition"),
         d("tansu", "tansu", 32.5, "n/a"),
     ]
-    (g,) = [g for g in report.goals(rows, None) if g.name.startswith("d: virtual vs")]
+    (g,) = [g for g in bench_goals(rows, None) if g.name.startswith("d: virtual vs")]
     assert g.verdict == "missed"
     assert g.measured.startswith("1.20x")
     assert "memory-only broker with the same producers: 1.30x" in g.measured
@@ -345,7 +347,7 @@ def test_d_reports_the_memory_only_broker_beside_the_layouts():
 def test_backlog_readers_get_their_own_client_settings():
     """backlog_readers_config reaches the catch-up's backlog readers (and only them), beside
     their SCHED_IDLE choice; the experiment files that use it parse."""
-    from stratalog.bench.runner import backlog_reader_jobs, consumer_jobs
+    from stratalog.bench.load import backlog_reader_jobs, consumer_jobs
 
     w = parse_workload(
         {

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stratalog.bench import features_report, report
+from stratalog.bench import features_report
+from stratalog.bench.rows import aggregate
 from stratalog.bench.workload import find_workloads
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,7 +71,7 @@ def test_the_goals_are_ratios_of_the_same_run():
             phases=phases,
         ),
     ]
-    goals = {g.name: g for g in features_report.feature_goals(report.aggregate(raw), raw)}
+    goals = {g.name: g for g in features_report.feature_goals(aggregate(raw), raw)}
     assert goals["transactional produce vs Kafka (flush.messages=1)"].met is True
     assert goals["transactional produce vs Kafka (default, reference)"].met is None
     assert goals["produce over SASL_SSL vs plaintext (same broker)"].met is False  # 70%

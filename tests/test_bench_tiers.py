@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stratalog.bench import report
+from stratalog.bench.goals import goals as bench_goals
 from stratalog.bench.workload import find_workloads
 
 from .bench_runs import _one, assert_report, quick_bench
@@ -29,7 +29,7 @@ def tier_run(tmp_path_factory) -> dict:
 
 def test_report_files(tier_run):
     assert_report(tier_run["_dirs"][0], "efgh", ("catchup.png",))
-    verdicts = {g.name: g.verdict for g in report.goals(tier_run["results"], None)}
+    verdicts = {g.name: g.verdict for g in bench_goals(tier_run["results"], None)}
     assert verdicts["e: produce p99 with backlog readers (stratalog)"] in ("met", "missed")
 
 
@@ -139,7 +139,7 @@ def test_h_follows_a_burst_into_a_small_hot_tier_and_its_drain(tier_run):
     hot_only = _one(tier_run, "h", "stratalog-hot-only")["extra"]["burst"]
     assert "capacity_mb" not in hot_only and hot_only["timeline"]
     # Both burst goals are judged from this run (whatever the verdict), for the tiered target.
-    verdicts = {g.name: g.verdict for g in report.goals(tier_run["results"], None)}
+    verdicts = {g.name: g.verdict for g in bench_goals(tier_run["results"], None)}
     filled = "burst taken at the offered rate until the hot tier fills"
     for goal in (filled, "drain to the threshold"):
         assert verdicts[f"h: {goal} (stratalog-tiered)"] in ("met", "missed")

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from stratalog.bench.clients import ConsumerJob, KafkaClientFactory, _consumer
 from stratalog.bench.history_reader import ArrowHistoryReader
-from stratalog.bench.runner import backlog_reader_jobs
+from stratalog.bench.load import backlog_reader_jobs
 from stratalog.bench.workload import parse_workload
 from stratalog.client.wire import WireError
 

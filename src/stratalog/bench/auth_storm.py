@@ -24,14 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from stratalog.bench import hist
+from stratalog.bench.load import LoadResult, Progress, topic_names
 from stratalog.bench.phases import fixed_rate, steady_phase
-from stratalog.bench.runner import (
-    CaseResult,
-    LoadResult,
-    Progress,
-    _result_from_load,
-    topic_names,
-)
+from stratalog.bench.results import CaseResult, result_from_load
 from stratalog.bench.secure_targets import PLAIN_USER, SCRAM_USER, Credentials, _Secure
 from stratalog.bench.targets import Target
 from stratalog.bench.workload import Workload
@@ -171,7 +166,7 @@ def run_auth_storm(
     rss["peak_during"] = max((m for _t, m in samples), default=None)
     step = max(1, len(samples) // 200)
 
-    res = _result_from_load(w, target, loads["storm"], params)
+    res = result_from_load(w, target, loads["storm"], params)
     res.records = sum(x.acked for x in loads.values())
     errors = [e for x in loads.values() for e in x.errors]
     failed = sum(r["failed_sends"] for r in rows)

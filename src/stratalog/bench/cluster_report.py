@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stratalog.bench.report import Goal, _by_client, _by_name, _client_label, _ok, _save
+from stratalog.bench.figures import save_figure
+from stratalog.bench.goals import Goal
+from stratalog.bench.rows import by_client, by_name, client_label, ok_rows
 
 MINE, KAFKA, KAFKA_FSYNC = "stratalog-rf3", "kafka-rf3", "kafka-rf3-fsync"
 WORKLOADS = ("rf3", "rf3-kera", "failover", "rejoin")
@@ -26,7 +28,7 @@ def _ratio(mine: dict | None, ref: dict | None, key: str) -> float | None:
 
 def _ingest_goal(name: str, results: list[dict], w: str, ref: str, at_least: float, **pick) -> Goal:
     want = f"≥ {at_least:g}x"
-    mine, other = _by_name(results, w, MINE, **pick), _by_name(results, w, ref, **pick)
+    mine, other = by_name(results, w, MINE, **pick), by_name(results, w, ref, **pick)
     ratio = _ratio(mine, other, "mb_per_s")
     if ratio is None or mine is None or other is None:
         return Goal(name, want, "-", None)
@@ -39,10 +41,10 @@ def _fmt_s(x: float | None) -> str:
 
 
 def cluster_goals(results: list[dict]) -> list[Goal]:
-    """The goals of issue 27 that a bench run measures, from ``report.aggregate`` rows."""
+    """The goals of issue 27 that a bench run measures, from ``rows.aggregate`` rows."""
     out = []
-    mine = _by_name(results, "failover", MINE)
-    ref = _by_name(results, "failover", KAFKA)
+    mine = by_name(results, "failover", MINE)
+    ref = by_name(results, "failover", KAFKA)
     want = f"p99 ≤ {FAILOVER_GOAL_S:g} s and ≤ Kafka's"
     if mine:
         x = mine["extra"]
@@ -72,13 +74,13 @@ def cluster_goals(results: list[dict]) -> list[Goal]:
             "RF 3 durable ingest vs Kafka RF 3 (flush.messages=1)", results, "rf3", KAFKA_FSYNC, 2
         )
     )
-    kera = _ok(results, "rf3-kera")
-    for client in _by_client(kera) or {"": []}:
+    kera = ok_rows(results, "rf3-kera")
+    for client in by_client(kera) or {"": []}:
         pick = {"producer_client": client} if client else {}
         for ref_name, label in ((KAFKA, "default"), (KAFKA_FSYNC, "flush.messages=1")):
             out.append(
                 _ingest_goal(
-                    f"1,000 partitions at RF 3 vs Kafka RF 3 ({label}){_client_label(client)}",
+                    f"1,000 partitions at RF 3 vs Kafka RF 3 ({label}){client_label(client)}",
                     results,
                     "rf3-kera",
                     ref_name,
@@ -86,7 +88,7 @@ def cluster_goals(results: list[dict]) -> list[Goal]:
                     **pick,
                 )
             )
-    rj = _by_name(results, "rejoin", MINE)
+    rj = by_name(results, "rejoin", MINE)
     want = "≥ 50% of the disk's sequential read"
     if rj and rj["extra"].get("of_disk") is not None:
         x = rj["extra"]
@@ -94,7 +96,7 @@ def cluster_goals(results: list[dict]) -> list[Goal]:
             f"{x['of_disk']:.0%} ({x['catch_up_mb_per_s']:,.0f} of "
             f"{x['disk_read_mb_per_s']:,.0f} MB/s)"
         )
-        kr = _by_name(results, "rejoin", KAFKA)
+        kr = by_name(results, "rejoin", KAFKA)
         if kr and kr["extra"].get("of_disk") is not None:
             y = kr["extra"]
             text += f"; Kafka {y['of_disk']:.0%} ({y['catch_up_mb_per_s']:,.0f} MB/s)"
@@ -215,7 +217,7 @@ def chart(results: list[dict], out_dir: Path) -> Path | None:
             ax.set_title("Rejoining replica")
             ax.legend(fontsize=7)
     fig.tight_layout()
-    path = _save(fig, out_dir / "cluster.png")
+    path = save_figure(fig, out_dir / "cluster.png")
     plt.close(fig)
     return path
 

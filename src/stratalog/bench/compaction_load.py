@@ -28,15 +28,9 @@ import urllib.request
 from typing import Any
 
 from stratalog.bench import hist
+from stratalog.bench.load import LoadResult, Progress, topic_names
 from stratalog.bench.phases import fixed_rate, steady_phase
-from stratalog.bench.runner import (
-    CaseResult,
-    LoadResult,
-    Progress,
-    _median,
-    _result_from_load,
-    topic_names,
-)
+from stratalog.bench.results import CaseResult, median_of, result_from_load
 from stratalog.bench.targets import StratalogTarget, Target
 from stratalog.bench.workload import Workload
 
@@ -194,7 +188,7 @@ def run_compaction(
     rows.append(row)
     status2 = cleaner_status(target)
 
-    res = _result_from_load(w, target, loads["cleaning"], params)
+    res = result_from_load(w, target, loads["cleaning"], params)
     res.records = sum(x.acked for x in loads.values())
     errors = [e for x in loads.values() for e in x.errors]
     if errors:
@@ -204,7 +198,7 @@ def run_compaction(
         res.error = f"the cleaner did not clean every partition within {w.cleaning_max_s:.0f} s"
     alone = [r["publish_p99_ms"] for r in rows if r["phase"] != "cleaning"]
     busy = rows[1]["publish_p99_ms"]
-    base = _median([x for x in alone if x is not None])
+    base = median_of([x for x in alone if x is not None])
     res.extra.update(
         compacted=filled,
         target_rate=w.rate,

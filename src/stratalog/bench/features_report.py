@@ -2,7 +2,7 @@
 28 and 29 as figures from the same run (transactions, compaction under load, SASL_SSL, failed
 logins), each case's phases, and one chart of the four.
 
-Goals on rates use ``report.aggregate`` rows (medians of the runs); the compaction and login
+Goals on rates use ``rows.aggregate`` rows (medians of the runs); the compaction and login
 goals take the median of each run's own figure, with every run's figure listed."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from stratalog.bench.cluster_report import _num
-from stratalog.bench.report import Goal, _by_name, _save
+from stratalog.bench.figures import save_figure
+from stratalog.bench.goals import Goal
+from stratalog.bench.rows import by_name
 
 WORKLOADS = ("txn", "compaction", "share", "sasl", "auth")
 P99_RISE_GOAL = 0.25
@@ -30,7 +32,7 @@ def _ratio_text(mine: dict, other: dict) -> str:
 
 
 def _ratio_goal(name: str, rows: list[dict], w: str, a: str, b: str, at_least: float) -> Goal:
-    mine, other = _by_name(rows, w, a), _by_name(rows, w, b)
+    mine, other = by_name(rows, w, a), by_name(rows, w, b)
     want = f"≥ {at_least:g}x" if at_least != 0.8 else "≥ 80%"
     if not mine or not other or not other.get("mb_per_s"):
         return Goal(name, want, "-", None)
@@ -259,7 +261,7 @@ def chart(rows: list[dict], raw: list[dict], out_dir: Path) -> Path | None:
             ax.set_title(f"{logins:,} failed SASL logins")
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     fig.tight_layout()
-    path = _save(fig, out_dir / "features.png")
+    path = save_figure(fig, out_dir / "features.png")
     plt.close(fig)
     return path
 

@@ -8,14 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stratalog.bench.runner import (
-    LoadResult,
-    Progress,
-    broker_buckets,
-    broker_p99_since,
-    producer_jobs,
-    run_load,
-)
+from stratalog.bench.broker_histograms import broker_buckets, broker_p99_since
+from stratalog.bench.load import LoadResult, Progress, producer_jobs, run_load
 from stratalog.bench.targets import Target
 from stratalog.bench.workload import Workload
 

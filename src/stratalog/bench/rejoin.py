@@ -80,7 +80,8 @@ def run_rejoin(
     progress: Progress,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    from stratalog.bench.runner import evict_page_cache, producer_jobs, run_load
+    from stratalog.bench.catchup import evict_page_cache
+    from stratalog.bench.load import producer_jobs, run_load
 
     trials: list[dict[str, Any]] = []
     records = max(1, w.rejoin_bytes // w.record_size)

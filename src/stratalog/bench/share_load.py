@@ -21,14 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from stratalog.bench.clients import ConsumerJob
-from stratalog.bench.runner import (
-    CaseResult,
-    Progress,
-    _result_from_load,
-    producer_jobs,
-    run_load,
-    topic_names,
-)
+from stratalog.bench.load import Progress, producer_jobs, run_load, topic_names
+from stratalog.bench.results import CaseResult, result_from_load
 from stratalog.bench.share_client import share_acks_verdict
 from stratalog.bench.targets import Target
 from stratalog.bench.workload import Workload
@@ -53,7 +47,7 @@ def run_share_group(
     ]  # fmt: skip
     drain = run_load(target, [], jobs, label=f"{name} · drain", progress=progress,
                      drain_timeout_s=w.drain_timeout_s, expect=fill.acked)  # fmt: skip
-    res = _result_from_load(w.with_overrides(consumers=0), target, drain, params)
+    res = result_from_load(w.with_overrides(consumers=0), target, drain, params)
     secs = drain.consume_seconds
     res.records = fill.acked
     res.bytes = fill.acked_bytes

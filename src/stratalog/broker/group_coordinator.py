@@ -425,10 +425,6 @@ class GroupCoordinator:
         for t in g.pending.values():
             t.cancel()
 
-    def state_of(self, group_id: str) -> str:
-        g = self.groups.get(group_id)
-        return g.state if g is not None else DEAD
-
     def shutdown(self) -> None:
         for g in self.groups.values():
             if g.rebalance_timer is not None:

@@ -107,10 +107,6 @@ def build(cls: type, /, **values: Any) -> Any:
     return cls(**kw)
 
 
-def has_field(cls: type, name: str) -> bool:
-    return name in _fields(cls)
-
-
 def nested(api_key: int, version: int, name: str) -> type | None:
     """A nested response entity class by name, e.g. ``nested(3, 12, "MetadataResponseTopic")``."""
     return getattr(response_module(api_key, version), name, None)

@@ -23,7 +23,6 @@ CRC_START = 21
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
-_LEADER_EPOCH = struct.Struct(">i")
 _CRC = struct.Struct(">I")
 
 COMPRESSION_MASK = 0x07
@@ -178,10 +177,6 @@ def split_batches(
 def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
     """Assign offsets: rewrite baseOffset in place (outside the CRC, so the CRC stays valid)."""
     _BASE_OFFSET.pack_into(buf, pos, base_offset)
-
-
-def set_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
-    _LEADER_EPOCH.pack_into(buf, pos + 12, epoch)
 
 
 def stamp_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:

@@ -915,10 +915,6 @@ class LogStore:
             if v.opened and not _LAYOUT_NAME.fullmatch(name)
         }
 
-    # -- introspection -------------------------------------------------------------------------
-    def segment_counts(self) -> dict[str, int]:
-        return {name: len(v.segments) for name, v in self.logs.items()}
-
 
 def _hold_uncommitted(p: PartitionLog) -> None:
     """A replicated partition just opened shows its records up to its log's commit point

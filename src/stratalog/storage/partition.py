@@ -906,9 +906,6 @@ class PartitionLog:
     def cold_bytes(self) -> int:
         return self.cold.total_bytes()
 
-    def _tier_of(self, i_cold: int | None) -> ChunkIndex:
-        return self.cold if i_cold is not None else self.chunks
-
     def _both(self) -> list[ChunkIndex]:
         return [self.cold, self.chunks]
 

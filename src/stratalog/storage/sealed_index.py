@@ -50,7 +50,6 @@ from stratalog.storage.txn_index import (
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".pix"
 MAGIC = b"SLPX"
 VERSION = 2  # 2: rows count transactional chunks (1's are rebuilt)
 # magic, version, flags, data size, first frame (8), last frame's position, last frame (8),
@@ -83,10 +82,6 @@ class Row:
     at: int  # where its run starts in the file
     crc: int
     txn: int  # chunks of transactional producers
-
-
-def path_for(data_path: Path) -> Path:
-    return data_path.with_suffix(SUFFIX)
 
 
 def _np():

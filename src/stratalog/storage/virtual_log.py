@@ -1070,11 +1070,6 @@ class VirtualLog:
             self.epochs.promised = epoch
             self.epochs.save()
 
-    @property
-    def last_epoch(self) -> int:
-        """The newest epoch this log's bytes were written under (-1: none)."""
-        return self.epochs.last
-
     def abandon_waiters(self) -> None:
         """A deposed primary: every append still waiting for its commit is answered False,
         since the backups will not acknowledge it at this epoch any more."""

@@ -258,10 +258,6 @@ def handle_create_partitions(core, req: Request, conn) -> bytes:
     return reply(req, results=tuple(results))
 
 
-def _broker_configs() -> list[tuple[str, str, int, str]]:
-    return [(s.name, "", STRING, s.doc) for s in SETTINGS.values()]
-
-
 # Kafka's broker-level names of the topic configs' defaults (shown as DEFAULT_CONFIG synonyms).
 _BROKER_SYNONYMS = {
     "cleanup.policy": "log.cleanup.policy",

@@ -28,10 +28,6 @@ from .common import NONE, reply
 from .leader_hints import NOT_LEADER
 
 
-class _TimestampRejected(Exception):
-    pass
-
-
 def _timestamp_checker(
     before_ms: int,
     after_ms: int,
