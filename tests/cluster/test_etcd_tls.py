@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stratalog import Broker
@@ -33,8 +33,8 @@ from stratalog.cluster.local_cluster import LocalCluster
 from stratalog.config import ConfigError
 from stratalog.security.certs import make_test_certificates
 
-from ..conformance import wire
-from .conftest import wait_for
+from ..conftest import read_values
+from .conftest import wait_for, wire_brokers, wire_isr
 
 QUICK = 4.0  # seconds: a refusal is named at once, not retried until a timeout
 
@@ -62,45 +62,22 @@ def tls_cluster(
         c.stop()
 
 
-def _brokers(bootstrap: str) -> set[int]:
-    md = wire.call(bootstrap, 3, 12, topics=[], allow_auto_topic_creation=False,
-                   include_topic_authorized_operations=False)  # fmt: skip
-    return {b["node_id"] for b in md["brokers"]}
-
-
-def _isr(bootstrap: str, topic: str) -> list[list[int]]:
-    md = wire.call(bootstrap, 3, 12, topics=[{"name": topic, "topic_id": None}],
-                   allow_auto_topic_creation=False,
-                   include_topic_authorized_operations=False)  # fmt: skip
-    return [sorted(p["isr_nodes"]) for p in md["topics"][0]["partitions"]]
-
-
 def test_brokers_on_a_tls_etcd_replicate_and_serve_kafka_clients(tls_cluster, certs):
     assert tls_cluster.etcd.endpoint.startswith("https://127.0.0.1:")
     one, two = (b.bootstrap for b in tls_cluster.brokers)
-    assert wait_for(lambda: _brokers(one) == {1, 2} and _brokers(two) == {1, 2}, 20)
+    assert wait_for(lambda: wire_brokers(one) == {1, 2} and wire_brokers(two) == {1, 2}, 20)
 
     admin = AdminClient({"bootstrap.servers": tls_cluster.bootstrap})
     topic = NewTopic("over-tls", 2, 2, config={"min.insync.replicas": "2"})
     admin.create_topics([topic])["over-tls"].result(timeout=30)
-    assert wait_for(lambda: _isr(one, "over-tls") == [[1, 2], [1, 2]], 20)
+    assert wait_for(lambda: wire_isr(one, "over-tls") == [[1, 2], [1, 2]], 20)
 
     p = Producer({"bootstrap.servers": one, "acks": "all", "enable.idempotence": True})
     for i in range(100):
         p.produce("over-tls", b"v%d" % i, partition=i % 2)
     assert p.flush(30) == 0
 
-    c = Consumer({"bootstrap.servers": two, "group.id": "etcd-tls", "enable.auto.commit": False})
-    try:
-        c.assign([TopicPartition("over-tls", n, 0) for n in range(2)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(got) < 100 and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and not m.error():
-                got.append(m.value())
-    finally:
-        c.close()
+    got = read_values(two, "over-tls", 2, 100)
     assert sorted(got) == sorted(b"v%d" % i for i in range(100))
 
     # The metadata is in that etcd, readable with a trusted client certificate only.

@@ -28,7 +28,7 @@ from stratalog.broker import metrics
 from stratalog.config import ConfigError
 from stratalog.protocol import codec
 
-from ..conftest import REPO, create_topic
+from ..conftest import REPO, create_topic, read_values
 from .clients import CLIENTS, Security, roundtrip
 from .conftest import PLAIN_USERS, secure_config
 
@@ -302,7 +302,7 @@ def test_large_produce_requests_over_tls_arrive_byte_for_byte(broker, certs):
     """Produce requests of up to 1 MB over TLS (each many TLS records, spanning several socket
     reads that the transport decrypts into the connection's own buffers), read back over
     PLAINTEXT: every value intact and in order."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka import Producer
 
     topic = _topic(broker)
     values = [bytes([(i * 7 + j) % 256 for j in range(256)]) * 120 + i.to_bytes(4, "big")
@@ -312,16 +312,5 @@ def test_large_produce_requests_over_tls_arrive_byte_for_byte(broker, certs):
     for v in values:
         p.produce(topic, v, partition=0)
     assert p.flush(30) == 0
-    c = Consumer({"bootstrap.servers": broker.bootstraps["PLAINTEXT"], "group.id": topic,
-                  "enable.auto.commit": False})  # fmt: skip
-    try:
-        c.assign([TopicPartition(topic, 0, 0)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(got) < len(values) and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and not m.error():
-                got.append(m.value())
-    finally:
-        c.close()
+    got = read_values(broker.bootstraps["PLAINTEXT"], topic, 1, len(values))
     assert got == values

@@ -25,6 +25,7 @@ TRUSTSTORE = "cluster.etcd.ssl.truststore.location"
 KEYSTORE = "cluster.etcd.ssl.keystore.location"
 KEY_PASSWORD = "cluster.etcd.ssl.key.password"
 _PROBE_TIMEOUT = 2.0
+_NEEDED_BY = "an https etcd"
 _KEY_BLOCK = re.compile(
     rb"-----BEGIN ((?:ENCRYPTED |RSA |EC )?PRIVATE KEY)-----.+?-----END \1-----", re.S
 )
@@ -40,16 +41,19 @@ class EtcdTls:
 
     def grpc_material(self) -> tuple[bytes, bytes | None, bytes | None]:
         """(root CAs, unencrypted private key, certificate chain), PEM bytes, for
-        ``grpc.ssl_channel_credentials``. Raises ValueError naming the setting at fault."""
+        ``grpc.ssl_channel_credentials``. Raises ValueError (ConfigError, for a file that
+        cannot be read) naming the setting at fault."""
         from cryptography import x509
         from cryptography.hazmat.primitives import serialization
 
-        root = _read(TRUSTSTORE, self.truststore)
+        from stratalog.security.tls import read_pem
+
+        root = read_pem(TRUSTSTORE, self.truststore, _NEEDED_BY)
         if b"-----BEGIN CERTIFICATE-----" not in root:
             raise ValueError(f"{TRUSTSTORE}: {self.truststore} holds no CA certificate")
         if not self.keystore:
             return root, None, None
-        pem = _read(KEYSTORE, self.keystore)
+        pem = read_pem(KEYSTORE, self.keystore, _NEEDED_BY)
         try:
             chain = x509.load_pem_x509_certificates(pem)
         except ValueError:
@@ -100,20 +104,6 @@ class EtcdTls:
         if self.keystore:
             ctx.load_cert_chain(self.keystore, password=self.key_password or None)
         return ctx
-
-
-def _read(setting: str, path: str) -> bytes:
-    if not path:
-        raise ValueError(f"{setting} is not set")
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ValueError(f"{setting}: {path} does not exist") from None
-    except IsADirectoryError:
-        raise ValueError(f"{setting}: {path} is a directory, not a PEM file") from None
-    except OSError as e:
-        raise ValueError(f"{setting}: cannot read {path}: {e.strerror or e}") from None
 
 
 def _alert(e: ssl.SSLError) -> str:
