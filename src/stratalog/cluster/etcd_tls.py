@@ -98,9 +98,8 @@ class EtcdTls:
         certs = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain)
         return root, plain, certs
 
-    def client_context(self, check_hostname: bool = True) -> ssl.SSLContext:
+    def client_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.truststore)
-        ctx.check_hostname = check_hostname
         if self.keystore:
             ctx.load_cert_chain(self.keystore, password=self.key_password or None)
         return ctx
@@ -164,7 +163,7 @@ def _tls_problem(endpoint: str, raw: socket.socket, host: str, tls: EtcdTls) -> 
             # In TLS 1.3 the client's certificate is judged after the client's handshake ends:
             # a refusal arrives as an alert on the first read.
             conn.sendall(b"GET /version HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
-            answer = conn.recv(64)
+            conn.recv(64)
     except ssl.SSLCertVerificationError as e:
         return (
             f"etcd's certificate at {endpoint} is not trusted ({e.verify_message}): it must "
@@ -189,8 +188,6 @@ def _tls_problem(endpoint: str, raw: socket.socket, host: str, tls: EtcdTls) -> 
     except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
         return _not_tls(endpoint, str(e) or type(e).__name__)
     except OSError:
-        return None
-    if not answer:
         return None
     return None  # the handshake and a request went through: not a TLS problem
 
