@@ -125,6 +125,30 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dic
     return {tp.partition: tp.offset for tp in got}
 
 
+def read_values(
+    bootstrap: str, topic: str, partitions: int, count: int, timeout: float = 30
+) -> list[bytes]:
+    """Up to ``count`` values read from the start of ``topic``'s partitions with confluent-kafka
+    (assigned, no group commits), in the order they arrive; fewer if ``timeout`` passes."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
+                  "enable.auto.commit": False})  # fmt: skip
+    try:
+        c.assign([TopicPartition(topic, n, 0) for n in range(partitions)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m.value())
+    finally:
+        c.close()
+    return got
+
+
 @contextlib.contextmanager
 def console_process(bootstrap: str) -> Iterator[str]:
     """`stratalog console --bootstrap` on a free port as a child process: its URL."""

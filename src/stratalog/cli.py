@@ -206,6 +206,21 @@ def cluster_up(
     ],
     brokers: Annotated[int, typer.Option(help="How many brokers.")] = 3,
     set_: Annotated[list[str], typer.Option("--set", help="A broker setting: key=value.")] = [],  # noqa: B006
+    etcd_tls: Annotated[
+        bool,
+        typer.Option(
+            "--etcd-tls",
+            help="etcd over https with client certificates required (test certificates).",
+        ),
+    ] = False,
+    certs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--certs",
+            help="With --etcd-tls: the files of 'stratalog certs' to use (default: made in "
+            "<data-dir>/certs).",
+        ),
+    ] = None,
 ) -> None:
     """Start one etcd and N brokers on 127.0.0.1, detached; print the bootstrap list."""
     from stratalog.cluster.errors import ClusterError
@@ -215,7 +230,12 @@ def cluster_up(
         fail(f"--brokers must be at least 1, not {brokers}")
     if (data_dir / STATE_FILE).exists():
         fail(f"a cluster is already up in {data_dir}: stop it with 'stratalog cluster down'")
-    cluster = LocalCluster(data_dir, brokers, _parse_pairs(set_, "--set"))
+    if certs_dir is not None and not etcd_tls:
+        fail("--certs goes with --etcd-tls")
+    files = (
+        _etcd_certs(certs_dir or data_dir / "certs", made=certs_dir is None) if etcd_tls else None
+    )
+    cluster = LocalCluster(data_dir, brokers, _parse_pairs(set_, "--set"), etcd_certs=files)
     try:
         cluster.start()
     except ClusterError as e:
@@ -224,6 +244,24 @@ def cluster_up(
     for b in cluster.brokers:
         print(f"broker {b.node_id} at {b.bootstrap} (pid {b.pid}, log {b.log_path})")
     print(f"bootstrap: {cluster.bootstrap}")
+
+
+def _etcd_certs(where: Path, made: bool) -> dict[str, Path]:
+    """The test certificates for --etcd-tls: those in ``where``, made there if ``made`` and
+    absent."""
+    from stratalog.security.certs import make_test_certificates
+
+    names = ("ca.pem", "broker.crt", "broker.key", "broker.pem")
+    files = {name: where / name for name in names}
+    if all(f.is_file() for f in files.values()):
+        return files
+    if not made:
+        missing = ", ".join(n for n, f in files.items() if not f.is_file())
+        fail(f"--certs {where} lacks {missing}: make them with 'stratalog certs --out {where}'")
+    try:
+        return make_test_certificates(where)
+    except OSError as e:
+        fail(f"cannot write certificates into {where}: {e.strerror or e}")
 
 
 @cluster_app.command("down")

@@ -183,6 +183,26 @@ SETTINGS: dict[str, Setting] = {
             "join; empty: the embedded single node, whose metadata stays in its data directory.",
         ),
         _S(
+            "cluster.etcd.ssl.truststore.location",
+            str,
+            "",
+            "PEM bundle of the CAs etcd's certificate must chain to; needed when cluster.etcd "
+            "names https:// endpoints (etcd over TLS).",
+        ),
+        _S(
+            "cluster.etcd.ssl.keystore.location",
+            str,
+            "",
+            "PEM file with the private key and certificate chain the broker presents to an "
+            "https etcd (for etcd's --client-cert-auth); empty: no client certificate.",
+        ),
+        _S(
+            "cluster.etcd.ssl.key.password",
+            str,
+            "",
+            "Password of an encrypted private key in cluster.etcd.ssl.keystore.location.",
+        ),
+        _S(
             "cluster.name",
             str,
             "stratalog",
@@ -836,6 +856,7 @@ class BrokerConfig:
         self._validate_security()
 
     def _validate_security(self) -> None:
+        self._validate_etcd_tls()
         try:
             listeners = resolve(self)
         except ListenerError as e:
@@ -861,6 +882,39 @@ class BrokerConfig:
             raise ConfigError(
                 f"authorizer.class.name: {authorizer} is not available; Stratalog's ACL "
                 f"authorizer answers to {' or '.join(AUTHORIZER_CLASSES)} (empty: off)"
+            )
+
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return [e.strip() for e in self["cluster.etcd"].split(",") if e.strip()]
+
+    def _validate_etcd_tls(self) -> None:
+        # Only the URLs and which settings are set: the files are read when the broker starts
+        # (security/tls.py's etcd_client_tls), like the listeners' certificates.
+        endpoints = self.etcd_endpoints
+        https = [e for e in endpoints if e.lower().startswith("https://")]
+        tls_set = [
+            name
+            for name in (
+                "cluster.etcd.ssl.truststore.location",
+                "cluster.etcd.ssl.keystore.location",
+            )
+            if self[name]
+        ]
+        if https and len(https) != len(endpoints):
+            raise ConfigError(
+                f"cluster.etcd mixes http and https endpoints: {self['cluster.etcd']}"
+            )
+        if https and not self["cluster.etcd.ssl.truststore.location"]:
+            raise ConfigError(
+                f"cluster.etcd names https endpoints ({', '.join(https)}) but "
+                "cluster.etcd.ssl.truststore.location is not set: the CA that etcd's "
+                "certificate must chain to"
+            )
+        if endpoints and not https and tls_set:
+            raise ConfigError(
+                f"{' and '.join(tls_set)} set, but cluster.etcd names plain http endpoints "
+                f"({self['cluster.etcd']}): name them https:// for TLS to etcd"
             )
 
     def token_validator(self):

@@ -17,6 +17,8 @@ from stratalog import Broker
 from stratalog.cluster.etcd_server import EtcdServer
 from stratalog.cluster.local_cluster import LocalCluster
 
+from ..conformance import wire
+
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
@@ -68,3 +70,18 @@ def wait_for(check, timeout: float = 15.0):
         if out or time.monotonic() > deadline:
             return out
         time.sleep(0.1)
+
+
+def wire_brokers(bootstrap: str) -> set[int]:
+    """The node ids Metadata (v12, over the wire) names at ``bootstrap``."""
+    md = wire.call(bootstrap, 3, 12, topics=[], allow_auto_topic_creation=False,
+                   include_topic_authorized_operations=False)  # fmt: skip
+    return {b["node_id"] for b in md["brokers"]}
+
+
+def wire_isr(bootstrap: str, topic: str) -> list[list[int]]:
+    """Each partition's in-sync replicas (sorted) as Metadata names them at ``bootstrap``."""
+    md = wire.call(bootstrap, 3, 12, topics=[{"name": topic, "topic_id": None}],
+                   allow_auto_topic_creation=False,
+                   include_topic_authorized_operations=False)  # fmt: skip
+    return [sorted(p["isr_nodes"]) for p in md["topics"][0]["partitions"]]

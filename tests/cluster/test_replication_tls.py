@@ -22,7 +22,7 @@ from stratalog.cluster.etcd_server import EtcdServer
 from stratalog.security.certs import make_test_certificates
 
 from ..conformance import wire
-from .conftest import in_process_brokers, wait_for
+from .conftest import in_process_brokers, wait_for, wire_brokers, wire_isr
 
 
 def _free_port() -> int:
@@ -61,24 +61,11 @@ def brokers(
         started.close()
 
 
-def wire_brokers(bootstrap: str) -> set[int]:
-    md = wire.call(bootstrap, 3, 12, topics=[], allow_auto_topic_creation=False,
-                   include_topic_authorized_operations=False)  # fmt: skip
-    return {b["node_id"] for b in md["brokers"]}
-
-
 def _leader(bootstrap: str, topic: str) -> int:
     md = wire.call(bootstrap, 3, 12, topics=[{"name": topic, "topic_id": None}],
                    allow_auto_topic_creation=False,
                    include_topic_authorized_operations=False)  # fmt: skip
     return md["topics"][0]["partitions"][0]["leader_id"]
-
-
-def _isr(bootstrap: str, topic: str) -> list[list[int]]:
-    md = wire.call(bootstrap, 3, 12, topics=[{"name": topic, "topic_id": None}],
-                   allow_auto_topic_creation=False,
-                   include_topic_authorized_operations=False)  # fmt: skip
-    return [sorted(p["isr_nodes"]) for p in md["topics"][0]["partitions"]]
 
 
 def test_the_replication_listener_speaks_mutual_tls(brokers, certs):
@@ -108,7 +95,7 @@ def test_brokers_replicate_over_tls_and_a_stranger_never_joins(
     admin.create_topics([NewTopic("tls-rep", 2, 2, config={"min.insync.replicas": "2"})])[
         "tls-rep"
     ].result(timeout=30)
-    assert wait_for(lambda: _isr(first.bootstrap, "tls-rep") == [[1, 2], [1, 2]], 30)
+    assert wait_for(lambda: wire_isr(first.bootstrap, "tls-rep") == [[1, 2], [1, 2]], 30)
     p = Producer({"bootstrap.servers": first.bootstrap, "acks": "all", "enable.idempotence": True})
     for i in range(200):
         p.produce("tls-rep", b"r%d" % i, partition=i % 2)
@@ -135,9 +122,9 @@ def test_brokers_replicate_over_tls_and_a_stranger_never_joins(
         # two that trust each other, or 3 alone if it leads.
         leader = _leader(first.bootstrap, "tls-three")
         settled = [[3]] if leader == 3 else [[1, 2]]
-        assert wait_for(lambda: _isr(first.bootstrap, "tls-three") == settled, 30)
+        assert wait_for(lambda: wire_isr(first.bootstrap, "tls-three") == settled, 30)
         time.sleep(3)  # a link that could form would have caught up an almost empty log by now
-        assert _isr(first.bootstrap, "tls-three") == settled
+        assert wire_isr(first.bootstrap, "tls-three") == settled
     finally:
         stranger.stop()
 

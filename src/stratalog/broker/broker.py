@@ -10,6 +10,7 @@ context manager::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from concurrent.futures import Future
@@ -196,6 +197,7 @@ class Broker:
                 self.service = BrokerService(self.data_dir, self.config)
                 self._loop.run_until_complete(self.service.start())
             except BaseException as e:
+                self._close_after_failed_start()
                 started.set_exception(e)
                 return
             started.set_result(None)
@@ -205,6 +207,18 @@ class Broker:
         self._thread.start()
         started.result(timeout=60)
         return self
+
+    def _close_after_failed_start(self) -> None:
+        # As `stratalog serve` does: what was opened is closed, and the loop with it, so that
+        # stop() afterwards has nothing to wait for (it used to wait for a loop never run).
+        assert self._loop is not None
+        try:
+            if self.service is not None:
+                with contextlib.suppress(Exception):
+                    self._loop.run_until_complete(self.service.core.close())
+        finally:
+            self._loop.close()
+            self._loop = None
 
     def call(self, fn, *args) -> Any:
         """Run ``fn(*args)`` on the broker's loop and return its result (for tests)."""

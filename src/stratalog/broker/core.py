@@ -40,6 +40,7 @@ from stratalog.security.acl_store import AclStore
 from stratalog.security.authorizer import Authorizer, parse_super_users
 from stratalog.security.credentials import CredentialStore, read_plain_users
 from stratalog.security.listeners import Listener
+from stratalog.security.tls import etcd_client_tls
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.chunk_index import RUN_CACHE
 from stratalog.storage.cleaner import Cleaner, CleanerSettings, CompactionPolicy
@@ -115,6 +116,8 @@ class BrokerCore:
             self.data_dir / "meta" / "scram-credentials.json",
             read_plain_users(config["sasl.plain.users.file"]),
         )
+        # TLS to an https etcd: its files are checked now, before anything is started.
+        self.etcd_tls = etcd_client_tls(config)
         # Authorization (authorizer.class.name): None when off, and then nothing is checked.
         self.authorizer: Authorizer | None = None
         if config.authorizer_enabled:
@@ -496,7 +499,7 @@ class BrokerCore:
         from stratalog.cluster.replication import Replicator
         from stratalog.cluster.tiers import ClusterTiers
 
-        endpoints = [e.strip() for e in self.config["cluster.etcd"].split(",") if e.strip()]
+        endpoints = self.config.etcd_endpoints
         node = ClusterNode(
             endpoints,
             self.config["cluster.name"],
@@ -504,6 +507,7 @@ class BrokerCore:
             self.advertised_host,
             self.advertised_port,
         )
+        node.etcd_tls = self.etcd_tls
         node.listeners = {n: x.endpoint for n, x in self.listeners.items()}
         tls = None
         if self.config["cluster.replication.tls"]:

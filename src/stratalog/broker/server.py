@@ -45,6 +45,8 @@ _MAX_QUEUED = 64  # requests in flight per connection before we stop reading fro
 # and every request arriving meanwhile waited; with this bound a turn costs ~0.1 ms and the loop
 # serves the others (a Produce waiting for its turn, a group commit's completion) in between.
 _TURN_BYTES = 256 * 1024
+# Smallest buffer a TLS connection hands its transport to decrypt into (TlsClientConnection).
+_TLS_READ_MIN = 16 * 1024
 
 
 # Per API key, where a request's latency goes (a histogram's observe); none: not measured.
@@ -568,6 +570,32 @@ def _release(item: Any) -> None:
                 p.release()
 
 
+class TlsClientConnection(ClientConnection):
+    """A connection on a TLS listener: a buffered protocol, so the TLS transport decrypts
+    straight into a buffer of ours.
+
+    As a plain protocol, uvloop's SSL transport decrypted each TLS record (16 KiB at most) into
+    a new bytes object allocated at 256 KiB and shrunk, ended each read with an SSLWantReadError,
+    and joined the records of one socket read into one more bytes object before data_received:
+    an allocation per record and a copy of every byte the clients sent, on the event loop. Here
+    it decrypts the records of a read, one after another, into one buffer sized by what it has
+    pending, which is then parsed in place (KafkaConnection keeps the chunks it is given). A
+    buffer is never reused: requests still being handled may hold views of it.
+    """
+
+    _rbuf: bytearray | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # (uvloop asks for its pending ciphertext plus 256: the plaintext is no longer.)
+        self._rbuf = bytearray(max(sizehint, _TLS_READ_MIN))
+        return memoryview(self._rbuf)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        buf, self._rbuf = self._rbuf, None
+        if buf is not None and nbytes:
+            self.data_received(memoryview(buf)[:nbytes].toreadonly())  # type: ignore[arg-type]
+
+
 class KafkaServer:
     def __init__(
         self,
@@ -612,8 +640,9 @@ class KafkaServer:
 
     def _connection(self) -> ClientConnection:
         auth = self._authenticator
+        kind = ClientConnection if self._ssl is None else TlsClientConnection
         return self._track(
-            ClientConnection(
+            kind(
                 self._dispatch,
                 self._max_request_bytes,
                 self._untrack,

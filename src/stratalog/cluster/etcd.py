@@ -13,6 +13,11 @@ Leases are kept alive by a task on the caller's event loop, not a thread, so a l
 past the TTL loses its lease; etcd then deletes the keys under it (the point of a broker's
 registration). Being told late is still possible, so writes that depend on holding a lease must
 be guarded by revisions (``replace``/``txn``), not by the lease alone.
+
+An ``https://`` etcd is reached over TLS with the CA and client certificate of an
+:class:`~stratalog.cluster.etcd_tls.EtcdTls`; a TLS mismatch found while connecting (either side
+refusing the other's certificate, or one side not speaking TLS) is reported at once, named,
+instead of being retried until the timeout as an unreachable etcd would be.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from etcd3aio.kv import KVService
 from etcd3aio.lease import LeaseService
 
 from stratalog.cluster.errors import ClusterError
+from stratalog.cluster.etcd_tls import TRUSTSTORE, EtcdTls, diagnose
 
 log = logging.getLogger(__name__)
 
@@ -177,23 +183,62 @@ class EtcdStore:
         self.endpoints = list(endpoints)
         self.where = ", ".join(endpoints)
         self.timeout = timeout  # bounds every call, retries included
+        self._tls: EtcdTls | None = None
         self._leases: set[Lease] = set()
         self._closed = False
 
     @classmethod
-    async def connect(cls, endpoints: list[str], *, timeout: float = 5.0) -> EtcdStore:
-        """Open a channel to ``endpoints`` ("http://host:port") and check etcd answers a
-        linearizable read within ``timeout`` seconds (which also bounds every later call)."""
+    async def connect(
+        cls, endpoints: list[str], *, timeout: float = 5.0, tls: EtcdTls | None = None
+    ) -> EtcdStore:
+        """Open a channel to ``endpoints`` ("http://host:port", or "https://host:port" with
+        ``tls``) and check etcd answers a linearizable read within ``timeout`` seconds (which
+        also bounds every later call)."""
         if not endpoints:
             raise ValueError("no etcd endpoints given")
+        schemes = {_scheme(e) for e in endpoints}
+        if len(schemes) > 1:
+            raise ClusterError(f"etcd endpoints mix http and https: {', '.join(endpoints)}")
+        https = schemes == {"https"}
+        if https and tls is None:
+            raise ClusterError(
+                f"etcd at {', '.join(endpoints)} is https, and no CA to check its certificate "
+                f"against was given ({TRUSTSTORE})"
+            )
+        if tls is not None and not https:
+            raise ClusterError(
+                f"TLS settings for etcd were given, but its endpoints are plain http "
+                f"({', '.join(endpoints)}): name them https://"
+            )
         targets = [_host_port(e) for e in endpoints]
-        client = Etcd3Client(targets)
+        if tls is None:
+            client = Etcd3Client(targets)
+        else:
+            try:
+                root, key, chain = tls.grpc_material()
+            except ValueError as exc:
+                raise ClusterError(f"cannot use the TLS settings for etcd: {exc}") from None
+            # Several endpoints share one channel, whose name check needs one host name: the
+            # first endpoint's (each member's certificate must name it, as with one shared
+            # certificate listing every member). One endpoint: its own address is checked.
+            server_name = urlsplit(endpoints[0]).hostname if len(endpoints) > 1 else None
+            client = Etcd3Client(
+                targets,
+                ca_cert=root,
+                cert_key=key,
+                cert_chain=chain,
+                tls_server_name=server_name,
+            )
         await client.connect()
         store = cls(client, endpoints, timeout)
+        store._tls = tls
         refused: list[Exception] = []
         try:
             async with asyncio.timeout(timeout):
                 await store._ping_until_answered(timeout, refused)
+        except ClusterError:
+            await client.close()
+            raise
         except _FAILURES as exc:
             await client.close()
             why: object = exc
@@ -206,12 +251,18 @@ class EtcdStore:
         # gRPC shares a subchannel per address across channels: one that failed while etcd was
         # down (a restart) refuses new calls until its reconnect backoff ends, so an etcd that
         # is back gets until ``timeout`` to answer, not etcd3aio's few quick retries.
+        diagnosed = False
         while True:
             try:
                 await self._kv().get(_PING_KEY, count_only=True, timeout=timeout)
                 return
             except EtcdConnectionError as exc:
                 refused.append(exc)
+            if not diagnosed:  # once: a TLS mismatch does not go away by retrying
+                diagnosed = True
+                why = await asyncio.to_thread(diagnose, self.endpoints[0], self._tls)
+                if why is not None:
+                    raise ClusterError(why)
             await asyncio.sleep(0.1)
 
     async def close(self) -> None:
@@ -432,10 +483,17 @@ class EtcdStore:
         return channel
 
 
+def _scheme(endpoint: str) -> str:
+    return urlsplit(endpoint).scheme if "://" in endpoint else "http"
+
+
 def _host_port(endpoint: str) -> str:
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
-        raise ClusterError(f"unsupported etcd endpoint {endpoint!r}: expected http://host:port")
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise ClusterError(
+            f"unsupported etcd endpoint {endpoint!r}: expected http://host:port or "
+            "https://host:port"
+        )
     return f"{parts.hostname}:{parts.port}"
 
 

@@ -2,6 +2,11 @@
 
 There is no systemd here, so etcd is started with explicit URLs on free loopback ports and
 stopped by its PID. Its log goes to ``<data_dir>-etcd.log`` beside the data directory.
+
+With ``tls`` (:class:`EtcdServerTls`) its client URL is https: etcd serves its certificate
+(``--cert-file``/``--key-file``) and, with ``client_cert_auth``, accepts only clients whose
+certificates chain to ``--trusted-ca-file`` (``--client-cert-auth``). The peer URL stays plain
+http on loopback: a single member has no peers to talk to.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ import http.client
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -36,6 +43,31 @@ def find_etcd(binary: str | os.PathLike[str] | None = None) -> str:
     return candidate
 
 
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """PEM files of an etcd serving https. ``cert_file`` must allow client authentication as
+    well as serving (``stratalog certs``' broker certificate does): etcd's own gRPC gateway, and
+    our health check, present it as a client when ``client_cert_auth`` is on."""
+
+    cert_file: Path
+    key_file: Path
+    trusted_ca_file: Path  # checks client certificates (and, here, the server's own)
+    client_cert_auth: bool = True
+
+    @classmethod
+    def from_test_certificates(
+        cls, files: dict[str, Path], client_cert_auth: bool = True
+    ) -> EtcdServerTls:
+        """From ``stratalog certs``' files (security/certs.py): the broker certificate, which
+        names 127.0.0.1, and the test CA."""
+        return cls(files["broker.crt"], files["broker.key"], files["ca.pem"], client_cert_auth)
+
+    def client_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.trusted_ca_file))
+        ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return ctx
+
+
 class EtcdServer:
     """One etcd member in ``data_dir``; ``start()`` waits until it serves requests.
 
@@ -48,10 +80,12 @@ class EtcdServer:
         *,
         binary: str | os.PathLike[str] | None = None,
         name: str = "stratalog-etcd",
+        tls: EtcdServerTls | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.name = name
         self.binary = find_etcd(binary)
+        self.tls = tls
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-etcd.log"
         self.client_port = 0
         self.peer_port = 0
@@ -61,7 +95,11 @@ class EtcdServer:
     def endpoint(self) -> str:
         if not self.client_port:
             raise ClusterError("etcd has not been started")
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls is None else "https"
 
     @property
     def pid(self) -> int | None:
@@ -87,7 +125,7 @@ class EtcdServer:
 
     def _spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{self.scheme}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         cmd = [
             self.binary,
@@ -104,6 +142,14 @@ class EtcdServer:
             "--logger=zap",
             "--log-outputs=stderr",
         ]
+        if self.tls is not None:
+            cmd += [
+                f"--cert-file={self.tls.cert_file}",
+                f"--key-file={self.tls.key_file}",
+                f"--trusted-ca-file={self.tls.trusted_ca_file}",
+            ]
+            if self.tls.client_cert_auth:
+                cmd.append("--client-cert-auth")
         # ETCD_* variables would override the flags above (etcd reads its config from them).
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
         with open(self.log_path, "ab") as log:
@@ -119,7 +165,8 @@ class EtcdServer:
     def _wait_ready(self, timeout: float) -> None:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
-        url = f"http://127.0.0.1:{self.client_port}/health"
+        url = f"{self.endpoint}/health"
+        context = None if self.tls is None else self.tls.client_context()
         while True:
             code = self.proc.poll()
             if code is not None:
@@ -131,7 +178,7 @@ class EtcdServer:
             # /health answers true once there is a leader and a read goes through.
             with (
                 contextlib.suppress(OSError, ValueError, http.client.HTTPException),
-                urllib.request.urlopen(url, timeout=1) as r,
+                urllib.request.urlopen(url, timeout=1, context=context) as r,
             ):
                 if b'"true"' in r.read():
                     return

@@ -3,6 +3,10 @@
 
 ``stratalog cluster up`` starts one and records the processes in ``<dir>/cluster-state.json``;
 ``stratalog cluster down`` reads that file and stops them (SIGTERM, then SIGKILL after a bound).
+
+With ``etcd_certs`` (the files of ``stratalog certs``, security/certs.py) etcd serves https and
+requires client certificates, and every broker reaches it with the test CA as its truststore
+and the broker certificate as its keystore (``cluster.etcd.ssl.*``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratalog.cluster.errors import ClusterError
-from stratalog.cluster.etcd_server import EtcdServer
+from stratalog.cluster.etcd_server import EtcdServer, EtcdServerTls
 from stratalog.loopback import free_port as _free_port
 
 STATE_FILE = "cluster-state.json"
@@ -50,11 +54,20 @@ class LocalCluster:
         brokers: int = 3,
         settings: dict[str, str] | None = None,
         log_level: str = "WARNING",
+        etcd_certs: dict[str, Path] | None = None,
     ) -> None:
         self.root = Path(root)
         self.log_level = log_level
-        self.etcd = EtcdServer(self.root / "etcd")
+        tls = None if etcd_certs is None else EtcdServerTls.from_test_certificates(etcd_certs)
+        self.etcd = EtcdServer(self.root / "etcd", tls=tls)
         self.settings = dict(settings or {})
+        if etcd_certs is not None:
+            self.settings.setdefault(
+                "cluster.etcd.ssl.truststore.location", str(etcd_certs["ca.pem"])
+            )
+            self.settings.setdefault(
+                "cluster.etcd.ssl.keystore.location", str(etcd_certs["broker.pem"])
+            )
         self.brokers = [
             BrokerProc(n, 0, self.root / f"broker-{n}", settings=self.settings)
             for n in range(1, brokers + 1)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from stratalog.cluster.errors import ClusterError
 from stratalog.cluster.etcd import EtcdStore, Lease
+from stratalog.cluster.etcd_tls import EtcdTls
 from stratalog.cluster.placement import VirtualLogState, assign_virtual_logs, replica_lists
 from stratalog.cluster.reassignment import Reassignment
 
@@ -148,6 +149,7 @@ class ClusterNode:
         self.replication_port = 0  # where primaries push to this broker (set before register)
         self.listeners: dict[str, tuple[str, int]] = {}  # advertised, by name (set before register)
         self.store: EtcdStore | None = None
+        self.etcd_tls: EtcdTls | None = None  # CA and client certificate of an https etcd
         self.lease: Lease | None = None
         self.cluster_id = ""
         self.brokers: dict[int, BrokerInfo] = {}
@@ -191,7 +193,7 @@ class ClusterNode:
         """Reach etcd and agree on the cluster id: a new cluster takes ``local_cluster_id`` (or
         a fresh one); a data directory that already belongs to another cluster is refused.
         Returns the cluster id."""
-        self.store = await EtcdStore.connect(self.endpoints)
+        self.store = await EtcdStore.connect(self.endpoints, tls=self.etcd_tls)
         proposal = local_cluster_id or uuid.uuid4().hex
         await self.store.create(self.keys.cluster_id, proposal.encode())
         got = await self.store.get(self.keys.cluster_id)

@@ -28,9 +28,11 @@ _PROTOCOLS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1
 ANONYMOUS = "User:ANONYMOUS"
 
 
-def _read(setting: str, location: str) -> bytes:
+def read_pem(setting: str, location: str, needed_by: str = "a listener with TLS") -> bytes:
+    """The bytes of the PEM file ``setting`` names; a ConfigError naming the setting if it is
+    not set or cannot be read."""
     if not location:
-        raise ConfigError(f"{setting} is not set: a listener with TLS needs it")
+        raise ConfigError(f"{setting} is not set: {needed_by} needs it")
     path = Path(location)
     try:
         return path.read_bytes()
@@ -43,7 +45,7 @@ def _read(setting: str, location: str) -> bytes:
 
 
 def _check_keystore(location: str, password: str) -> None:
-    pem = _read("ssl.keystore.location", location)
+    pem = read_pem("ssl.keystore.location", location)
     if b"-----BEGIN CERTIFICATE-----" not in pem:
         raise ConfigError(
             f"ssl.keystore.location: {location} holds no certificate (a PEM keystore holds the "
@@ -123,7 +125,7 @@ def server_context(config: Any, client_auth: str | None = None) -> ssl.SSLContex
         ) from None
     truststore = config["ssl.truststore.location"]
     if truststore:
-        pem = _read("ssl.truststore.location", truststore)
+        pem = read_pem("ssl.truststore.location", truststore)
         if b"-----BEGIN CERTIFICATE-----" not in pem:
             raise ConfigError(
                 f"ssl.truststore.location: {truststore} holds no CA certificate (a PEM bundle)"
@@ -160,3 +162,30 @@ def principal_of(ssl_object: Any) -> str:
 
     subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
     return f"User:{subject}"
+
+
+def etcd_client_tls(config: Any) -> Any:
+    """The broker's TLS to an https etcd (``cluster.etcd.ssl.*``), its files read and checked
+    now (a missing file, a keystore without a key or certificate, a key that does not match
+    its certificate or does not decrypt: a ConfigError naming the setting); None for a plain
+    http etcd or none at all."""
+    from stratalog.cluster.etcd_tls import EtcdTls
+
+    if not any(e.lower().startswith("https://") for e in config.etcd_endpoints):
+        return None
+    tls = EtcdTls(
+        config["cluster.etcd.ssl.truststore.location"],
+        config["cluster.etcd.ssl.keystore.location"],
+        config["cluster.etcd.ssl.key.password"],
+    )
+    try:
+        tls.grpc_material()
+        tls.client_context()  # the CA bundle parses for OpenSSL too
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    except ssl.SSLError as e:
+        raise ConfigError(
+            f"cluster.etcd.ssl.truststore.location: {tls.truststore} is not a usable PEM "
+            f"bundle ({e.reason or e})"
+        ) from None
+    return tls
