@@ -9,7 +9,7 @@ Records carry their send time: the first 8 bytes of every value are the wall-clo
 microseconds (``time.time_ns() // 1000``) at ``send``; the rest is random bytes made once. So
 
 * publish latency = ack callback time - send time (every ``latency_sample_every``-th record;
-  unsampled records get no callback at all, which keeps the client's per-record cost down);
+  the others' delivery reports only count, which keeps the client's per-record cost down);
 * end-to-end latency = time the consumer's ``consume`` call returned the record - send time
   (every record, on consumers that track it).
 
@@ -102,6 +102,12 @@ class ProducerClient(ABC):
         """Records sent but not yet acknowledged or failed (0 if the client cannot tell)."""
         return 0
 
+    def acknowledged(self) -> int:
+        """Records the server acknowledged, after ``flush``. A client that learns of every
+        record's failure (``errors``, ``purged``) and of what is left (``unacked``) may subtract;
+        one that hears about some records only must count acknowledgements instead."""
+        return self.sent - self.unacked - self.errors - self.purged
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -191,28 +197,40 @@ class KafkaProducerClient(ProducerClient):
         }
         self.p = Producer(conf)
         self._n = 0
+        # Delivery reports without an error, of every record (tracked or not): a record purged
+        # at a time cap or failed without a callback would otherwise pass for acknowledged.
+        self.acked = 0
         # Connect and fetch metadata before the clock starts.
         self.p.list_topics(timeout=30)
 
-    def _cb(self, err, msg) -> None:
-        if err is not None:
-            if err.code() == self._purge_code:
-                self.purged += 1  # never sent: not a failure of the server
-                return
-            self.errors += 1
-            if not self.first_error:
-                self.first_error = str(err)
+    def _failed(self, err) -> None:
+        if err.code() == self._purge_code:
+            self.purged += 1  # never sent: not a failure of the server
             return
+        self.errors += 1
+        if not self.first_error:
+            self.first_error = str(err)
+
+    def _cb(self, err, msg) -> None:
+        """A sampled record's delivery report: counted and timed."""
+        if err is not None:
+            self._failed(err)
+            return
+        self.acked += 1
         self.latency.pending.append(time.time_ns() // 1000 - _UNPACK_FROM(msg.value())[0])
+
+    def _count(self, err, msg) -> None:
+        """Any other record's delivery report: counted only."""
+        if err is None:
+            self.acked += 1
+        else:
+            self._failed(err)
 
     def send(self, topic: str, value: bytes, track: bool) -> None:
         p = self.p
         while True:
             try:
-                if track:
-                    p.produce(topic, value, callback=self._cb)
-                else:
-                    p.produce(topic, value)
+                p.produce(topic, value, callback=self._cb if track else self._count)
                 break
             except BufferError:
                 p.poll(0.002)
@@ -231,6 +249,9 @@ class KafkaProducerClient(ProducerClient):
 
     def outstanding(self) -> int:
         return len(self.p)  # librdkafka: queued plus in flight
+
+    def acknowledged(self) -> int:
+        return self.acked
 
     def purge(self) -> None:
         self.p.purge(in_queue=True, in_flight=False)
@@ -366,14 +387,15 @@ def _produce(client: ProducerClient, job: ProducerJob, stop_evt, progress) -> di
     client.flush(max(1.0, flush_deadline - perf()))
     progress.value = i - client.unacked
     t_last = time.time()
+    acked = client.acknowledged()
     return {
-        "records": client.sent - client.unacked - client.errors - client.purged,
+        "records": acked,
         "sent": client.sent,
         "errors": client.errors,
         "unacked": client.unacked,
         "first_error": client.first_error,
         "purged": client.purged,
-        "bytes": (client.sent - client.unacked - client.errors - client.purged) * job.record_size,
+        "bytes": acked * job.record_size,
         "t_first": t_first,
         "t_sent": t_sent,
         "t_last": t_last,

@@ -65,5 +65,8 @@ class TransactionalProducerClient(KafkaProducerClient):
         self.latency.fold()
         self.commits.fold()
 
+    def acknowledged(self) -> int:
+        return self.committed  # a delivered record counts once its transaction committed
+
     def result_extra(self) -> dict[str, object]:
         return {"transactions": self.transactions, "commit_hist": self.commits.encode()}
