@@ -739,8 +739,8 @@ class BrokerCore:
         partitions = self.config[setting]
 
         async def create() -> None:
-            factor = min(3, len(cluster.brokers))
             try:
+                factor = min(3, len(await cluster.registered_brokers()))
                 await cluster.create_topic(name, partitions, factor, dict(configs))
             except KeyError:
                 pass  # another broker made it first

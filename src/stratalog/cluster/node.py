@@ -557,13 +557,21 @@ class ClusterNode:
             if await self.store.replace(key, str(first + count).encode(), rev):
                 return first
 
+    async def registered_brokers(self) -> list[int]:
+        """The node ids registered in etcd now. Read, not the watched copy: a broker that
+        registered a moment ago may not have reached this node's watch yet, and a topic
+        created then would be refused too few brokers or placed on fewer of them."""
+        assert self.store is not None
+        prefix = self.keys.brokers
+        return sorted(int(k[len(prefix) :]) for k, _v, _r in await self.store.get_prefix(prefix))
+
     async def create_topic(
         self, name: str, partitions: int, factor: int, configs: dict[str, str]
     ) -> ClusterTopic:
         """Create a topic cluster-wide; raises ValueError for too few brokers and KeyError if
         the name is taken."""
         assert self.store is not None
-        live = sorted(self.brokers)
+        live = await self.registered_brokers()
         lists = replica_lists(live, partitions, factor, first=int(time.time()) % max(1, len(live)))
         while True:
             vl_items = await self.store.get_prefix(self.keys.vlogs)

@@ -45,10 +45,42 @@ class _TopicPlan:
 
 def handle_create_topics(core, req: Request, conn):
     body = req.body
+    if core.cluster is None:
+        plans = _plans(core, body, 1)
+        for plan in plans:
+            if plan.error != "NONE" or body.validate_only:
+                continue
+            try:
+                plan.meta = core.create_topic(plan.request.name, plan.partitions, plan.configs)
+            except MetadataError as e:
+                plan.error, plan.message = e.error, str(e)
+        return _created(core, req, plans)
+
+    async def in_cluster() -> bytes:
+        # Counted in etcd, not this node's watched copy, which may lag a new registration.
+        plans = _plans(core, body, len(await core.cluster.registered_brokers()))
+        # Created through etcd: every broker learns of it from its watch.
+        for plan in plans:
+            if plan.error != "NONE" or body.validate_only:
+                continue
+            name = plan.request.name
+            try:
+                await core.cluster.create_topic(name, plan.partitions, plan.factor, plan.configs)
+                plan.meta = core.metadata.topics.get(name)
+            except KeyError:
+                plan.error, plan.message = "TOPIC_ALREADY_EXISTS", f"Topic '{name}' already exists."
+            except ValueError as e:
+                plan.error, plan.message = "INVALID_REPLICATION_FACTOR", str(e)
+        return _created(core, req, plans)
+
+    return in_cluster()
+
+
+def _plans(core, body, brokers: int) -> list[_TopicPlan]:
+    """Each requested topic's plan, with the error that refuses it (if any)."""
     counts = Counter(t.name for t in body.topics)
     plans: list[_TopicPlan] = []
     answered: set[str] = set()
-    brokers = len(core.cluster.brokers) if core.cluster is not None else 1
     for t in body.topics:
         if t.name in answered:
             continue  # a duplicate gets one answer, as from Kafka
@@ -96,29 +128,7 @@ def handle_create_topics(core, req: Request, conn):
                 raise MetadataError("INVALID_CONFIG", str(e)) from None
         except MetadataError as e:
             plan.error, plan.message = e.error, str(e)
-    todo = [p for p in plans if p.error == "NONE" and not body.validate_only]
-    if core.cluster is None:
-        for plan in todo:
-            try:
-                plan.meta = core.create_topic(plan.request.name, plan.partitions, plan.configs)
-            except MetadataError as e:
-                plan.error, plan.message = e.error, str(e)
-        return _created(core, req, plans)
-
-    async def in_cluster() -> bytes:
-        # Created through etcd: every broker learns of it from its watch.
-        for plan in todo:
-            name = plan.request.name
-            try:
-                await core.cluster.create_topic(name, plan.partitions, plan.factor, plan.configs)
-                plan.meta = core.metadata.topics.get(name)
-            except KeyError:
-                plan.error, plan.message = "TOPIC_ALREADY_EXISTS", f"Topic '{name}' already exists."
-            except ValueError as e:
-                plan.error, plan.message = "INVALID_REPLICATION_FACTOR", str(e)
-        return _created(core, req, plans)
-
-    return in_cluster()
+    return plans
 
 
 def _created(core, req: Request, plans: list[_TopicPlan]) -> bytes:
