@@ -18,13 +18,12 @@ the good client's errors and publish latency (p99, max) are kept per phase.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 from collections.abc import Callable
 from typing import Any
 
 from stratalog.bench import hist
-from stratalog.bench.load import LoadResult, Progress, topic_names
+from stratalog.bench.load import LoadResult, Progress, load_context, topic_names
 from stratalog.bench.phases import fixed_rate, steady_phase
 from stratalog.bench.results import CaseResult, result_from_load
 from stratalog.bench.secure_targets import PLAIN_USER, SCRAM_USER, Credentials, _Secure
@@ -121,7 +120,7 @@ def run_auth_storm(
         rows.append(row)
 
     phase("before", w.phase_duration_s)
-    ctx = mp.get_context("spawn")
+    ctx = load_context()
     go, result_q = ctx.Event(), ctx.Queue()
     done = ctx.Value("q", 0, lock=False)
     attacker = ctx.Process(

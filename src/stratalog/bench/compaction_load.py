@@ -22,13 +22,12 @@ beside the clients'.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import time
 import urllib.request
 from typing import Any
 
 from stratalog.bench import hist
-from stratalog.bench.load import LoadResult, Progress, topic_names
+from stratalog.bench.load import LoadResult, Progress, load_context, topic_names
 from stratalog.bench.phases import fixed_rate, steady_phase
 from stratalog.bench.results import CaseResult, median_of, result_from_load
 from stratalog.bench.targets import StratalogTarget, Target
@@ -78,7 +77,7 @@ def fill(w: Workload, target: Target, topic: str, progress: Progress) -> dict[st
     """Fill the compacted topic (acks=1, as fast as it takes it); returns records and keys."""
     n = max(1, w.compacted_bytes // w.record_size)
     keys = max(1, int(n * w.compacted_live_fraction))
-    ctx = mp.get_context("spawn")
+    ctx = load_context()
     bounds = [n * i // FILL_PROCESSES for i in range(FILL_PROCESSES + 1)]
     done = [ctx.Value("q", 0, lock=False) for _ in range(FILL_PROCESSES)]
     procs = [

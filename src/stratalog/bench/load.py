@@ -1,8 +1,8 @@
 """The load of one phase: the producer and consumer processes a case starts.
 
-``run_load`` starts them as separate processes (``spawn``), releases them together, waits for the
-producers to finish and for the consumers to have read what was acknowledged, and returns what
-each process measured with the server's CPU time over the phase (``LoadResult``). The
+``run_load`` starts them as separate processes (see ``load_context``), releases them together,
+waits for the producers to finish and for the consumers to have read what was acknowledged, and
+returns what each process measured with the server's CPU time over the phase (``LoadResult``). The
 ``*_jobs`` functions turn a workload into what each process does.
 """
 
@@ -30,6 +30,17 @@ Progress = Callable[[str, int, int, int], None]  # (label, produced, consumed, t
 
 def no_progress(label: str, produced: int, consumed: int, total: int) -> None:
     pass
+
+
+def load_context():
+    """Where load processes come from: forked from a server that has imported the clients
+    once. A fresh interpreter per process (``spawn``) spent a second or more importing them
+    before it was ready, every phase, for each of up to ten processes; the server is itself
+    a new interpreter, so no state of the harness (its threads, its brokers' pipes) is
+    inherited."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["confluent_kafka", "stratalog.bench.clients"])
+    return ctx
 
 
 @dataclass
@@ -104,7 +115,7 @@ def run_load(
     stops them early when it turns true (a phase that lasts as long as something else).
     ``expect``: what the consumers must read, if not what the producers here acknowledged (a
     load of consumers alone, draining a topic filled before)."""
-    ctx = mp.get_context("spawn")
+    ctx = load_context()
     factory = target.client_factory()
     ready_q, result_q = ctx.Queue(), ctx.Queue()
     start_evt, stop_evt = ctx.Event(), ctx.Event()

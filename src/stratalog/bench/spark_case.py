@@ -37,7 +37,7 @@ def run_spark(
     proc = subprocess.run(
         [sys.executable, "-m", "stratalog.bench.spark_read", "--bootstrap", target.bootstrap,
          "--topic", topics[0], "--runs", str(w.spark_runs),
-         "--warmup", str(w.spark_warmup), *columns],
+         "--warmup", str(w.spark_warmup), "--formats", ",".join(w.spark_formats), *columns],
         capture_output=True, text=True, timeout=w.max_duration_s * 20 + 600, check=False,
     )  # fmt: skip
     if proc.returncode != 0:

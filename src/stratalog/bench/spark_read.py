@@ -63,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from stratalog.spark import local_session, register
 
-    spark = local_session("stratalog-bench-spark", cores=args.cores, kafka_connector=True)
-    register(spark)
     formats = tuple(args.formats.split(","))
+    # Spark's Kafka connector is resolved and loaded only when its format is read.
+    spark = local_session(
+        "stratalog-bench-spark", cores=args.cores, kafka_connector="kafka" in formats
+    )
+    register(spark)
     out: dict[str, dict[str, list[dict[str, float]]]] = {
         f: {"warmup": [], "runs": []} for f in formats
     }

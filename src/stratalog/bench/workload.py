@@ -86,6 +86,7 @@ _TOP_LEVEL = {
     "spark_warmup",
     "spark_all_columns",
     "spark_one_off",
+    "spark_formats",
     "producer_client",
     "burst",
     "prefill_bytes",
@@ -211,6 +212,10 @@ class Workload:
     # The formats also timed as a one-off job (the only read of a fresh session, a JVM start
     # each); empty: every format read.
     spark_one_off: list[str] = field(default_factory=list)
+    # The formats read, in the order each round reads them.
+    spark_formats: list[str] = field(
+        default_factory=lambda: ["stratalog", "stratalog-python", "kafka"]
+    )
     # Pafka's burst case: fill to just under the migration threshold, then produce ``records``
     # at ``rate`` and follow the hot tier's usage until migration has drained it again.
     burst: bool = False

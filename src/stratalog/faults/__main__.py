@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 import traceback
@@ -211,6 +212,14 @@ def _summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM unwinds like an error, so a run's ``finally`` stops its brokers and etcd by PID
+    (left running otherwise, and the next run or test suite shares the cores with them).
+    Further SIGTERMs are ignored while it does."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m stratalog.faults",
@@ -229,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     summ = sub.add_parser("summary", help="the table of every run under a results directory")
     summ.add_argument("results", type=Path)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     if args.command == "soak":
         return _soak(args, parser)
     if args.command == "run":
