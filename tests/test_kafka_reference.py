@@ -22,6 +22,8 @@ from stratalog.peers.kafka import (
     run_tool,
 )
 
+from .conftest import KAFKA_TEST_JVM
+
 pytestmark = pytest.mark.kafka
 
 TOPIC = "reference-roundtrip"
@@ -34,7 +36,7 @@ def _records() -> list[tuple[bytes, bytes]]:
 
 @pytest.fixture(scope="module")
 def kafka() -> Iterator[KafkaBroker]:
-    with KafkaBroker() as broker:
+    with KafkaBroker(jvm_options=KAFKA_TEST_JVM) as broker:
         yield broker
 
 

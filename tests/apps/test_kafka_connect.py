@@ -38,6 +38,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
+from ..conftest import KAFKA_TEST_JVM
 from .conftest import JavaApp, open_transaction_written, read_topic
 
 pytestmark = pytest.mark.kafka
@@ -207,7 +208,9 @@ ON_KAFKA = pytest.mark.skipif(
 def bootstrap(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh Stratalog, or the reference Apache Kafka: the same scenario runs on both."""
     if request.param == "kafka":
-        with KafkaBroker({"transaction.state.log.num.partitions": "3"}) as kafka:
+        with KafkaBroker(
+            {"transaction.state.log.num.partitions": "3"}, jvm_options=KAFKA_TEST_JVM
+        ) as kafka:
             yield kafka.bootstrap
     else:
         with Broker(tmp_path / "data") as broker:

@@ -39,6 +39,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
+from ..conftest import KAFKA_TEST_JVM
 from .conftest import (
     JavaApp,
     end_offsets,
@@ -303,7 +304,9 @@ def test_wordcount_exactly_once_after_kill9_and_lost_state(tmp_path: Path) -> No
 
 
 def test_wordcount_same_on_kafka(stratalog_outcome: Outcome, tmp_path: Path) -> None:
-    with KafkaBroker({"transaction.state.log.num.partitions": "3"}) as kafka:
+    with KafkaBroker(
+        {"transaction.state.log.num.partitions": "3"}, jvm_options=KAFKA_TEST_JVM
+    ) as kafka:
         outcome = run_wordcount(kafka.bootstrap, tmp_path)
     check_exactly_once(outcome)
     assert outcome.sequences == stratalog_outcome.sequences

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ..conftest import SPARK_TEST_CONF
 from .test_client_routing import PARTITIONS, create_spread_topic, leaders_of
 
 pytestmark = pytest.mark.spark
@@ -36,7 +37,9 @@ def spark():
         yield running
         return
     # Spark's own Kafka connector too (resolved from Maven Central once, then from ~/.ivy2).
-    session = local_session("stratalog-cluster-tests", cores="2,3", kafka_connector=True)
+    session = local_session(
+        "stratalog-cluster-tests", cores="2,3", kafka_connector=True, **SPARK_TEST_CONF
+    )
     try:
         yield session
     finally:

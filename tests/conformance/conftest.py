@@ -23,6 +23,7 @@ import pytest
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker, KafkaSetupError
 
+from ..conftest import KAFKA_TEST_JVM
 from . import wire
 
 # Kafka configured like Stratalog's defaults where they differ from Kafka's own defaults, plus
@@ -79,7 +80,9 @@ def warm_up(bootstrap: str, timeout: float = 60) -> None:
 
 
 def start_kafka(
-    make: Callable[[], KafkaBroker] = lambda: KafkaBroker(KAFKA_PROPERTIES),
+    make: Callable[[], KafkaBroker] = lambda: KafkaBroker(
+        KAFKA_PROPERTIES, jvm_options=KAFKA_TEST_JVM
+    ),
 ) -> KafkaBroker:
     """Start the reference Kafka; retry only the peer's known start-up flake.
 

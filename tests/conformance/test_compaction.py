@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
+from ..conftest import KAFKA_TEST_JVM
 from . import wire
 from .conftest import KAFKA_PROPERTIES, Pair, both, start_kafka, warm_up
 
@@ -28,7 +29,11 @@ KEYS = 20
 
 @pytest.fixture(scope="module")
 def cleaning_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    kafka = start_kafka(lambda: KafkaBroker({**KAFKA_PROPERTIES, "log.cleaner.backoff.ms": "200"}))
+    kafka = start_kafka(
+        lambda: KafkaBroker(
+            {**KAFKA_PROPERTIES, "log.cleaner.backoff.ms": "200"}, jvm_options=KAFKA_TEST_JVM
+        )
+    )
     try:
         config = {"log.cleaner.backoff.ms": 200, "segment.ms": 300}
         with Broker(tmp_path_factory.mktemp("stratalog") / "data", config=config) as strat:

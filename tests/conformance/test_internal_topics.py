@@ -25,6 +25,7 @@ from stratalog.broker.topic_config import TOPIC_SETTINGS
 from stratalog.peers.kafka import KafkaBroker
 from stratalog.records import build_batch
 
+from ..conftest import KAFKA_TEST_JVM
 from . import clients, wire
 from .conftest import KAFKA_PROPERTIES, Pair, both, start_kafka
 from .deliberate import check_deliberate
@@ -40,7 +41,7 @@ TRANSIENT = {"COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_C
 def fresh_pair(tmp_path: Path) -> Iterator[Pair]:
     """A new Kafka (offsets.topic.num.partitions at Kafka's default) and a new Stratalog."""
     props = {**KAFKA_PROPERTIES, "offsets.topic.num.partitions": KAFKA_DEFAULT_OFFSETS_PARTITIONS}
-    kafka = start_kafka(lambda: KafkaBroker(props))
+    kafka = start_kafka(lambda: KafkaBroker(props, jvm_options=KAFKA_TEST_JVM))
     try:
         with Broker(tmp_path / "data") as strat:
             yield Pair(strat, kafka)

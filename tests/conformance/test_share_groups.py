@@ -27,6 +27,7 @@ from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 from stratalog.records import build_batch
 
+from ..conftest import KAFKA_TEST_JVM
 from ..test_share_groups import JavaShareConsumer
 from . import wire
 from .conftest import KAFKA_PROPERTIES, Pair, both, start_kafka, unique, warm_up
@@ -41,7 +42,7 @@ ACCEPT, RELEASE, REJECT = 1, 2, 3
 def share_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     props = {**KAFKA_PROPERTIES, **{k: str(v) for k, v in SHARE_SETTINGS.items()}}
     props["group.share.min.record.lock.duration.ms"] = "1000"  # Kafka's floor, 15 s by default
-    kafka = start_kafka(lambda: KafkaBroker(props))
+    kafka = start_kafka(lambda: KafkaBroker(props, jvm_options=KAFKA_TEST_JVM))
     try:
         data = tmp_path_factory.mktemp("stratalog-share") / "data"
         with Broker(data, config=dict(SHARE_SETTINGS)) as strat:

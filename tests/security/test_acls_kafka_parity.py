@@ -28,6 +28,7 @@ from stratalog.records import build_batch
 
 from ..conformance import wire
 from ..conformance.conftest import warm_up
+from ..conftest import KAFKA_TEST_JVM
 from .conftest import PLAIN_USERS, secure_config
 from .test_kafka_parity import LISTENERS, kafka_properties
 from .wire import Conn
@@ -130,7 +131,7 @@ def pair(
         "super.users": SUPER_USERS,
         "auto.create.topics.enable": "true",
     }
-    kafka = start_kafka(lambda: KafkaBroker(props, listeners=LISTENERS))
+    kafka = start_kafka(lambda: KafkaBroker(props, listeners=LISTENERS, jvm_options=KAFKA_TEST_JVM))
     try:
         config = secure_config(certs, plain_users_file, **{
             "authorizer.class.name": AUTHORIZER, "super.users": SUPER_USERS,

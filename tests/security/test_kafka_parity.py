@@ -24,7 +24,7 @@ import pytest
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker, run_tool
 
-from ..conftest import create_topic
+from ..conftest import KAFKA_TEST_JVM, create_topic
 from .clients import Security
 from .conftest import PLAIN_USERS, SCRAM_USERS, add_scram_users, jaas_plain, secure_config
 from .wire import API_VERSIONS, SASL_AUTHENTICATE, Closed, Conn
@@ -73,7 +73,11 @@ def pair(
 ) -> Iterator[Pair]:
     from ..conformance.conftest import start_kafka
 
-    kafka = start_kafka(lambda: KafkaBroker(kafka_properties(certs), listeners=LISTENERS))
+    kafka = start_kafka(
+        lambda: KafkaBroker(
+            kafka_properties(certs), listeners=LISTENERS, jvm_options=KAFKA_TEST_JVM
+        )
+    )
     try:
         with Broker(
             tmp_path_factory.mktemp("parity") / "data",

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from stratalog import Broker
 from stratalog.peers.kafka import KafkaBroker
 
-from ..conftest import create_topic
+from ..conftest import KAFKA_TEST_JVM, SPARK_TEST_CONF, create_topic
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +32,7 @@ def spark_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 def kafka() -> Iterator[KafkaBroker]:
     """One Apache Kafka broker for every module that compares with it (a JVM start each costs
     seconds), stopped by its PID (process group) at the end; tests use their own topics."""
-    broker = KafkaBroker().start()
+    broker = KafkaBroker(jvm_options=KAFKA_TEST_JVM).start()
     pid = broker.pid
     try:
         yield broker
@@ -50,7 +50,12 @@ def spark():
     from stratalog.spark import local_session
 
     # Spark's own Kafka connector too, so format("kafka") runs beside format("stratalog-python").
-    session = local_session("stratalog-tests", cores="2,3", kafka_connector=True)
+    session = local_session(
+        "stratalog-tests",
+        cores="2,3",
+        kafka_connector=True,
+        **SPARK_TEST_CONF,
+    )
     try:
         yield session
     finally:

@@ -9,7 +9,7 @@ import stratalog.spark
 import stratalog.spark.jvm
 from stratalog.spark.source import StratalogDataSource
 
-from ..conftest import create_topic
+from ..conftest import SPARK_TEST_CONF, create_topic
 from .conftest import Rec, collect_records, produce, sent_tuple, topic_name
 
 pytestmark = pytest.mark.spark
@@ -72,7 +72,7 @@ import json, sys
 from stratalog.spark import local_session, register
 from stratalog.spark.jvm import on_classpath
 
-spark = local_session("no-jar", cores=1, jvm_connector=False)
+spark = local_session("no-jar", cores=1, jvm_connector=False, **json.loads(sys.argv[3]))
 try:
     before = on_classpath(spark)
     register(spark)
@@ -100,7 +100,7 @@ def test_without_the_jar_register_makes_format_stratalog_the_python_source(spark
     produce(bootstrap, topic, [Rec(f"v{i}".encode()) for i in range(3)])
     assert stratalog.spark.jvm.on_classpath(spark)  # this session has the jar
     proc = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_JAR, bootstrap, topic],
+        [sys.executable, "-c", _WITHOUT_JAR, bootstrap, topic, json.dumps(SPARK_TEST_CONF)],
         capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -41,7 +41,7 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -498,8 +498,10 @@ class KafkaBroker:
         stop_timeout: float = 30,
         cache_dir: Path | None = None,
         listeners: Mapping[str, str] | None = None,
+        jvm_options: Sequence[str] = (),
     ) -> None:
         self.properties = {k: str(v) for k, v in (properties or {}).items()}
+        self.jvm_options = list(jvm_options)  # more JVM flags for the broker
         # More client listeners beside PLAINTEXT: name -> security protocol (SSL, SASL_SSL,
         # ...), each on a free port; their settings (keystores, JAAS) go in ``properties``.
         self.extra_listeners = dict(listeners or {})
@@ -594,7 +596,7 @@ class KafkaBroker:
 
         fmt = subprocess.run(
             [
-                *base,
+                *_jvm_base(java, self.heap, log_config, classpath, short_lived=True),
                 "kafka.tools.StorageTool",
                 "format",
                 "--ignore-formatted",
@@ -616,7 +618,14 @@ class KafkaBroker:
 
         with open(self.console_log, "ab") as console:
             self._proc = subprocess.Popen(
-                [*base, f"-Dkafka.logs.dir={self.log_dir}", BROKER_MAIN, str(config)],
+                [
+                    *base[:1],
+                    *self.jvm_options,
+                    *base[1:],
+                    f"-Dkafka.logs.dir={self.log_dir}",
+                    BROKER_MAIN,
+                    str(config),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=console,
                 stderr=subprocess.STDOUT,
