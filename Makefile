@@ -1,5 +1,9 @@
 # Every public target does its own set-up first, so a fresh clone needs nothing else.
 SHELL := /bin/bash
+# Python's bytecode caches stay on even where the environment turns them off: the suite starts
+# a thousand Python processes (brokers, the CLI, clients), and each recompiled the package from
+# source (a third of a second each), and pytest rewrote every test module's asserts again.
+unexport PYTHONDONTWRITEBYTECODE
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
