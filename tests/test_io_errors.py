@@ -325,7 +325,9 @@ def test_a_read_only_file_system_refuses_produce_and_serves_fetch(env):
     assert all(c == 0 and n > 0 for c, n in codes.values()), codes
     doc = env.status()["disk"]["log_dir"]
     assert doc["state"] == "read-only", doc
-    assert doc["logs"]["read-only"] == len({env.log_of[p] for p in range(PARTITIONS)})
+    # (Once, in a fresh clone under load, one of the four logs was not read-only, and it then
+    # refused the next case's writes as a failed log would: the whole document is kept.)
+    assert doc["logs"]["read-only"] == len({env.log_of[p] for p in range(PARTITIONS)}), doc
     assert all("Read-only file system" in x["error"] for x in doc["not_online"].values())
     metrics = env.metrics()
     assert "stratalog_log_dir_online 0.0" in metrics

@@ -94,8 +94,23 @@ class LocalCluster:
         if b.pid and not _wait_gone(b.pid, 1.0):  # (a kill -9 just sent takes a moment)
             # A second process would fail to bind and orphan the running one (its PID lost).
             raise ClusterError(f"broker {b.node_id} is still running (pid {b.pid})")
-        if not b.port:
-            b.port = _free_port()
+        fresh = not b.port
+        for attempt in range(3):
+            if fresh:
+                b.port = _free_port()
+            logged = b.log_path.stat().st_size if b.log_path.exists() else 0
+            try:
+                return self._start_process(b, timeout)
+            except ClusterError:
+                # A free port found is only free until another process binds it (the broker's
+                # other listeners take theirs at start): lost that race, start again.
+                with open(b.log_path, "rb") as f:
+                    f.seek(logged)
+                    raced = b"address already in use" in f.read()
+                if not raced or attempt == 2:
+                    raise
+
+    def _start_process(self, b: BrokerProc, timeout: float) -> None:
         cmd = [
             sys.executable,
             "-m",
