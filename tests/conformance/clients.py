@@ -530,6 +530,20 @@ class KpMember:
         while not self.c.partitions_for_topic(topic) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.c.subscribe([topic])
+        # kafka-python 3.0's group leader that assigned from an empty metadata snapshot (one
+        # taken before the subscription's first refresh) rejoins once the snapshot fills; a
+        # poll() that times out during that rejoin leaves the member unjoined for good (the
+        # rejoin was never recorded as needed, so no later poll finishes it: its heartbeats
+        # stop, the session expires, and every commit says a rebalance is under way). Seen
+        # against Apache Kafka and Stratalog alike under load; the first poll waits for it.
+        coordinator = getattr(self.c, "_coordinator", None)
+        deadline = time.monotonic() + 10
+        while (
+            coordinator is not None
+            and not getattr(coordinator, "_metadata_snapshot", {topic: 1}).get(topic)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
 
     def poll(self) -> list[tuple[int, int]]:
         got = []
