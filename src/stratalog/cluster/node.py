@@ -566,12 +566,18 @@ class ClusterNode:
         return sorted(int(k[len(prefix) :]) for k, _v, _r in await self.store.get_prefix(prefix))
 
     async def create_topic(
-        self, name: str, partitions: int, factor: int, configs: dict[str, str]
+        self,
+        name: str,
+        partitions: int,
+        factor: int,
+        configs: dict[str, str],
+        brokers: list[int] | None = None,
     ) -> ClusterTopic:
-        """Create a topic cluster-wide; raises ValueError for too few brokers and KeyError if
-        the name is taken."""
+        """Create a topic cluster-wide, placed on ``brokers`` (the registered ones, read now,
+        unless the caller read them to validate the request: then it places on what it
+        checked); raises ValueError for too few brokers and KeyError if the name is taken."""
         assert self.store is not None
-        live = await self.registered_brokers()
+        live = brokers if brokers is not None else await self.registered_brokers()
         lists = replica_lists(live, partitions, factor, first=int(time.time()) % max(1, len(live)))
         while True:
             vl_items = await self.store.get_prefix(self.keys.vlogs)

@@ -58,14 +58,17 @@ def handle_create_topics(core, req: Request, conn):
 
     async def in_cluster() -> bytes:
         # Counted in etcd, not this node's watched copy, which may lag a new registration.
-        plans = _plans(core, body, len(await core.cluster.registered_brokers()))
+        brokers = await core.cluster.registered_brokers()
+        plans = _plans(core, body, len(brokers))
         # Created through etcd: every broker learns of it from its watch.
         for plan in plans:
             if plan.error != "NONE" or body.validate_only:
                 continue
             name = plan.request.name
             try:
-                await core.cluster.create_topic(name, plan.partitions, plan.factor, plan.configs)
+                await core.cluster.create_topic(
+                    name, plan.partitions, plan.factor, plan.configs, brokers
+                )
                 plan.meta = core.metadata.topics.get(name)
             except KeyError:
                 plan.error, plan.message = "TOPIC_ALREADY_EXISTS", f"Topic '{name}' already exists."
