@@ -688,6 +688,14 @@ SETTINGS: dict[str, Setting] = {
             "Wait for more members before the first rebalance of an empty group.",
         ),
         _S(
+            "offsets.retention.check.interval.ms",
+            int,
+            600000,
+            "How long a classic group whose members all left without committing stays "
+            "known (Empty: listed, described, deletable) before it is dropped, as Kafka's "
+            "periodic clean-up of such groups does at this interval.",
+        ),
+        _S(
             "offsets.topic.num.partitions",
             int,
             50,
@@ -1021,6 +1029,7 @@ class BrokerConfig:
         "group.share.partition.max.record.locks": 1,
         "group.share.max.size": 1,
         "offsets.topic.num.partitions": 1,
+        "offsets.retention.check.interval.ms": 1,
         "connections.max.reauth.ms": 0,
         "sasl.server.max.receive.size": 1,
         "transaction.state.log.num.partitions": 1,

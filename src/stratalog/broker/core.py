@@ -149,6 +149,7 @@ class BrokerCore:
             min_session_ms=config["group.min.session.timeout.ms"],
             max_session_ms=config["group.max.session.timeout.ms"],
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
+            empty_group_ms=config["offsets.retention.check.interval.ms"],
         )
         self.consumer_groups = ConsumerGroups(
             session_timeout_ms=config["group.consumer.session.timeout.ms"],

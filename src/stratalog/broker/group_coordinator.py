@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -76,6 +77,7 @@ class Group:
         self.members: dict[str, Member] = {}
         self.pending: dict[str, asyncio.TimerHandle] = {}  # ids handed out by MEMBER_ID_REQUIRED
         self.rebalance_timer: asyncio.TimerHandle | None = None
+        self.emptied_at: float | None = None  # when its last member went (monotonic)
 
     def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         if not self.members:
@@ -108,11 +110,13 @@ class GroupCoordinator:
         min_session_ms: int = 6000,
         max_session_ms: int = 1800000,
         initial_rebalance_delay_ms: int = 0,
+        empty_group_ms: int = 600000,
     ) -> None:
         self.groups: dict[str, Group] = {}
         self.min_session_ms = min_session_ms
         self.max_session_ms = max_session_ms
         self.initial_delay_ms = initial_rebalance_delay_ms
+        self.empty_group_ms = empty_group_ms
 
     def group(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)
@@ -175,7 +179,8 @@ class GroupCoordinator:
                 protocols,
             )
             g.members[member_id] = m
-            if g.protocol_type is None:
+            g.emptied_at = None
+            if len(g.members) == 1:  # the first member names the type of an empty group
                 g.protocol_type = protocol_type
         else:
             changed = protocols != m.protocols
@@ -244,11 +249,7 @@ class GroupCoordinator:
             timer.cancel()
             g.pending.pop(pid)
         if not g.members:
-            g.state = EMPTY
-            g.generation += 1
-            g.protocol_name = None
-            g.leader = None
-            g.protocol_type = None
+            self._emptied(g)
             return
         g.generation += 1
         g.protocol_name = g.select_protocol()
@@ -358,15 +359,36 @@ class GroupCoordinator:
         if not rebalance:
             return
         if not g.members and g.state != PREPARING:
-            g.state = EMPTY
-            g.generation += 1
-            g.protocol_type = None
-            g.protocol_name = None
-            g.leader = None
+            self._emptied(g)
         elif g.state in (STABLE, COMPLETING):
             self._prepare_rebalance(g)
         elif g.state == PREPARING:
             self._maybe_complete_join(g)
+
+    @staticmethod
+    def _emptied(g: Group) -> None:
+        # Its protocol type stays (Kafka lists and describes an empty group with it) until a
+        # first member of any type joins again.
+        g.state = EMPTY
+        g.generation += 1
+        g.protocol_name = None
+        g.leader = None
+        g.emptied_at = time.monotonic()
+
+    def kept(self, g: Group) -> bool:
+        """Whether an empty group without members is still known: one whose members all left
+        stays (Empty) until Kafka's periodic clean-up would drop it, if it has no offsets."""
+        if g.members or g.pending or g.state != EMPTY:
+            return True
+        return g.emptied_at is not None and (
+            time.monotonic() - g.emptied_at < self.empty_group_ms / 1000
+        )
+
+    def sweep(self) -> None:
+        """Drop the empty groups no longer kept (their committed offsets, if any, live on in
+        the offset store and keep the group listed from there)."""
+        for gid in [gid for gid, g in self.groups.items() if not self.kept(g)]:
+            self.forget(gid)
 
     def _schedule_expiry(self, g: Group, m: Member) -> None:
         self._cancel_expiry(m)

@@ -346,10 +346,8 @@ def _known_groups(core) -> dict[str, tuple[str, str, str]]:
     out = {}
     for gid in core.offsets.groups():
         out[gid] = (EMPTY, "", CLASSIC)
+    core.coordinator.sweep()  # as Kafka's clean-up: empty groups without offsets go in time
     for gid, g in core.coordinator.groups.items():
-        if g.state == EMPTY and gid not in out and not g.members:
-            # As Kafka: an empty group with no committed offsets is deleted, not listed.
-            continue
         out[gid] = (g.state, g.protocol_type or "", CLASSIC)
     for gid, cg in core.consumer_groups.groups.items():
         # Kafka keeps an empty consumer-protocol group (its records are in the log) until
@@ -399,7 +397,7 @@ def handle_describe_groups(core, req: Request, conn) -> bytes:
                     error_code=NONE,
                     group_id=gid,
                     group_state=state,
-                    protocol_type="",
+                    protocol_type=known[gid][1] if state == EMPTY else "",
                     protocol_data="",
                     members=(),
                     authorized_operations=ops,
