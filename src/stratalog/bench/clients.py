@@ -195,6 +195,10 @@ class KafkaProducerClient(ProducerClient):
             **factory.producer_config,
             **job.extra,
         }
+        if debug := os.environ.get("STRATALOG_BENCH_CLIENT_DEBUG"):
+            # librdkafka's own account (e.g. "metadata,topic,broker"), on stderr, for a run
+            # whose figures need explaining (a failover trial's wait).
+            conf |= {"debug": debug, "log_level": 7}
         self.p = Producer(conf)
         self._n = 0
         # Delivery reports without an error, of every record (tracked or not): a record purged

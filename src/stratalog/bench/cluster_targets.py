@@ -12,6 +12,8 @@ fault harness's (``faults/targets.py``), so a restart here is the one the fault 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import time
 from abc import abstractmethod
@@ -185,10 +187,25 @@ class StratalogClusterTarget(ClusterTarget):
         return version("stratalog")
 
     def _make(self, root: Path) -> fault_targets.Target:
-        return fault_targets.StratalogTarget(root, settings=self.settings)
+        # STRATALOG_BENCH_BROKER_LOG=INFO keeps the brokers' reasons (a failover's probe, its
+        # election) in the run's logs/ for a trial worth explaining.
+        level = os.environ.get("STRATALOG_BENCH_BROKER_LOG", "WARNING")
+        return fault_targets.StratalogTarget(root, settings=self.settings, log_level=level)
 
     def _metadata_processes(self) -> list[str]:
         return ["etcd"]
+
+    def stop(self) -> None:
+        # With the brokers' log level raised, their logs outlive the work directory.
+        cluster = getattr(self, "cluster", None)
+        if cluster is not None and "STRATALOG_BENCH_BROKER_LOG" in os.environ:
+            keep = Path("bench-broker-logs") / time.strftime("%Y%m%dT%H%M%S")
+            keep.mkdir(parents=True, exist_ok=True)
+            for f in cluster.logs():
+                if f.exists():
+                    shutil.copy2(f, keep / f.name)
+            _quiet.warning("broker logs kept in %s", keep)
+        super().stop()
 
     def stop_broker(self, name: str) -> None:
         b = self.cluster._need(name)
