@@ -42,7 +42,12 @@ def load_results(root: Path) -> list[tuple[Path, dict[str, Any]]]:
 def _slowest_recovery(check: dict[str, Any]) -> float | str | None:
     """The slowest recovery after a fault; "never" when some fault's partitions never
     acknowledged a send again before the workload ended."""
-    times = [f.get("first_ok_s") for f in check.get("stats", {}).get("recovery", [])]
+    # A fault on a broker that led nothing (a paused controller, say) has nothing to recover.
+    times = [
+        f.get("first_ok_s")
+        for f in check.get("stats", {}).get("recovery", [])
+        if f.get("partitions", [None])
+    ]
     if any(t is None for t in times):
         return "never"
     return max((t for t in times if t is not None), default=None)
