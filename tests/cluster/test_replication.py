@@ -332,6 +332,34 @@ def test_a_dead_brokers_lease_is_revoked_by_the_peers_that_saw_it_die(cluster):
     assert p.flush(30) == 0
 
 
+def test_a_new_controller_probes_the_in_sync_brokers_absent_at_its_start(cluster):
+    """kill -9 of the broker that is both controller and a leader: a peer revokes its lease,
+    which takes the controller key with it. The broker elected next grants a broker absent at
+    the start of its term a lease's grace (it may be registering again after an etcd outage),
+    unless it proves it gone: it probes those in-sync brokers itself, so the killed one's
+    logs move at once instead of after the grace (the benchmark's slowest failovers)."""
+    first = cluster.brokers[0].bootstrap
+    _create(first, "cc")
+    _wait_in_sync(first, "cc", 3)
+    victim_id = wire.call(first, 3, 12, topics=[], allow_auto_topic_creation=False,
+                          include_topic_authorized_operations=False)["controller_id"]  # fmt: skip
+    assert victim_id in {p["leader_id"] for p in _metadata(first, "cc")["partitions"]}
+    victim = next(b for b in cluster.brokers if b.node_id == victim_id)
+    survivors = [b for b in cluster.brokers if b is not victim]
+    cluster.stop_broker(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        leaders = {x["leader_id"] for x in _metadata(survivors[0].bootstrap, "cc")["partitions"]}
+        if victim_id not in leaders and -1 not in leaders:
+            break
+        assert time.monotonic() < deadline, leaders
+        time.sleep(0.1)
+    logs = {b.node_id: b.log_path.read_text() for b in survivors}
+    probed = [n for n, text in logs.items() if f"in-sync broker {victim_id} is absent" in text]
+    assert len(probed) == 1, logs
+    assert f"primary {victim_id} is gone" in logs[probed[0]], logs
+
+
 def test_a_write_committed_by_a_shrunken_in_sync_set_is_not_acknowledged(cluster):
     """acks=all with min.insync.replicas=2: both backups of a partition freeze while a write
     waits for them; once their leases expire the in-sync set is the primary alone, which

@@ -16,7 +16,9 @@ answers with a sequence gap on its next request and bumped its producer epoch, r
 records writes it had been told were not persisted, some of which were: the fault harness's
 duplicates. A broker that registered during this term and whose registration then goes is
 dead at once: its lease already took its time to expire. So is one a peer proved gone (its port
-refuses connections).
+refuses connections), and a new controller probes the in-sync members absent at its start
+itself: the broker killed with the old controller (whose lease a peer revoked, so its
+controller key went too) is failed over in a fraction of a second, not after the grace.
 
 Being controller is not a lock either: two controllers at once (a paused one waking up) can only
 race on revision-guarded writes, and the loser re-reads a state that needs nothing.
@@ -64,6 +66,7 @@ class Controller:
                         self._term_start = time.monotonic()
                         self._seen = set()
                         self._initial = {b: i.lease for b, i in node.brokers.items()}
+                        self._probe_absent()
                 if self.active:
                     await self._fail_over()
             except asyncio.CancelledError:
@@ -76,6 +79,16 @@ class Controller:
                 await asyncio.wait_for(self._wake.wait(), 1.0)
             except TimeoutError:
                 pass
+
+    def _probe_absent(self) -> None:
+        """The grace is for brokers registering again (after an etcd outage); one that is not
+        (killed with the old controller) is proven gone by its refused port in a fraction of
+        a second, and failed over then."""
+        node = self.node
+        for b in sorted({r for st in node.vlogs.values() for r in st.isr}):
+            if b not in node.brokers:
+                log.warning("controller: in-sync broker %d is absent: probing it", b)
+                node.suspect(b)
 
     def alive(self) -> set[int]:
         """Brokers not taken for dead: the registered ones, and those absent since this term

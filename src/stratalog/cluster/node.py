@@ -277,8 +277,10 @@ class ClusterNode:
         from before it registers until it stops) now refuses connections, its process is gone
         (kill -9 closes its sockets at once; a paused process still accepts), so its lease is
         revoked and the controller fails over now, not when the lease expires. Anything else
-        leaves it to the lease."""
-        info = self.brokers.get(node_id)
+        leaves it to the lease. A broker no longer registered is probed at its last
+        registration's address: a new controller proves for itself that one absent when its
+        term began is gone (a peer revoked its lease), instead of granting it a lease's grace."""
+        info = self.brokers.get(node_id) or self.last_registered.get(node_id)
         if node_id == self.node_id or info is None or not info.lease or not info.replication_port:
             return
         if node_id in self._probing or self.store is None:
@@ -320,9 +322,13 @@ class ClusterNode:
                 failed,
             )
             return
-        if self.brokers.get(info.node_id) != info or self.store is None:
+        now = self.brokers.get(info.node_id)
+        if (now is not None and now != info) or self.store is None:
             return  # it registered again meanwhile
         self.proven_gone[info.node_id] = time.monotonic()  # the controller's grace ends here
+        if now is None:
+            self._changed()  # already unregistered: nothing in etcd will wake the controller
+            return
         try:
             if await self.store.revoke_lease(info.lease):
                 log.warning(
