@@ -348,19 +348,27 @@ def test_a_group_its_members_left_is_dropped_at_the_clean_up_interval(tmp_path, 
     try:
         bs = b.bootstrap
         topic, idle, kept = f"{name}-t", f"{name}-idle", f"{name}-kept"
+        done = f"{name}-done"  # its member committed, then left: its offsets keep it
         assert wire.create_topic(bs, topic, 1) == 0
         member, _ = join(bs, idle, subscription(topic))
         leave(bs, idle, member)
         commit(bs, kept, {(topic, 0): 1})
+        member, gen = join(bs, done, subscription(topic))
+        commit(bs, done, {(topic, 0): 2}, member, gen)
+        leave(bs, done, member)
         assert listed(bs, name) == [
+            (done, "Empty", "consumer", "classic"),
             (idle, "Empty", "consumer", "classic"),
             (kept, "Empty", "", "classic"),
         ]
         assert describe(bs, idle) == ("none", "Empty", 0, "consumer")
         deadline = time.monotonic() + 20
-        while len(listed(bs, name)) > 1 and time.monotonic() < deadline:
+        while len(listed(bs, name)) > 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert listed(bs, name) == [(kept, "Empty", "", "classic")]
+        assert listed(bs, name) == [
+            (done, "Empty", "consumer", "classic"),
+            (kept, "Empty", "", "classic"),
+        ]
         assert describe(bs, idle) == ("none", "Dead", 0, "")
         # A member joining again makes it a group again, of its own type.
         again, _ = join(bs, idle, b"\x00\x00anything", ptype="connect")

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -384,11 +385,12 @@ class GroupCoordinator:
             time.monotonic() - g.emptied_at < self.empty_group_ms / 1000
         )
 
-    def sweep(self) -> None:
-        """Drop the empty groups no longer kept (their committed offsets, if any, live on in
-        the offset store and keep the group listed from there)."""
+    def sweep(self, has_offsets: Callable[[str], bool]) -> None:
+        """Drop the empty groups no longer kept. One with committed offsets stays, as Kafka
+        keeps a group (and its protocol type) until its offsets expire."""
         for gid in [gid for gid, g in self.groups.items() if not self.kept(g)]:
-            self.forget(gid)
+            if not has_offsets(gid):
+                self.forget(gid)
 
     def _schedule_expiry(self, g: Group, m: Member) -> None:
         self._cancel_expiry(m)

@@ -44,6 +44,7 @@ class Controller:
         self._term_start = 0.0
         self._seen: set[int] = set()  # brokers seen registering during this term
         self._initial: dict[int, int] = {}  # lease of each registration known at its start
+        self._probed: set[int] = set()  # absent brokers this term has probed
         self._wake = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -66,7 +67,7 @@ class Controller:
                         self._term_start = time.monotonic()
                         self._seen = set()
                         self._initial = {b: i.lease for b, i in node.brokers.items()}
-                        self._probe_absent()
+                        self._probed = set()
                 if self.active:
                     await self._fail_over()
             except asyncio.CancelledError:
@@ -83,10 +84,15 @@ class Controller:
     def _probe_absent(self) -> None:
         """The grace is for brokers registering again (after an etcd outage); one that is not
         (killed with the old controller) is proven gone by its refused port in a fraction of
-        a second, and failed over then."""
+        a second, and failed over then. Asked on every pass within the grace, not only at
+        election: this node's watched copy may still show the broker registered then."""
         node = self.node
+        grace = node.lease.ttl if node.lease is not None else 0
+        if time.monotonic() - self._term_start >= grace:
+            return
         for b in sorted({r for st in node.vlogs.values() for r in st.isr}):
-            if b not in node.brokers:
+            if b not in node.brokers and b not in self._probed:
+                self._probed.add(b)
                 log.warning("controller: in-sync broker %d is absent: probing it", b)
                 node.suspect(b)
 
@@ -107,6 +113,7 @@ class Controller:
 
     async def _fail_over(self) -> None:
         node = self.node
+        self._probe_absent()
         live = self.alive()
         for vid, st in list(node.vlogs.items()):
             if st.primary in live:

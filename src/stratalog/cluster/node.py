@@ -323,8 +323,8 @@ class ClusterNode:
             )
             return
         now = self.brokers.get(info.node_id)
-        if (now is not None and now != info) or self.store is None:
-            return  # it registered again meanwhile
+        if self.last_registered.get(info.node_id) != info or self.store is None:
+            return  # it registered again meanwhile (perhaps elsewhere): this proves nothing
         self.proven_gone[info.node_id] = time.monotonic()  # the controller's grace ends here
         if now is None:
             self._changed()  # already unregistered: nothing in etcd will wake the controller
@@ -403,6 +403,7 @@ class ClusterNode:
                     self.unregistered_at[node] = time.monotonic()
             else:
                 raw = json.loads(value)
+                self.proven_gone.pop(node, None)  # a proof was of an earlier run of it
                 brokers[node] = self.last_registered[node] = BrokerInfo(
                     node,
                     raw["host"],

@@ -344,9 +344,11 @@ def _known_groups(core) -> dict[str, tuple[str, str, str]]:
     """group id -> (state, protocol type, group type) for live groups and offset-only
     groups."""
     out = {}
-    for gid in core.offsets.groups():
+    with_offsets = set(core.offsets.groups())
+    for gid in with_offsets:
         out[gid] = (EMPTY, "", CLASSIC)
-    core.coordinator.sweep()  # as Kafka's clean-up: empty groups without offsets go in time
+    # As Kafka's clean-up: empty groups without offsets go in time.
+    core.coordinator.sweep(lambda gid: gid in with_offsets)
     for gid, g in core.coordinator.groups.items():
         out[gid] = (g.state, g.protocol_type or "", CLASSIC)
     for gid, cg in core.consumer_groups.groups.items():

@@ -219,7 +219,12 @@ def _group_check(core, b) -> str:
         return judged
     g = core.coordinator.groups.get(b.group_id)
     live = g is not None and bool(g.members)
-    exists = live or b.group_id in core.offsets.groups() or bool(core.offsets.unstable(b.group_id))
+    exists = (
+        live
+        or (g is not None and core.coordinator.kept(g))  # emptied lately: still a group
+        or b.group_id in core.offsets.groups()
+        or bool(core.offsets.unstable(b.group_id))
+    )
     if not exists:
         # A group that does not exist: created as a simple group by a commit without a
         # generation, else ILLEGAL_GENERATION.
