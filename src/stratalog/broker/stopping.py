@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import threading
+import traceback
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
@@ -28,7 +31,19 @@ class BoundedStop:
         except TimeoutError:
             self.complete = False
             log.error("stop: gave up waiting for %s after %.0f s", what, self.seconds)
+            log.error("stop: where every thread is:\n%s", thread_stacks())
 
     async def blocking(self, what: str, call: Callable[[], object]) -> None:
         """A blocking call (joining a thread pool) on a thread of its own, bounded."""
         await self.step(what, asyncio.to_thread(call))
+
+
+def thread_stacks() -> str:
+    """Every thread's stack, named: what a step that never ended was waiting behind (a stuck
+    fsync, a lock) is only ever visible here."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        out.append(f"thread {names.get(ident, ident)}:")
+        out.extend(line.rstrip() for line in traceback.format_stack(frame))
+    return "\n".join(out)

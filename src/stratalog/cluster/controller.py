@@ -91,7 +91,7 @@ class Controller:
         if time.monotonic() - self._term_start >= grace:
             return
         for b in sorted({r for st in node.vlogs.values() for r in st.isr}):
-            if b not in node.brokers and b not in self._probed:
+            if b not in node.brokers and b not in self._probed and b != node.node_id:
                 self._probed.add(b)
                 log.warning("controller: in-sync broker %d is absent: probing it", b)
                 node.suspect(b)
