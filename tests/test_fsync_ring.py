@@ -62,6 +62,28 @@ def test_groups_beyond_the_rings_room_each_complete_once_on_the_loop(tmp_path):
         os.close(fd)
 
 
+def test_completions_no_wake_up_announced_are_taken_by_the_watch(tmp_path):
+    """The eventfd's wake-up is lost (here: its reader removed after the submission); the
+    ring's once-a-second watch finds the completions waiting and finishes the group."""
+    fds = _files(tmp_path, 3)
+
+    async def run() -> tuple[int, int]:
+        ring = FsyncRing()
+        finished = asyncio.get_running_loop().create_future()
+        ring.sync(fds, finished.set_result)
+        asyncio.get_running_loop().remove_reader(ring.eventfd)
+        err = await asyncio.wait_for(finished, 10)
+        unnoticed = ring.unnoticed
+        ring.close()
+        return err, unnoticed
+
+    err, unnoticed = asyncio.run(run())
+    assert err == 0
+    assert unnoticed == 3
+    for fd in fds:
+        os.close(fd)
+
+
 def test_a_failed_fsync_reports_the_kernels_errno(tmp_path):
     good = _files(tmp_path, 1)[0]
     r, w = os.pipe()

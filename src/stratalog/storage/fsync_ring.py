@@ -26,6 +26,7 @@ import mmap
 import os
 import platform
 import struct
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ _SQE = struct.Struct("=BBHiQQIIQ24x")  # opcode flags ioprio fd off addr len fsy
 _CQE = struct.Struct("=Qi")  # user_data res (then flags, unused)
 _CQE_SIZE = 16
 _U32 = struct.Struct("=I")
+WATCH_S = 1.0  # how often the watch looks at fsyncs still out
+LATE_S = 10.0  # an fsync out this long is named in the log
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -62,6 +65,8 @@ class _Group:
     remaining: int
     done: Callable[[int], None]
     error: int = 0
+    since: float = 0.0  # monotonic time of its submission
+    reported: bool = False  # the watch has said it is late
 
 
 class FsyncRing:
@@ -97,6 +102,8 @@ class FsyncRing:
         self._queued: deque[tuple[int, int, int]] = deque()  # (fd, flags, group) waiting for room
         self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch_handle: asyncio.TimerHandle | None = None
+        self.unnoticed = 0  # completions the watch found that no eventfd wake-up announced
         self.closed = False
 
     def _map(self, size: int, offset: int) -> mmap.mmap:
@@ -124,7 +131,7 @@ class FsyncRing:
             return
         gid = self._next_id
         self._next_id += 1
-        self._groups[gid] = _Group(len(fds) + len(full), done)
+        self._groups[gid] = _Group(len(fds) + len(full), done, since=time.monotonic())
         self._queued.extend((fd, _FSYNC_DATASYNC, gid) for fd in fds)
         self._queued.extend((fd, 0, gid) for fd in full)
         self._submit()
@@ -136,6 +143,9 @@ class FsyncRing:
                 self._loop.remove_reader(self.eventfd)
             self._loop = loop
             loop.add_reader(self.eventfd, self._complete)
+            if self._watch_handle is not None:
+                self._watch_handle.cancel()
+            self._watch_handle = loop.call_later(WATCH_S, self._watch)
 
     def _submit(self) -> None:
         tail = _U32.unpack_from(self.sq_ring, self._sq_tail)[0]
@@ -201,6 +211,42 @@ class FsyncRing:
         for group in finished:
             group.done(group.error)
 
+    def _watch(self) -> None:
+        """Every second while fsyncs are out: completions sitting in the ring that no wake-up
+        announced are taken (a soak run saw a broker's every fsync stop completing while its
+        loop ran on, for over a minute, with nothing logged), and an fsync still out after
+        LATE_S is named once, with the ring's state."""
+        if self.closed or self._loop is None:
+            return
+        now = time.monotonic()
+        oldest = min((g.since for g in self._groups.values()), default=now)
+        if now - oldest >= WATCH_S:
+            head = _U32.unpack_from(self.cq_ring, self._cq_head)[0]
+            tail = _U32.unpack_from(self.cq_ring, self._cq_tail)[0]
+            waiting = (tail - head) & 0xFFFFFFFF
+            if waiting:
+                self.unnoticed += waiting
+                log.warning("io_uring: %d completions waited unannounced; taking them", waiting)
+                self._complete()
+            late = [g for g in self._groups.values() if now - g.since >= LATE_S and not g.reported]
+            if late:
+                sq = [_U32.unpack_from(self.sq_ring, o)[0] for o in (self._sq_head, self._sq_tail)]
+                log.warning(
+                    "io_uring: %d fsync group(s) out for %.0f s or more (%d in flight, %d queued, "
+                    "submission head/tail %d/%d, completion head/tail %d/%d)",
+                    len(late),
+                    LATE_S,
+                    self._in_flight,
+                    len(self._queued),
+                    sq[0],
+                    sq[1],
+                    head,
+                    tail,
+                )
+                for g in late:
+                    g.reported = True
+        self._watch_handle = self._loop.call_later(WATCH_S, self._watch)
+
     @property
     def busy(self) -> bool:
         return bool(self._groups)
@@ -211,6 +257,8 @@ class FsyncRing:
         if self.closed:
             return
         self.closed = True
+        if self._watch_handle is not None:
+            self._watch_handle.cancel()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self.eventfd)
         self._unmap()
