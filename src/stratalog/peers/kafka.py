@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -46,6 +47,8 @@ from pathlib import Path
 from types import TracebackType
 
 from stratalog.loopback import free_port as _free_port
+
+log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.4.0"
 """The broker's Apache Kafka release (the POM's ``kafka.version``)."""
@@ -571,6 +574,19 @@ class KafkaBroker:
     def start(self) -> KafkaBroker:
         if self.alive:
             return self
+        # The ports are chosen free, then bound by the JVM seconds later: another process on
+        # a busy machine can take one meanwhile ("Address already in use"), so that start is
+        # tried again on new ports.
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except KafkaSetupError as e:
+                if "Address already in use" not in str(e) or attempt == 2:
+                    raise
+                log.warning("Apache Kafka lost a port to another process; starting again")
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> KafkaBroker:
         libs = resolve_kafka(self.cache_dir)
         java = _java()
         classpath = str(libs / "*")

@@ -73,6 +73,19 @@ def local_session(
         builder = builder.config("spark.jars", str(jar_path()))
     for k, v in conf.items():
         builder = builder.config(k, v)
-    session = builder.getOrCreate()
+    if not kafka_connector:
+        session = builder.getOrCreate()
+    else:
+        # Ivy's cache takes no concurrent resolutions: sessions started at once on a machine
+        # whose cache is cold (a fresh CI machine, parallel test workers) broke each other's
+        # downloads ("unresolved dependency ... download failed"). One resolves at a time.
+        import fcntl
+        from pathlib import Path
+
+        lock_path = Path.home() / ".cache" / "stratalog" / "spark-packages.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
