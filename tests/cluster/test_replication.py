@@ -302,6 +302,17 @@ def test_committed_offsets_survive_the_coordinators_death(cluster):
     assert again == committed
 
 
+def _wait_led_without(bootstrap: str, name: str, victim_id: int) -> None:
+    """Until every partition of ``name`` has a leader, and none is ``victim_id``."""
+    deadline = time.monotonic() + 30
+    while True:
+        leaders = {x["leader_id"] for x in _metadata(bootstrap, name)["partitions"]}
+        if victim_id not in leaders and -1 not in leaders:
+            return
+        assert time.monotonic() < deadline, leaders
+        time.sleep(0.1)
+
+
 def test_a_dead_brokers_lease_is_revoked_by_the_peers_that_saw_it_die(cluster):
     """kill -9 closes a broker's sockets at once: the peers whose replication connections to it
     ended probe its Kafka port, find it refusing, and revoke its etcd lease, so the controller
@@ -318,13 +329,7 @@ def test_a_dead_brokers_lease_is_revoked_by_the_peers_that_saw_it_die(cluster):
         p.produce("dd", b"d%04d" % i)
     assert p.flush(30) == 0
     cluster.stop_broker(victim, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while True:
-        leaders = {x["leader_id"] for x in _metadata(survivors[0].bootstrap, "dd")["partitions"]}
-        if victim_id not in leaders and -1 not in leaders:
-            break
-        assert time.monotonic() < deadline, leaders
-        time.sleep(0.1)
+    _wait_led_without(survivors[0].bootstrap, "dd", victim_id)
     said = "".join(b.log_path.read_text() for b in survivors)
     assert f"broker {victim_id} is gone" in said and "its lease revoked" in said
     for i in range(100):
@@ -347,13 +352,7 @@ def test_a_new_controller_probes_the_in_sync_brokers_absent_at_its_start(cluster
     victim = next(b for b in cluster.brokers if b.node_id == victim_id)
     survivors = [b for b in cluster.brokers if b is not victim]
     cluster.stop_broker(victim, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while True:
-        leaders = {x["leader_id"] for x in _metadata(survivors[0].bootstrap, "cc")["partitions"]}
-        if victim_id not in leaders and -1 not in leaders:
-            break
-        assert time.monotonic() < deadline, leaders
-        time.sleep(0.1)
+    _wait_led_without(survivors[0].bootstrap, "cc", victim_id)
     logs = {b.node_id: b.log_path.read_text() for b in survivors}
     probed = [n for n, text in logs.items() if f"in-sync broker {victim_id} is absent" in text]
     assert len(probed) == 1, logs
