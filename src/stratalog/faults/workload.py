@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_END,
     Consumer,
     KafkaError,
     KafkaException,
@@ -334,12 +333,19 @@ class Workload:
                             TopicPartition(self.cfg.topic, p), timeout=2, cached=False
                         )
                     except KafkaException:
-                        start = -1  # the end, wherever it is: the session starts unanchored
+                        # Not OFFSET_END: librdkafka may resolve a logical offset twice. A
+                        # ListOffsets to a leader that has since changed, answered late, is
+                        # "outdated" and re-arms the offset query 500 ms later, even when the
+                        # partition is already fetching from the new leader: the consumer
+                        # jumps to the new end (seed 4049, docs/cluster.md). The session
+                        # leaves the partition out rather than test that client bug.
+                        continue
                 starts.append([p, start])
+            if not starts:
+                time.sleep(0.5)
+                return
             h.invoke(proc, "assign", value=starts)
-            c.assign(
-                [TopicPartition(self.cfg.topic, p, s if s >= 0 else OFFSET_END) for p, s in starts]
-            )
+            c.assign([TopicPartition(self.cfg.topic, p, s) for p, s in starts])
             h.ok(proc, "assign", value=starts)
             end = time.monotonic() + rng.uniform(*self.cfg.consumer_lifetime)
             while time.monotonic() < end and not self._stop_consuming.is_set():
