@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from stratalog.protocol.replication import (
     CLOSED,
     NEED_DATA,
+    RECEIVE_CHUNK,
     REFUSED_CORRUPT,
     REFUSED_GAP,
     Ack,
@@ -819,16 +820,76 @@ def test_codec_round_trips_through_any_split(messages, data):
     assert got == messages
 
 
-def test_append_data_is_not_copied():
-    payload = bytes(range(256)) * 64
+def _recv_into(conn: ReplicationConnection, stream: bytes, sizes: list[int]) -> tuple[list, list]:
+    """Deliver ``stream`` as a socket does to a BufferedProtocol: each read fills at most what
+    ``get_buffer`` offers (and at most the next of ``sizes``); returns the messages and the
+    buffers the bytes went into."""
+    got, buffers, at, i = [], [], 0, 0
+    while at < len(stream):
+        into = conn.get_buffer(-1)
+        buffers.append(into.obj)
+        n = min(len(into), len(stream) - at, sizes[i % len(sizes)] if sizes else len(stream))
+        into[:n] = stream[at : at + n]
+        at += n
+        i += 1
+        conn.buffer_updated(n)
+        while (m := conn.next_event()) is not NEED_DATA:
+            got.append(m)
+    return got, buffers
+
+
+def test_a_large_appends_bytes_are_received_where_they_stay():
+    payload = bytes(range(256)) * 4096  # 1 MiB: a frame of its own
     parts = encode(Append(LOG, 3, 2, 4096, 99, [b"head", memoryview(payload)]))
-    assert parts[-1].obj is payload and parts[-2] == b"head"
+    assert parts[-1].obj is payload and parts[-2] == b"head"  # sent as it is
+    stream = b"".join(encode(Ack(LOG, 1, 2, 3, 4))) + b"".join(parts)
     conn = ReplicationConnection()
-    whole = b"".join(parts)
-    conn.receive_data(whole)
-    msg = conn.next_event()
-    assert isinstance(msg.data, memoryview) and msg.data.obj is whole
-    assert bytes(msg.data) == b"head" + payload
+    got, buffers = _recv_into(conn, stream, [1000, 70_000, 300_000])
+    ack, msg = got
+    assert ack == Ack(LOG, 1, 2, 3, 4)
+    assert isinstance(msg.data, memoryview) and bytes(msg.data) == b"head" + payload
+    # The data is a view of one buffer the socket's reads went into (after the first read's
+    # start of the frame was moved there): no copy of it was made after the reads.
+    frame = msg.data.obj
+    assert any(b is frame for b in buffers)
+    assert sum(1 for b in buffers if b is frame) >= 3
+
+
+_big_appends = st.builds(
+    Append,
+    _names,
+    _u,
+    _u,
+    _u,
+    _u,
+    st.integers(0, 3 * RECEIVE_CHUNK).map(lambda n: bytes(i % 251 for i in range(n))),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.one_of(_messages, _big_appends), max_size=6),
+    st.lists(st.integers(1, 3 * RECEIVE_CHUNK), min_size=1, max_size=8),
+)
+def test_codec_round_trips_through_any_buffered_reads(messages, sizes):
+    stream = b"".join(b"".join(encode(m)) for m in messages)
+    conn = ReplicationConnection()
+    got, _ = _recv_into(conn, stream, sizes)
+    conn.receive_data(b"")
+    assert conn.next_event() is CLOSED
+    assert [(type(m), bytes(m.data) if isinstance(m, Append) else m) for m in got] == [
+        (type(m), bytes(m.data) if isinstance(m, Append) else m) for m in messages
+    ]
+
+
+def test_a_stream_that_ends_inside_a_large_frame_is_a_protocol_error():
+    whole = b"".join(encode(Append(LOG, 1, 0, 0, 1, bytes(4 * RECEIVE_CHUNK))))
+    conn = ReplicationConnection()
+    got, _ = _recv_into(conn, whole[: 2 * RECEIVE_CHUNK], [RECEIVE_CHUNK])
+    assert got == []
+    conn.receive_data(b"")
+    with pytest.raises(ProtocolError, match="stream ended inside a frame"):
+        conn.next_event()
 
 
 _MESSAGE_TYPES = Append | Ack | Fence | FenceAck | Refused | Commit | Migrated

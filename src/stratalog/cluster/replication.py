@@ -104,6 +104,7 @@ class BackupLink:
         self.caught_up_at = time.monotonic()
         self.joined_lsn = -1  # LSN at which it went live (acks from there make it in sync)
         self.joined = False  # it acknowledged everything up to joined_lsn
+        self.catch_up_started = 0.0  # when a catch-up that sent bytes began (for its log line)
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -183,6 +184,7 @@ class BackupLink:
     async def _catch_up(self, peer: _Peer, pos: tuple[int, int]) -> None:
         """Send what the backup lacks from the segment files, then follow live."""
         vlog = self.primary.vlog
+        t0, sent = time.monotonic(), 0
         while pos < vlog.end:
             try:
                 msg = catch_up_append(vlog, self.primary.epoch, pos)
@@ -197,9 +199,21 @@ class BackupLink:
                 break
             peer.send(msg)
             pos = (msg.seq, msg.position + msg.nbytes)
+            sent += msg.nbytes
             await peer.writer.drain()
             if self.primary.closed:
                 return
+        if sent:
+            secs = time.monotonic() - t0
+            self.catch_up_started = t0
+            log.info(
+                "%s: sent backup %d a catch-up of %.1f MB in %.2f s (%.0f MB/s)",
+                vlog.name,
+                self.backup,
+                sent / 1e6,
+                secs,
+                sent / 1e6 / max(secs, 1e-6),
+            )
         # From here every write is pushed as it happens (no await since the check above).
         self.live = True
         self.joined_lsn = vlog.lsn
@@ -221,6 +235,14 @@ class BackupLink:
                 if msg.lsn >= vlog.lsn:
                     self.caught_up_at = time.monotonic()
                 if self.live and msg.lsn >= self.joined_lsn:
+                    if not self.joined and self.catch_up_started:
+                        log.info(
+                            "%s: backup %d has all of it, %.2f s after the catch-up began",
+                            vlog.name,
+                            self.backup,
+                            time.monotonic() - self.catch_up_started,
+                        )
+                        self.catch_up_started = 0.0
                     self.joined = True
                     self.primary.in_sync(self.backup)
             elif isinstance(msg, Refused):
@@ -464,7 +486,8 @@ class Replicator:
         self.tls = tls  # (server, client) contexts: mutual TLS between brokers, or plain TCP
         self.primaries: dict[int, PrimaryLog] = {}
         self._server: asyncio.Server | None = None
-        self._peers: set[asyncio.Task] = set()
+        self._peers: set[_BackupConnection] = set()
+        self._closing = False
         self._restarting: set[int] = set()
         # Called after this broker starts leading a log (the offsets table reloads then),
         # and again once what the log held then is committed.
@@ -476,7 +499,10 @@ class Replicator:
     async def start(self, host: str, port: int = 0) -> int:
         """Listen for primaries on ``host``:``port`` (0: a free port); returns the port."""
         server_tls = self.tls[0] if self.tls else None
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=server_tls)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _BackupConnection(self), host, port, ssl=server_tls
+        )
         return self._server.sockets[0].getsockname()[1]
 
     def reconcile(self) -> None:
@@ -606,43 +632,33 @@ class Replicator:
         self.reconcile()
 
     async def close(self) -> None:
+        self._closing = True
         for p in self.primaries.values():
             p.close(fail_waiters=True)
         self.primaries.clear()
         if self._server is not None:
             self._server.close()
-        for t in list(self._peers):
-            t.cancel()
+        for c in list(self._peers):
+            c.close()
 
     # -- the backup's side ---------------------------------------------------------------------
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._peers.add(task)
-        peer = _Peer(reader, writer)
-        name = ""
-        try:
-            while True:
-                msg = await peer.receive()
-                name = msg.vlog
-                if isinstance(msg, Fence):
-                    self._on_fence(peer, msg)
-                elif isinstance(msg, Append):
-                    self._on_append(peer, msg)
-                elif isinstance(msg, Commit):
-                    self._on_commit(peer, msg)
-                elif isinstance(msg, Migrated):
-                    self._on_migrated(msg)
-        except (ConnectionError, OSError, ProtocolError, asyncio.IncompleteReadError):
-            # The primary's end closed: if its process died, fail over now.
-            primary = next((s.primary for s in self.node.vlogs.values() if s.log_name == name), -1)
-            if primary >= 0:
-                self.node.suspect(primary)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._peers.discard(task)
-            peer.close()
+    def _handle(self, peer: _BackupConnection, msg) -> None:
+        if isinstance(msg, Fence):
+            self._on_fence(peer, msg)
+        elif isinstance(msg, Append):
+            self._on_append(peer, msg)
+        elif isinstance(msg, Commit):
+            self._on_commit(peer, msg)
+        elif isinstance(msg, Migrated):
+            self._on_migrated(msg)
+
+    def _primary_gone(self, name: str) -> None:
+        """A primary's connection to us ended: if its process died, fail over now."""
+        if self._closing:
+            return
+        primary = next((s.primary for s in self.node.vlogs.values() if s.log_name == name), -1)
+        if primary >= 0:
+            self.node.suspect(primary)
 
     def _leading(self, name: str) -> PrimaryLog | None:
         return next(
@@ -652,7 +668,7 @@ class Replicator:
     def _leads(self, name: str) -> bool:
         return self._leading(name) is not None
 
-    def _on_fence(self, peer: _Peer, msg: Fence) -> None:
+    def _on_fence(self, peer: _BackupConnection, msg: Fence) -> None:
         name = msg.vlog
         vlog = self.store.open_log(name)
         leading = self._leading(name)
@@ -680,7 +696,7 @@ class Replicator:
                     return
         peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.epoch_history))
 
-    def _on_commit(self, peer: _Peer, msg: Commit) -> None:
+    def _on_commit(self, peer: _BackupConnection, msg: Commit) -> None:
         vlog = self.store.open_log(msg.vlog)
         if msg.epoch < vlog.promised_epoch:  # from a replaced primary: tell it (it steps down)
             peer.send(Refused(msg.vlog, vlog.promised_epoch, REFUSED_STALE_EPOCH))
@@ -692,7 +708,7 @@ class Replicator:
         if msg.epoch == vlog.promised_epoch and not self._leads(msg.vlog) and self.on_cold:
             self.on_cold(msg.vlog, msg.first_hot_seq)
 
-    def _on_append(self, peer: _Peer, msg: Append) -> None:
+    def _on_append(self, peer: _BackupConnection, msg: Append) -> None:
         name = msg.vlog
         vlog = self.store.open_log(name)
         if msg.epoch != vlog.promised_epoch or self._leads(name):
@@ -727,6 +743,69 @@ class Replicator:
                 peer.send(Ack(name, epoch, lsn_end, end[0], end[1]))
 
         vlog.when_durable(lsn, durable)
+
+
+class _BackupConnection(asyncio.BufferedProtocol):
+    """The backup's end of a primary's connection. Bytes are received straight into the
+    codec's buffers (an Append's data into a buffer of its own, which the segment write then
+    takes as it is: no copy in between), and each message is handled as it completes, on the
+    loop: reading goes no faster than the writes it feeds."""
+
+    def __init__(self, replicator: Replicator) -> None:
+        self.replicator = replicator
+        self.codec = ReplicationConnection(MAX_MESSAGE)
+        self.transport: asyncio.Transport | None = None
+        self.name = ""  # the log of the last message: whose primary to suspect when it ends
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.replicator._peers.add(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.codec.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            self.codec.buffer_updated(nbytes)
+            self._handle_all()
+        except ProtocolError as e:
+            log.warning("replication connection from a primary of %s: %s", self.name or "?", e)
+            self.close()
+        except Exception:
+            log.exception("replication connection from a primary of %s failed", self.name or "?")
+            self.close()
+
+    def eof_received(self) -> bool:
+        try:
+            self.codec.receive_data(b"")
+            self._handle_all()
+        except ProtocolError as e:
+            log.warning("replication connection from a primary of %s: %s", self.name or "?", e)
+        return False  # close our end too
+
+    def _handle_all(self) -> None:
+        while self.transport is not None:
+            msg = self.codec.next_event()
+            if msg is NEED_DATA or msg is CLOSED:
+                return
+            self.name = msg.vlog
+            self.replicator._handle(self, msg)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.replicator._peers.discard(self)
+        self.replicator._primary_gone(self.name)
+
+    def send(self, msg) -> None:
+        # Called from durability callbacks too: a primary that went away is not their problem.
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        t.writelines(encode(msg))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 def _joined(data) -> bytes | memoryview:

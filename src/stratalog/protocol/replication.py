@@ -13,8 +13,9 @@ the fields (strings as a length and UTF-8, integers as signed 64-bit big-endian)
 Append, the frames' bytes to the end. ``encode`` returns a list of parts so that an Append's
 bytes are sent as they are, never copied into the frame; ``ReplicationConnection`` turns
 received bytes back into messages, checking the length against ``max_frame_bytes`` before
-anything is allocated, and an Append that arrived inside one received buffer is a memoryview of
-it. No I/O happens here: the caller owns the socket.
+anything is allocated; a large frame is received into a buffer of its own size, so an Append's
+bytes are a memoryview of what the kernel wrote. No I/O happens here: the caller owns the
+socket.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from stratalog.protocol.connection import ProtocolError
 __all__ = [
     "CLOSED",
     "NEED_DATA",
+    "RECEIVE_CHUNK",
     "REFUSED_CORRUPT",
     "REFUSED_GAP",
     "REFUSED_STALE_EPOCH",
@@ -48,6 +50,7 @@ __all__ = [
 
 VERSION = 3  # 2: Append.data_epoch, FenceAck.history, Commit; 3: Migrated
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+RECEIVE_CHUNK = 64 * 1024  # a receive buffer; frames this big or more get one of their own
 
 # Refused.error: why a backup refused (the storage exception behind it), named as Kafka names
 # its errors.
@@ -328,24 +331,56 @@ def _decode(frame: memoryview) -> Message:
 
 
 class ReplicationConnection:
-    """One side of a replication connection: ``receive_data`` what the socket delivered
-    (``b""`` at end of file), then ``next_event`` until NEED_DATA; ``send`` encodes. A
-    ProtocolError means the peer must be disconnected; the connection stays failed."""
+    """One side of a replication connection: hand it what the socket delivered, then
+    ``next_event`` until NEED_DATA; ``send`` encodes. Bytes come in either by
+    ``receive_data`` (a copy of them; ``b""`` at end of file) or, without a copy, by receiving
+    straight into ``get_buffer()`` and calling ``buffer_updated(n)`` (a BufferedProtocol's
+    calls, or ``recv_into``). A ProtocolError means the peer must be disconnected; the
+    connection stays failed."""
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
-        # Received bytes are kept as delivered: a frame inside one of them is decoded from a
-        # memoryview of it, so an Append's data is not copied.
-        self._buf = b""
+        # Received chunks are never written again once filled, so a message decoded from a
+        # view of one (an Append's data) stays valid however long it is kept.
+        self._buf: bytes | memoryview = b""
         self._pos = 0
-        self._more: list[bytes] = []
+        self._more: list[bytes | memoryview] = []
         self._more_len = 0
+        # A frame too big for a receive buffer gets one of its own, received into directly:
+        # the kernel's copy is the only one of an Append's bytes (KafkaDirect).
+        self._frame: bytearray | None = None
+        self._frame_fill = 0
+        self._chunk: bytearray | None = None
         self._eof = False
         self._failed = False
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos + self._more_len
+        return len(self._buf) - self._pos + self._more_len + self._frame_fill
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next received bytes go: the rest of a large frame being received, else
+        a fresh buffer of at least RECEIVE_CHUNK bytes."""
+        if self._frame is not None:
+            return memoryview(self._frame)[self._frame_fill :]
+        self._chunk = bytearray(max(sizehint, RECEIVE_CHUNK))
+        return memoryview(self._chunk)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were received into the last ``get_buffer()``."""
+        if self._failed:
+            raise ProtocolError("replication connection already failed")
+        if self._eof:
+            raise ProtocolError("data after the end of the stream")
+        if nbytes <= 0:
+            return
+        if self._frame is not None:
+            self._frame_fill += nbytes
+            return
+        chunk, self._chunk = self._chunk, None
+        if chunk is None:
+            raise ProtocolError("buffer_updated without get_buffer")
+        self._take(memoryview(chunk)[:nbytes].toreadonly())
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self._failed:
@@ -353,10 +388,15 @@ class ReplicationConnection:
         if not data:
             self._eof = True
             return
-        if self._eof:
-            raise ProtocolError("data after the end of the stream")
-        # Only immutable bytes may stay referenced by the messages handed out.
-        chunk = data if isinstance(data, bytes) else bytes(data)
+        view = memoryview(data).cast("B")
+        while view:
+            into = self.get_buffer(len(view))
+            n = min(len(into), len(view))
+            into[:n] = view[:n]
+            self.buffer_updated(n)
+            view = view[n:]
+
+    def _take(self, chunk: bytes | memoryview) -> None:
         if self._pos >= len(self._buf) and not self._more:
             self._buf, self._pos = chunk, 0
         else:
@@ -374,6 +414,11 @@ class ReplicationConnection:
         between frames."""
         if self._failed:
             raise ProtocolError("replication connection already failed")
+        if self._frame is not None:
+            if self._frame_fill < len(self._frame):
+                return self._short(self._frame_fill)
+            frame, self._frame, self._frame_fill = self._frame, None, 0
+            return self._decoded(memoryview(frame)[4:].toreadonly())
         avail = self.buffered
         if avail < 4:
             return self._short(avail)
@@ -386,12 +431,30 @@ class ReplicationConnection:
                 f"replication frame of {size} bytes is outside 2..{self.max_frame_bytes}"
             )
         if avail < 4 + size:
-            return self._short(avail)
+            if size >= RECEIVE_CHUNK and not self._eof:
+                self._assemble(4 + size)
+            return self._short(self.buffered)
         if len(self._buf) - self._pos < 4 + size:
             self._coalesce()
         start = self._pos + 4
         frame = memoryview(self._buf)[start : start + size]
         self._pos = start + size
+        return self._decoded(frame)
+
+    def _assemble(self, total: int) -> None:
+        """Move the start of a large frame (everything buffered: it is all of that frame) into
+        a buffer of the frame's size, which the rest is then received into."""
+        frame = bytearray(total)
+        at = 0
+        for part in (memoryview(self._buf)[self._pos :], *self._more):
+            frame[at : at + len(part)] = part
+            at += len(part)
+        self._buf, self._pos = b"", 0
+        self._more.clear()
+        self._more_len = 0
+        self._frame, self._frame_fill = frame, at
+
+    def _decoded(self, frame: memoryview) -> Message:
         try:
             return _decode(frame)
         except ProtocolError:
