@@ -18,6 +18,7 @@ import pytest
 
 from stratalog.bench.catchup import evict_page_cache
 from stratalog.bench.goals import goals as bench_goals
+from stratalog.bench.latency_goals import GOAL_5K, GOAL_500, GOAL_B, latency_goals, markdown_lines
 from stratalog.bench.results import CaseResult
 from stratalog.bench.rows import aggregate
 from stratalog.bench.runner import Runner
@@ -465,3 +466,37 @@ def _alive(pids: set[int]) -> list[tuple[int, bytes]]:
         except OSError:
             continue
     return out
+
+
+def test_latency_goals_compare_with_fsync_never_the_old_window_and_kafka():
+    def lat(p50: float, p99: float, p999: float) -> dict:
+        return {"p50": p50, "p99": p99, "p99.9": p999, "max": p999 * 2}
+
+    rows = [
+        _row("latency", "stratalog", "stratalog", 5.0, params={"rate": 5000},
+             publish=lat(1.8, 4.2, 9.0)),
+        _row("latency", "stratalog-gc2", "stratalog", 5.0, params={"rate": 5000},
+             publish=lat(4.7, 16.0, 20.0)),
+        _row("latency", "kafka-fsync", "kafka", 5.0, params={"rate": 5000},
+             publish=lat(3.0, 8.0, 30.0)),
+        _row("latency", "stratalog", "stratalog", 0.5, params={"rate": 500},
+             publish=lat(2.6, 4.0, 5.0)),
+        _row("latency", "stratalog-nosync", "stratalog", 0.5, params={"rate": 500},
+             publish=lat(1.2, 2.0, 3.0)),
+        _row("b-group-commit", "stratalog", "stratalog", 300.0, publish=lat(50, 400, 500)),
+        _row("b-group-commit", "stratalog-gc2", "stratalog", 310.0, publish=lat(60, 450, 500)),
+    ]  # fmt: skip
+    by = {g.name: g for g in latency_goals(rows)}
+    five_k = by[GOAL_5K]
+    assert five_k.verdict == "met" and "p99 4.20" in five_k.measured
+    assert "stratalog-gc2 4.70 / 16.00 / 20.00 ms" in five_k.measured
+    assert "kafka-fsync 3.00 / 8.00 / 30.00 ms" in five_k.measured
+    # 2.6 ms against fsync=never's 1.2 + 1: missed, and said with both figures.
+    assert by[GOAL_500].verdict == "missed"
+    assert by[GOAL_500].measured.startswith("2.60 ms against 1.20 ms")
+    assert by[GOAL_B].verdict == "missed" and by[GOAL_B].measured.startswith("0.97x")
+    # A run without the workloads shows no section; one with them shows every goal.
+    assert markdown_lines([_row("b", "stratalog", "stratalog", 1.0)]) == []
+    section = "\n".join(markdown_lines(rows))
+    assert GOAL_5K in section and GOAL_500 in section and GOAL_B in section
+    assert all(g.verdict == "not measured" for g in latency_goals(rows[-2:])[:2])

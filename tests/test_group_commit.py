@@ -48,6 +48,32 @@ def test_concurrent_appends_share_one_fsync(tmp_path):
     asyncio.run(run())
 
 
+def test_adaptive_group_commit_syncs_a_lone_append_at_once_and_groups_what_waits(tmp_path):
+    async def run() -> None:
+        store = _store(tmp_path, "always", virtual_logs=1)  # the default: adaptive
+        p = store.partitions[1]
+        journal = p.vlog.journal
+        # A lone append: its sync starts at the end of this loop turn, not after a window
+        # (with group_commit_ms=2 nothing would be in flight yet).
+        r = p.append(_batch(0))
+        assert not journal._flushing  # the rest of this turn may still join
+        await asyncio.sleep(0)
+        assert journal._flushing
+        await _durable(store, [(p.vlog, r.lsn)])
+        assert journal.syncs == 1
+        # Appends of one turn share one sync; those made while it is in flight are the next
+        # group, whatever their number: two syncs for two waves.
+        first = [(p.vlog, p.append(_batch(i)).lsn) for i in range(1, 50)]
+        await asyncio.sleep(0)
+        assert journal._flushing
+        second = [(p.vlog, p.append(_batch(i)).lsn) for i in range(50, 300)]
+        await _durable(store, first + second)
+        assert journal.syncs == 3
+        await store.close()
+
+    asyncio.run(run())
+
+
 def test_group_closes_early_at_group_commit_bytes(tmp_path):
     async def run() -> None:
         store = _store(

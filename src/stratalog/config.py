@@ -459,8 +459,20 @@ SETTINGS: dict[str, Setting] = {
             "'always': fsync before acks=all is answered (group commit); 'interval:<ms>': fsync "
             "periodically; 'never': leave it to the OS.",
         ),
-        _S("group_commit_ms", float, 2.0, "Longest a group of appends waits for its fsync."),
-        _S("group_commit_bytes", int, 512 * 1024, "A group is synced once it holds this much."),
+        _S(
+            "group_commit_ms",
+            float,
+            0.0,
+            "0: adaptive group commit (an fsync starts as soon as there is something to sync "
+            "and none is in flight; what arrives meanwhile is the next group). > 0: a group of "
+            "appends waits up to this long for more before its fsync.",
+        ),
+        _S(
+            "group_commit_bytes",
+            int,
+            512 * 1024,
+            "With group_commit_ms > 0: a group is synced at once when it holds this much.",
+        ),
         _S("segment.bytes", int, 128 * 1024 * 1024, "Roll a log's segment at this size."),
         _S(
             "storage.min_free_bytes",

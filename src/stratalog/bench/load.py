@@ -231,6 +231,7 @@ def producer_jobs(
                 max_duration_s=w.max_duration_s,
                 client=w.producer_client,
                 transaction_records=w.transaction_records,
+                extra=dict(w.producer_config),
             )
         )
     return jobs

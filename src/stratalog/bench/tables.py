@@ -100,6 +100,9 @@ def markdown(run: dict[str, Any]) -> str:
     for g in goals(results, m):
         lines.append(f"| {g.name} | {g.want} | {g.measured} | {g.verdict} |")
     lines.append("")
+    from stratalog.bench import latency_goals
+
+    lines += latency_goals.markdown_lines(results)
     from stratalog.bench import cluster_report
 
     if cluster_report.has_cluster(results):

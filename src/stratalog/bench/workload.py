@@ -88,6 +88,7 @@ _TOP_LEVEL = {
     "spark_one_off",
     "spark_formats",
     "producer_client",
+    "producer_config",
     "burst",
     "prefill_bytes",
     "drain_max_s",
@@ -173,6 +174,8 @@ class Workload:
     # "confluent-kafka" (librdkafka: one partition per Produce request) or "java" (Kafka's Java
     # client: every ready partition for a broker in one request).
     producer_client: str = "confluent-kafka"
+    # librdkafka settings for the load's producers (confluent-kafka client), e.g. idempotence.
+    producer_config: dict[str, Any] = field(default_factory=dict)
     latency_sample_every: int = 1
     sweep: dict[str, list[Any]] = field(default_factory=dict)
     backlog_bytes: int = 0

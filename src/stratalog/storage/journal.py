@@ -1,10 +1,15 @@
 """Group commit for one log (BookKeeper's journal): fsync before ack, one fsync per group.
 
 Appends are written to the page cache on the event loop and counted in a log sequence number
-(LSN: bytes appended to the log so far). Under ``fsync=always`` a group gathers appends until it
-holds ``group_commit_bytes`` or is ``group_commit_ms`` old, then one ``fdatasync`` per dirty
-segment runs while the next group gathers: submitted to an io_uring from the event loop
-(storage.fsync_via), or on a worker thread. When it returns, every append up
+(LSN: bytes appended to the log so far). Under ``fsync=always`` one ``fdatasync`` per dirty
+segment makes a group durable, submitted to an io_uring from the event loop (storage.fsync_via)
+or run on a worker thread, while the next group gathers. By default (``group_commit_ms`` 0)
+the group commit is adaptive, as a database's WAL flusher: a sync starts at the end of the loop
+turn that appended something, unless one is in flight; the appends that arrive meanwhile are
+the next group, which starts the moment it returns. A lone request pays one fsync, and a busy
+log shares each fsync among everything one fsync's time brought (the group is bounded by that
+time). With ``group_commit_ms`` > 0 a group instead waits that long for company, or until it
+holds ``group_commit_bytes``. When it returns, every append up
 to the group's LSN is durable and ``on_durable`` is called with that LSN. Under ``interval:<ms>``
 and ``never`` appends count as durable at once (the page cache is the promise) and syncs run on a
 timer or only at shutdown.
@@ -119,7 +124,7 @@ class GroupCommit:
         executor: Executor,
         on_durable: Callable[[int], None],
         *,
-        group_ms: float = 2.0,
+        group_ms: float = 0.0,
         group_bytes: int = 512 * 1024,
         ring: FsyncRing | None = None,
         name: str = "",
@@ -140,7 +145,7 @@ class GroupCommit:
         self._group_size = 0
         self._group_start: float | None = None
         self._flushing = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._closed = False
         self.syncs = 0  # fsync groups completed, for metrics and tests
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -169,7 +174,12 @@ class GroupCommit:
             self._group_start = loop.time()
         if self._flushing:
             return
-        if self._group_size >= self._group_bytes or self._group_s <= 0:
+        if self._group_s <= 0:
+            # Adaptive: the rest of this loop turn's appends (the other requests one read
+            # brought, other connections' requests) join this sync at no cost in latency.
+            if self._timer is None:
+                self._timer = loop.call_soon(self._start_flush)
+        elif self._group_size >= self._group_bytes:
             self._start_flush()
         elif self._timer is None:
             self._timer = loop.call_at(self._group_start + self._group_s, self._start_flush)

@@ -126,7 +126,7 @@ class StorageConfig:
     layout: str = "virtual"
     virtual_logs: int = 4
     fsync: FsyncPolicy = field(default_factory=lambda: FsyncPolicy("always"))
-    group_commit_ms: float = 2.0
+    group_commit_ms: float = 0.0  # adaptive (journal.py)
     group_commit_bytes: int = 512 * 1024
     segment_bytes: int = 128 * 1024 * 1024
     segment_ms: int = 7 * 24 * 3600 * 1000
