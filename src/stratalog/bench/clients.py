@@ -199,6 +199,11 @@ class KafkaProducerClient(ProducerClient):
             # librdkafka's own account (e.g. "metadata,topic,broker"), on stderr, for a run
             # whose figures need explaining (a failover trial's wait).
             conf |= {"debug": debug, "log_level": 7}
+        idempotent = str(conf.get("enable.idempotence", False)).lower() in ("true", "1")
+        self._pid_state = ""
+        if idempotent:
+            # Its statistics say when the producer holds its producer id (below).
+            conf |= {"statistics.interval.ms": 50, "stats_cb": self._stats}
         self.p = Producer(conf)
         self._n = 0
         # Delivery reports without an error, of every record (tracked or not): a record purged
@@ -206,6 +211,21 @@ class KafkaProducerClient(ProducerClient):
         self.acked = 0
         # Connect and fetch metadata before the clock starts.
         self.p.list_topics(timeout=30)
+        if idempotent:
+            # And the producer id: librdkafka asks for one only over a connection to a broker
+            # it learned from the metadata, and until one is up it retries on a 500 ms timer,
+            # so the first records of a fresh idempotent producer wait about half a second,
+            # whatever the broker (seen on Stratalog and Kafka alike): start-up, not latency.
+            deadline = time.monotonic() + 30
+            while self._pid_state != "Assigned" and time.monotonic() < deadline:
+                self.p.poll(0.05)
+
+    def _stats(self, stats: str) -> None:
+        if self._pid_state == "Assigned":
+            return  # (librdkafka goes on sending them; they are no longer read)
+        import json
+
+        self._pid_state = json.loads(stats).get("eos", {}).get("idemp_state", "")
 
     def _failed(self, err) -> None:
         if err.code() == self._purge_code:
