@@ -125,6 +125,14 @@ def test_handshake_fails_without_a_trusted_client_certificate(broker, certs, ste
     # Other clients are served throughout.
     with _tls_socket(broker, certs, "client") as s:
         assert _api_versions(s) == 0
+    # A failed handshake leaves no connection behind in the listener's set (it was kept from
+    # its creation, and a connection never made is never lost); the good one above is gone too.
+    server = next(x for x in broker.service.servers if x.listener.name == "SSL")
+    for _ in range(100):
+        if not broker.call(lambda: len(server.connections)):
+            break
+        time.sleep(0.05)
+    assert broker.call(lambda: len(server.connections)) == 0
 
 
 def test_history_reaches_a_tls_consumer_intact(broker, certs):

@@ -67,9 +67,13 @@ class ClientConnection(asyncio.Protocol):
         listener: Listener | None = None,
         authenticator: Any = None,
         sasl_max_bytes: int = 0,
+        on_open: Callable | None = None,
     ) -> None:
         self._dispatch = dispatch
         self._conn = KafkaConnection(max_request_bytes)
+        # Called once the connection is made: a TLS connection whose handshake fails is never
+        # made (nor lost), so a server that tracked it from its creation kept it forever.
+        self._on_open = on_open
         self._max_request_bytes = max_request_bytes
         # The listener this connection came in on (Metadata answers with its address).
         self.listener = listener
@@ -117,6 +121,8 @@ class ClientConnection(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self._on_open is not None:
+            self._on_open(self)
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
         if not self.zero_copy:
@@ -641,25 +647,23 @@ class KafkaServer:
     def _connection(self) -> ClientConnection:
         auth = self._authenticator
         kind = ClientConnection if self._ssl is None else TlsClientConnection
-        return self._track(
-            kind(
-                self._dispatch,
-                self._max_request_bytes,
-                self._untrack,
-                self._timers,
-                listener=self.listener,
-                authenticator=auth() if auth is not None else None,
-                sasl_max_bytes=self._sasl_max_bytes,
-            )
+        return kind(
+            self._dispatch,
+            self._max_request_bytes,
+            self._untrack,
+            self._timers,
+            listener=self.listener,
+            authenticator=auth() if auth is not None else None,
+            sasl_max_bytes=self._sasl_max_bytes,
+            on_open=self._track,
         )
 
     async def serve(self) -> None:
         assert self._server is not None
         await self._server.start_serving()
 
-    def _track(self, c: ClientConnection) -> ClientConnection:
+    def _track(self, c: ClientConnection) -> None:
         self.connections.add(c)
-        return c
 
     def _untrack(self, c: ClientConnection) -> None:
         self.connections.discard(c)
