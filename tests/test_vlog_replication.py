@@ -882,6 +882,21 @@ def test_codec_round_trips_through_any_buffered_reads(messages, sizes):
     ]
 
 
+def test_the_rest_of_a_large_frame_and_what_follows_it_in_one_receive():
+    """A large frame set up by next_event, then its rest and the next message in one
+    receive_data: both come out (receive_data once spun on the full frame's empty rest)."""
+    big = Append(LOG, 1, 0, 0, 1, bytes(range(256)) * 400)  # 102,400 B: a frame of its own
+    small = Ack(LOG, 1, 2, 3, 4)
+    stream = b"".join(encode(big)) + b"".join(encode(small))
+    conn = ReplicationConnection()
+    conn.receive_data(stream[:1000])
+    assert conn.next_event() is NEED_DATA  # the frame has a buffer of its own now
+    conn.receive_data(bytearray(stream[1000:]))
+    got = [conn.next_event(), conn.next_event()]
+    assert bytes(got[0].data) == bytes(big.data) and got[1] == small
+    assert conn.next_event() is NEED_DATA
+
+
 def test_a_stream_that_ends_inside_a_large_frame_is_a_protocol_error():
     whole = b"".join(encode(Append(LOG, 1, 0, 0, 1, bytes(4 * RECEIVE_CHUNK))))
     conn = ReplicationConnection()

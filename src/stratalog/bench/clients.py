@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import queue
 import struct
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -203,7 +204,7 @@ class KafkaProducerClient(ProducerClient):
         self._pid_state = ""
         if idempotent:
             # Its statistics say when the producer holds its producer id (below).
-            conf |= {"statistics.interval.ms": 50, "stats_cb": self._stats}
+            conf |= {"statistics.interval.ms": 100, "stats_cb": self._stats}
         self.p = Producer(conf)
         self._n = 0
         # Delivery reports without an error, of every record (tracked or not): a record purged
@@ -219,6 +220,9 @@ class KafkaProducerClient(ProducerClient):
             deadline = time.monotonic() + 30
             while self._pid_state != "Assigned" and time.monotonic() < deadline:
                 self.p.poll(0.05)
+            if self._pid_state != "Assigned":
+                # Timed from here anyway: the first records will show the wait.
+                print(f"producer {job.index}: no producer id after 30 s", file=sys.stderr)
 
     def _stats(self, stats: str) -> None:
         if self._pid_state == "Assigned":

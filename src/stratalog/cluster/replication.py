@@ -756,15 +756,21 @@ class _BackupConnection(asyncio.BufferedProtocol):
         self.codec = ReplicationConnection(MAX_MESSAGE)
         self.transport: asyncio.Transport | None = None
         self.name = ""  # the log of the last message: whose primary to suspect when it ends
+        self._closed = False  # close() was called: nothing more is handled
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.replicator._closing:
+            self.close()
+            return
         self.replicator._peers.add(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.codec.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._closed:
+            return  # (a TLS transport may still deliver what it had decrypted)
         try:
             self.codec.buffer_updated(nbytes)
             self._handle_all()
@@ -776,6 +782,8 @@ class _BackupConnection(asyncio.BufferedProtocol):
             self.close()
 
     def eof_received(self) -> bool:
+        if self._closed:
+            return False
         try:
             self.codec.receive_data(b"")
             self._handle_all()
@@ -784,7 +792,7 @@ class _BackupConnection(asyncio.BufferedProtocol):
         return False  # close our end too
 
     def _handle_all(self) -> None:
-        while self.transport is not None:
+        while self.transport is not None and not self._closed:
             msg = self.codec.next_event()
             if msg is NEED_DATA or msg is CLOSED:
                 return
@@ -793,6 +801,8 @@ class _BackupConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        # Durability callbacks may keep this object a while: not the frame buffers with it.
+        self.codec = ReplicationConnection(MAX_MESSAGE)
         self.replicator._peers.discard(self)
         self.replicator._primary_gone(self.name)
 
@@ -804,6 +814,7 @@ class _BackupConnection(asyncio.BufferedProtocol):
         t.writelines(encode(msg))
 
     def close(self) -> None:
+        self._closed = True
         if self.transport is not None:
             self.transport.close()
 

@@ -351,6 +351,7 @@ class ReplicationConnection:
         self._frame: bytearray | None = None
         self._frame_fill = 0
         self._chunk: bytearray | None = None
+        self._into_frame = False  # the last get_buffer() was the frame's rest
         self._eof = False
         self._failed = False
 
@@ -361,8 +362,11 @@ class ReplicationConnection:
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next received bytes go: the rest of a large frame being received, else
         a fresh buffer of at least RECEIVE_CHUNK bytes."""
-        if self._frame is not None:
+        if self._frame is not None and self._frame_fill < len(self._frame):
+            self._into_frame, self._chunk = True, None
             return memoryview(self._frame)[self._frame_fill :]
+        # (A frame that is whole waits for next_event; what follows it goes to a chunk.)
+        self._into_frame = False
         self._chunk = bytearray(max(sizehint, RECEIVE_CHUNK))
         return memoryview(self._chunk)
 
@@ -374,7 +378,8 @@ class ReplicationConnection:
             raise ProtocolError("data after the end of the stream")
         if nbytes <= 0:
             return
-        if self._frame is not None:
+        if self._into_frame:
+            self._into_frame = False
             self._frame_fill += nbytes
             return
         chunk, self._chunk = self._chunk, None
@@ -387,6 +392,11 @@ class ReplicationConnection:
             raise ProtocolError("replication connection already failed")
         if not data:
             self._eof = True
+            return
+        if self._eof:
+            raise ProtocolError("data after the end of the stream")
+        if self._frame is None and isinstance(data, bytes):
+            self._take(data)  # immutable: kept as it is, no copy
             return
         view = memoryview(data).cast("B")
         while view:

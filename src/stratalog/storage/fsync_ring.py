@@ -105,6 +105,7 @@ class FsyncRing:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch_handle: asyncio.TimerHandle | None = None
         self.unnoticed = 0  # completions the watch found that no eventfd wake-up announced
+        self._seen_head = -1  # the completion head at the last watch that saw some waiting
         self.closed = False
 
     def _map(self, size: int, offset: int) -> mmap.mmap:
@@ -210,20 +211,29 @@ class FsyncRing:
         if self._queued:
             self._submit()
         for group in finished:
-            group.done(group.error)
+            try:
+                group.done(group.error)
+            except Exception:  # one waiter's failure must not strand the others
+                log.exception("io_uring: a group commit's completion failed")
 
     def _watch(self) -> None:
-        """Every WATCH_S while fsyncs are out: completions sitting in the ring with its eventfd
-        not readable, which no wake-up will announce, are taken (a soak run saw a broker's every
-        fsync stop completing while its loop ran on, for over a minute; with a 1 s watch a later
-        soak logged one such completion in 20 runs), and an fsync still out after LATE_S is
-        named once, with the ring's state."""
+        """Every WATCH_S while fsyncs are out: completions sitting in the ring that the loop
+        will not take by itself (the eventfd not readable, or readable but not serviced since
+        the last look) are taken (a soak run saw a broker's every fsync stop completing while
+        its loop ran on, for over a minute; with a 1 s watch a later soak logged one such
+        completion in 20 runs), and an fsync still out after LATE_S is named once, with the
+        ring's state."""
         if self.closed or self._loop is None:
             return
         now = time.monotonic()
         if self._groups:
             waiting = self.completions_waiting
-            if waiting and not _readable(self.eventfd):
+            head = _U32.unpack_from(self.cq_ring, self._cq_head)[0]
+            # Not announced (the eventfd is not readable), or announced and not taken since the
+            # last look (the loop is not watching the eventfd): either way, take them now.
+            stuck = waiting and (head == self._seen_head or not _readable(self.eventfd))
+            self._seen_head = head if waiting else -1
+            if stuck:
                 self.unnoticed += waiting
                 log.warning("io_uring: %d completions waited unannounced; taking them", waiting)
                 self._complete()
@@ -274,8 +284,10 @@ class FsyncRing:
 
 
 def _readable(fd: int) -> bool:
-    """Whether the loop's selector would wake for ``fd`` now."""
-    return bool(select.select([fd], [], [], 0)[0])
+    """Whether the loop's selector would wake for ``fd`` now (poll: any descriptor number)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def open_ring(mode: str) -> FsyncRing | None:
