@@ -353,10 +353,17 @@ def test_a_new_controller_probes_the_in_sync_brokers_absent_at_its_start(cluster
     survivors = [b for b in cluster.brokers if b is not victim]
     cluster.stop_broker(victim, signal.SIGKILL)
     _wait_led_without(survivors[0].bootstrap, "cc", victim_id)
-    logs = {b.node_id: b.log_path.read_text() for b in survivors}
+    # The controller logs the failover once its etcd transaction returned, which may be a
+    # moment after the brokers' watches (and so the metadata) saw the new primary.
+    gone = f"primary {victim_id} is gone"
+    for _ in range(100):
+        logs = {b.node_id: b.log_path.read_text() for b in survivors}
+        if any(gone in text for text in logs.values()):
+            break
+        time.sleep(0.05)
     probed = [n for n, text in logs.items() if f"in-sync broker {victim_id} is absent" in text]
     assert len(probed) == 1, logs
-    assert f"primary {victim_id} is gone" in logs[probed[0]], logs
+    assert gone in logs[probed[0]], logs
 
 
 def test_a_write_committed_by_a_shrunken_in_sync_set_is_not_acknowledged(cluster):

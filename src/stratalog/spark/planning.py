@@ -282,6 +282,10 @@ def options_key(options: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+UNKNOWN_TOPIC_OR_PARTITION = 3
+START_LOG_WAIT_S = 15.0  # how long a new start log may stay unknown to its leader
+
+
 class StartLog:
     """Where a streaming query's resolved starting offsets are kept, on the broker.
 
@@ -323,7 +327,15 @@ class StartLog:
 
         self._ensure_topic()
         raw = build_batch([(self.key.encode(), json.dumps(doc).encode(), int(time.time() * 1000))])
-        err, _ = self.client.produce(START_LOG_TOPIC, {0: raw}, acks=-1)[0]
+        # In a cluster the topic just created may not have reached its leader's copy of the
+        # metadata yet: UNKNOWN_TOPIC_OR_PARTITION wrote nothing, and is retried as Kafka's
+        # producers retry it.
+        deadline = time.monotonic() + START_LOG_WAIT_S
+        while True:
+            err, _ = self.client.produce(START_LOG_TOPIC, {0: raw}, acks=-1)[0]
+            if err != UNKNOWN_TOPIC_OR_PARTITION or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         if err:
             raise WireError(f"cannot log the query's start (error {err})", err)
 
