@@ -18,6 +18,7 @@ All processes run on one machine, so the wall clocks are the same clock.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import struct
@@ -227,8 +228,6 @@ class KafkaProducerClient(ProducerClient):
     def _stats(self, stats: str) -> None:
         if self._pid_state == "Assigned":
             return  # (librdkafka goes on sending them; they are no longer read)
-        import json
-
         self._pid_state = json.loads(stats).get("eos", {}).get("idemp_state", "")
 
     def _failed(self, err) -> None:

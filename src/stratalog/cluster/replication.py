@@ -63,7 +63,8 @@ NO_CUT = (-1, -1)
 
 
 class _Peer:
-    """One stream connection with the replication codec on top."""
+    """The primary's stream connection to a backup, with the replication codec on top (the
+    backup's end is a _BackupConnection)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stratalog.client.wire import WireClient, WireError
+from stratalog.protocol.errors import code
 from stratalog.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
 
 Offsets = dict[str, dict[int, int]]
@@ -282,7 +283,6 @@ def options_key(options: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
 START_LOG_WAIT_S = 15.0  # how long a new start log may stay unknown to its leader
 
 
@@ -333,7 +333,7 @@ class StartLog:
         deadline = time.monotonic() + START_LOG_WAIT_S
         while True:
             err, _ = self.client.produce(START_LOG_TOPIC, {0: raw}, acks=-1)[0]
-            if err != UNKNOWN_TOPIC_OR_PARTITION or time.monotonic() >= deadline:
+            if err != code("UNKNOWN_TOPIC_OR_PARTITION") or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
         if err:
