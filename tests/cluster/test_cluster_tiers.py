@@ -140,7 +140,18 @@ def test_only_the_primary_migrates_and_a_new_primary_serves_all_history(tiered):
     # One upload per range and tier: contiguous from offset 0, no overlap.
     assert ranges[0][0] == 0
     assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))
-    logs = {b.node_id: b.log_path.read_text(errors="replace").splitlines() for b in c.brokers}
+
+    def read_logs() -> dict[int, list[str]]:
+        return {b.node_id: b.log_path.read_text(errors="replace").splitlines() for b in c.brokers}
+
+    def logs_once_taken() -> dict[int, list[str]] | None:
+        # A range uploaded after the wait above reaches the backups a moment later.
+        logs = read_logs()
+        took = [[x for x in logs[n] if "from the shared cold tier" in x] for n in backups]
+        done = len(colds) > 1 or all(len(t) >= len(ranges) for t in took)
+        return logs if done else None
+
+    logs = until(logs_once_taken, "the backups took every range", timeout=30)
 
     def copies(n: int) -> list[str]:
         return [line for line in logs[n] if "to the cold tier" in line and "migrated" in line]
