@@ -9,6 +9,7 @@ documents every entry of ``SETTINGS``; a test keeps the two in step.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,6 +354,21 @@ SETTINGS: dict[str, Setting] = {
             2,
             "Threads that read segment files for Fetch; bounded so backlog reads cannot starve "
             "the write path.",
+        ),
+        _S(
+            "storage.read_slots",
+            bool,
+            True,
+            "Publish each partition's readable end in a slot file under <hot tier>/slots, so a "
+            "reader on this host reads segment files itself (co-located reads) instead of "
+            "asking Fetch.",
+        ),
+        _S(
+            "storage.read_slots.mode",
+            str,
+            "",
+            "File mode (octal, e.g. 640) of the slot files: who on this host may read directly "
+            "(the others read through Fetch). Empty: 644, or 600 with the authorizer on.",
         ),
         _S(
             "storage.read_priority",
@@ -902,6 +918,11 @@ class BrokerConfig:
             raise ConfigError(
                 f"authorizer.class.name: {authorizer} is not available; Stratalog's ACL "
                 f"authorizer answers to {' or '.join(AUTHORIZER_CLASSES)} (empty: off)"
+            )
+        mode = self["storage.read_slots.mode"].strip()
+        if mode and not re.fullmatch(r"[0-7]{1,3}", mode):
+            raise ConfigError(
+                f"storage.read_slots.mode: {mode!r} is not an octal file mode (e.g. 640)"
             )
 
     @property

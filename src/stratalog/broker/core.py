@@ -74,6 +74,7 @@ def _raise_fd_limit() -> None:
 # the broker's produce p99 (docs/benchmarks.md). Direct appends leave nothing in the page cache.
 DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
 LOOP_LAG_PROBE_S = 0.01  # the event-loop lag probe's timer (stratalog_event_loop_lag_seconds)
+SLOT_REFRESH_S = 1.0  # read slots published again (leadership changes have no storage event)
 # Kafka's topic configs of __consumer_offsets (DescribeConfigs shows the same).
 OFFSETS_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -96,6 +97,16 @@ _INTERNAL_TOPIC_SETTINGS = {
         SHARE_STATE_TOPIC_CONFIGS,
     ),
 }
+
+
+def _read_slots_mode(config: BrokerConfig) -> int | None:
+    """The slot files' mode (storage.read_slots.mode), None when slots are off."""
+    if not config["storage.read_slots"]:
+        return None
+    mode = config["storage.read_slots.mode"].strip()
+    if not mode:
+        return 0o600 if config.authorizer_enabled else 0o644
+    return int(mode, 8)
 
 
 def tail_cache_bytes(config: BrokerConfig) -> int:
@@ -187,6 +198,7 @@ class BrokerCore:
                 cold_options=config.cold_options,
                 cold_shared=config["tiers.cold.shared"],
                 replicated=bool(config["cluster.etcd"]),
+                read_slots_mode=_read_slots_mode(config),
             )
         )
         self.migrator = Migrator(
@@ -331,6 +343,11 @@ class BrokerCore:
         self._tasks.append(asyncio.ensure_future(self.disk.run()))
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+        if self.store.slots is not None:
+            self.store.slots.write_identity(
+                {"cluster_id": self.metadata.cluster_id, "node_id": self.node_id}
+            )
+            self._tasks.append(asyncio.ensure_future(self._slot_refresh_loop()))
         if self.backlog_pacer is not None:
             self._tasks.append(asyncio.ensure_future(self._backlog_pacer_loop()))
         if self.backlog_sender is not None:
@@ -417,6 +434,14 @@ class BrokerCore:
                 await self.store.checkpoint()
             except Exception:
                 log.exception("index checkpoint failed")
+
+    async def _slot_refresh_loop(self) -> None:
+        """Read slots again every second: leadership moves without a storage event."""
+        slots = self.store.slots
+        assert slots is not None
+        while True:
+            await asyncio.sleep(SLOT_REFRESH_S)
+            slots.refresh(self.store.partitions.values())
 
     async def _backlog_pacer_loop(self) -> None:
         assert self.backlog_pacer is not None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stratalog.client.colocated import ColocatedPartition, find
 from stratalog.client.committed import committed_batches
 from stratalog.client.wire import WireClient, WireError
 from stratalog.records import uncompressed_batches
@@ -274,36 +275,58 @@ def read_partition(
     rows_per_batch: int = 50_000,
     fetch_bytes: int = 8 * 1024 * 1024,
     read_committed: bool = False,
+    colocated: bool | ColocatedPartition = False,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the records of one partition with start <= offset < end; with
     ``read_committed``, those of aborted transactions left out (their offsets are gaps, as
-    transaction markers are)."""
+    transaction markers are). With ``colocated`` the partition is read from its leader's files
+    when the leader runs on this host (client/colocated.py), through Fetch otherwise and for
+    whatever the files do not hold (the cold tier); read_committed always fetches."""
     dec = ArrowDecoder(topic, partition, include_headers, include_producer)
-    offset = start
-    while offset < end:
-        data = client.fetch(
-            topic,
-            {partition: offset},
-            partition_max_bytes=fetch_bytes,
-            max_bytes=fetch_bytes,
-            max_wait_ms=0,
-            isolation_level=int(read_committed),
-            reuse_buffer=True,  # dec.add copies out what it keeps
-        )[partition]
-        if data.error_code:
-            raise WireError(
-                f"fetch {topic}/{partition} at {offset}: error {data.error_code}", data.error_code
-            )
-        if not data.records:
-            readable = data.last_stable_offset if read_committed else data.high_watermark
-            if readable <= offset:
-                break  # nothing more there (yet): the caller asked past the end
-            raise WireError(f"fetch {topic}/{partition} at {offset} returned no data")
-        records, after = committed_batches(data.records, data.aborted)
-        nxt = max(dec.add(records, offset, end), after)
-        if nxt <= offset:
-            raise WireError(f"fetch {topic}/{partition} at {offset} made no progress")
-        offset = nxt
-        if len(dec) >= rows_per_batch:
-            yield from dec.drain()
-    yield from dec.drain()
+    local: ColocatedPartition | None = None
+    if isinstance(colocated, ColocatedPartition):
+        local = colocated
+    elif colocated and not read_committed:
+        local = find(client, topic, partition)
+    try:
+        offset = start
+        while offset < end:
+            if local is not None:
+                got = local.read(offset, fetch_bytes)
+                if got is not None and got.records:
+                    nxt = max(dec.add(got.records, offset, end), got.next_offset)
+                    offset = nxt
+                    if len(dec) >= rows_per_batch:
+                        yield from dec.drain()
+                    continue
+                # Not here (cold tier, a stale or withdrawn slot) or past its end: ask Fetch.
+            data = client.fetch(
+                topic,
+                {partition: offset},
+                partition_max_bytes=fetch_bytes,
+                max_bytes=fetch_bytes,
+                max_wait_ms=0,
+                isolation_level=int(read_committed),
+                reuse_buffer=True,  # dec.add copies out what it keeps
+            )[partition]
+            if data.error_code:
+                raise WireError(
+                    f"fetch {topic}/{partition} at {offset}: error {data.error_code}",
+                    data.error_code,
+                )
+            if not data.records:
+                readable = data.last_stable_offset if read_committed else data.high_watermark
+                if readable <= offset:
+                    break  # nothing more there (yet): the caller asked past the end
+                raise WireError(f"fetch {topic}/{partition} at {offset} returned no data")
+            records, after = committed_batches(data.records, data.aborted)
+            nxt = max(dec.add(records, offset, end), after)
+            if nxt <= offset:
+                raise WireError(f"fetch {topic}/{partition} at {offset} made no progress")
+            offset = nxt
+            if len(dec) >= rows_per_batch:
+                yield from dec.drain()
+        yield from dec.drain()
+    finally:
+        if local is not None and local is not colocated:
+            local.close()

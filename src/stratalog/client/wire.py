@@ -38,6 +38,7 @@ OFFSET_COMMIT_V = 8
 OFFSET_FETCH_V = 8
 CREATE_TOPICS_V = 5
 FIND_COORDINATOR_V = 3
+DESCRIBE_LOG_DIRS_V = 4
 
 EARLIEST = -2
 LATEST = -1
@@ -380,6 +381,42 @@ class WireClient:
             )
             for t in resp.topics
         }
+
+    def leader_log_dir(self, topic: str, partition: int) -> tuple[str, int, str] | None:
+        """(cluster id, leader's node id, the leader's log directory holding the partition),
+        from Metadata and the leader's DescribeLogDirs; None when the leader does not say."""
+        resp = self._refresh([topic])
+        node = self.leaders.leader(topic, partition)
+        if node is None or node < 0:
+            return None
+        conn = self._connection(node)
+        body = self._new(
+            35,
+            DESCRIBE_LOG_DIRS_V,
+            topics=(
+                self._new(
+                    35,
+                    DESCRIBE_LOG_DIRS_V,
+                    "DescribableLogDirTopic",
+                    topic=topic,
+                    partitions=(partition,),
+                ),
+            ),
+        )
+        try:
+            answer = conn.request(35, DESCRIBE_LOG_DIRS_V, body)
+        except ConnectionLost:
+            self._lost(conn, node)
+            return None
+        for result in answer.results:
+            if result.error_code:
+                continue
+            for t in result.topics:
+                if t.name == topic and any(
+                    int(p.partition_index) == partition for p in t.partitions
+                ):
+                    return str(resp.cluster_id), int(node), str(result.log_dir)
+        return None
 
     def list_offsets(
         self, topic: str, partitions: list[int], timestamp: int, *, isolation_level: int = 0

@@ -40,6 +40,8 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     read_committed: bool = False  # ranges end at the last stable offset; aborted left out
+    # Read the leader's files when it runs on the executor's host (client/colocated.py).
+    colocated_reads: bool = True
     security: ClientSecurity = field(default_factory=ClientSecurity)  # kafka.security.protocol...
 
 
@@ -293,6 +295,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         min_partitions=_positive_int(options, "minPartitions"),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         include_headers=_bool(options, "includeHeaders", False),
+        colocated_reads=_bool(options, "colocatedReads", True),
         read_committed=_get(options, "kafka.isolation.level") == "read_committed",
         security=parse_security(options),
     )

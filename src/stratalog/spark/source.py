@@ -100,6 +100,7 @@ class _Reading:
         self.fail_on_data_loss = opts.fail_on_data_loss
         self.read_committed = opts.read_committed
         self.security = opts.security
+        self.colocated_reads = opts.colocated_reads
 
     def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
         # Spark substitutes InputPartition(None) when planning found nothing to read.
@@ -129,6 +130,7 @@ class _Reading:
                 partition.end,
                 include_headers=self.include_headers,
                 read_committed=self.read_committed,
+                colocated=self.colocated_reads,
             )
 
 

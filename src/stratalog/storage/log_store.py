@@ -29,12 +29,14 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from stratalog.colocated_format import SLOTS_DIR
 from stratalog.storage import commit_checkpoint, producer_snapshot, reaper
 from stratalog.storage.cold_tier import ColdRun, ColdSegment, ColdStore, ColdTierError
 from stratalog.storage.fsync_ring import open_ring
 from stratalog.storage.journal import FsyncPolicy
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.producer_state import ProducerStateTable
+from stratalog.storage.read_slots import ReadSlots
 from stratalog.storage.recovery import RecoveryReport
 from stratalog.storage.sealed_index import PixRun, Row, SealedIndex
 from stratalog.storage.segment import (
@@ -144,6 +146,8 @@ class StorageConfig:
     # Cluster mode: a log takes local appends only while this broker is its primary
     # (VirtualLog.leading, set by the replicator); otherwise only its primary's bytes.
     replicated: bool = False
+    # Co-located reads: publish read slots (read_slots.py) with this file mode; None: none.
+    read_slots_mode: int | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in ("virtual", "per-partition"):
@@ -195,6 +199,11 @@ class LogStore:
         self._orphans: dict[int, list[tuple[str, int, IndexEntry]]] = {}
         self._lock_fd: int | None = None
         self.state_damaged = False  # partition-state.json was unreadable at open
+        self.slots = (
+            ReadSlots(self.root, config.read_slots_mode)
+            if config.read_slots_mode is not None
+            else None
+        )
         # Per log: sealed indexes written whose segments' chunks some partition still holds in
         # memory (waiting for an earlier segment's seal): seq -> (segment, sealed index).
         self._sealing: dict[str, dict[int, tuple[Segment, SealedIndex]]] = {}
@@ -216,6 +225,8 @@ class LogStore:
         if self.cold is not None and not (self.root / STATE_FILE).exists():
             self.cold.create()  # a new broker; later a missing cold directory is an error
         self._lock_fd = data_dir_lock(self.root)
+        if self.slots is not None:
+            self.slots.open()
         compacted = self.root / COMPACTED_DIR
         if self.cold is not None and compacted.is_dir() and any(compacted.glob("p*/manifest-*")):
             # Cleaned segments written before the cold tier was configured: loading only the
@@ -230,7 +241,11 @@ class LogStore:
             wanted[uid] = (topic, idx)
             if named and named[0] is not None:
                 self._assign_log(uid, named[0])
-        names = {p.name for p in self.root.iterdir() if p.is_dir() and p.name != COMPACTED_DIR}
+        names = {
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and p.name not in (COMPACTED_DIR, SLOTS_DIR)
+        }
         for uid in wanted:
             names.add(self._log_name(uid))
         # Per partition, what each log holds of it, segment by segment: an entry in memory (the
@@ -508,6 +523,8 @@ class LogStore:
         return last
 
     async def close(self) -> None:
+        if self.slots is not None:
+            self.slots.close()
         self.save_state()
         if self.config.replicated:
             commit_checkpoint.save(self.root, self._commit_points())
@@ -598,6 +615,8 @@ class LogStore:
         p = PartitionLog(topic, idx, uid, vlog, tail_cache=self.tail_cache)
         p.on_append = self._note_append
         self.partitions[uid] = p
+        if self.slots is not None:
+            self.slots.add(p)
         self._state.setdefault(str(uid), {})["log"] = name
         return p
 
@@ -707,6 +726,8 @@ class LogStore:
         if p is None:
             return
         p.deleted = True
+        if self.slots is not None:
+            self.slots.remove(p)
         self.tail_cache.drop_partition(uid)
         live = self._live[p.vlog.name]
         for seq, n in p.chunks.count_by_segment().items():
@@ -817,6 +838,7 @@ class LogStore:
                 drops.append((p, drop_cold, drop_hot, before))
             else:
                 p.log_start_offset = before
+                p.publish()
                 moved = True
         if drops:  # (saves every partition's state, the moved ones' too)
             starts_of = {p.uid: before for p, _c, _h, before in drops}
@@ -835,6 +857,7 @@ class LogStore:
         for uid, start in (starts or {}).items():
             p = self.partitions[uid]
             p.log_start_offset = max(p.log_start_offset, start)
+            p.publish()
         for p, drop_cold, drop_hot in drops:
             if drop_cold:
                 dead_cold.append((p, p.drop_cold_front(drop_cold)))

@@ -54,6 +54,7 @@ from stratalog.storage.virtual_log import VirtualLog, WriteBatch
 
 if TYPE_CHECKING:
     from stratalog.records import Record
+    from stratalog.storage.read_slots import ReadSlot
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,8 @@ class PartitionLog:
         # (first, last) offset ranges whose chunks were in damaged bytes (storage/damage.py),
         # sorted: a read of them answers CORRUPT_MESSAGE, a read before them stops short.
         self.lost: list[tuple[int, int]] = []
+        # Co-located readers' view of this partition (read_slots.py), published on each change.
+        self.slot: ReadSlot | None = None
 
     # -- write path ----------------------------------------------------------------------------
     @property
@@ -504,6 +507,7 @@ class PartitionLog:
         self.producers.truncate(first_cut)
         if not self.txns.truncate(first_cut):
             self.rebuild_txns(self.scan_transactional())
+        self.publish()
         self._wake()
         return counts
 
@@ -606,7 +610,14 @@ class PartitionLog:
             self.high_watermark = offset
             if self.txns.completing:
                 self.txns.on_high_watermark(offset)
+            if self.slot is not None:
+                self.slot.publish(self)
             self._wake()
+
+    def publish(self) -> None:
+        """Tell co-located readers (read slots) that the readable range changed."""
+        if self.slot is not None:
+            self.slot.publish(self)
 
     @property
     def last_stable_offset(self) -> int:
@@ -880,6 +891,7 @@ class PartitionLog:
         self._tail.drop_many(self.uid, self.chunks.bases(count))
         self.size_bytes -= self.chunks.bytes_of_first(count)
         self.chunks.drop_front(count)
+        self.publish()
 
     def drop_cold_front(self, count: int) -> list:
         """Retention in the cold tier: forget the first ``count`` cold chunks; return the cold
@@ -900,6 +912,7 @@ class PartitionLog:
             )
         self.log_start_offset = max(self.log_start_offset, first)
         self.txns.drop_before(self.log_start_offset)
+        self.publish()
         return gone
 
     @property
@@ -920,6 +933,7 @@ class PartitionLog:
             self.log_start_offset = max(self.log_start_offset, self.next_offset)
         self.chunks.drop_front(keep_from)
         self.txns.drop_before(self.log_start_offset)
+        self.publish()
         return dropped
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

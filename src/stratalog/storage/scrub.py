@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratalog.colocated_format import SLOTS_DIR
 from stratalog.storage import damage as damage_record
 from stratalog.storage import producer_snapshot, sealed_index
 from stratalog.storage.batch import CorruptBatchError, validate_batch
@@ -155,6 +156,8 @@ def plan(data_dir: Path, hot: Path | None = None, cold: Path | None = None) -> P
             continue  # a cache of cold segments, dropped at every start
         if d.name == "compacted":
             continue  # compacted partitions' segments: checked as a cold tier's, below
+        if d.name == SLOTS_DIR:
+            continue  # read slots, rewritten at every start (read_slots.py)
         spilled = _segments(cold / "spill" / d.name) if cold is not None else []
         logs.append(_Log(d.name, d, sorted(_segments(d) + spilled)))
         for kind, name in (

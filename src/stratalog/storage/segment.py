@@ -24,15 +24,12 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from stratalog.colocated_format import ENTRY, ENTRY_SIZE, FRAME
+from stratalog.colocated_format import FRAME_SIZE as FRAME_SIZE  # (storage imports it here)
+from stratalog.colocated_format import segment_name as segment_name
 from stratalog.storage import reaper
 from stratalog.storage.noatime import open_noatime
 
-FRAME = struct.Struct("<II")
-FRAME_SIZE = FRAME.size
-# uid, base offset, last offset delta, batch position, batch size, max timestamp,
-# producer id, producer epoch, base sequence
-ENTRY = struct.Struct("<Iqiqiqqhi")
-ENTRY_SIZE = ENTRY.size
 _UID = struct.Struct("<I")
 # O_DIRECT writes (storage.direct_io) are whole blocks at block offsets from aligned memory; 4 KiB
 # satisfies every logical block size in use.
@@ -142,10 +139,6 @@ def mkdir_durable(directory: Path) -> None:
         except FileExistsError:
             continue
         fsync_dir(d.parent)
-
-
-def segment_name(seq: int) -> str:
-    return f"{seq:020d}"
 
 
 def list_segments(directory: Path) -> list[int]:
