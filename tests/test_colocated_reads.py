@@ -29,7 +29,7 @@ from stratalog.client.wire import EARLIEST, LATEST, WireClient
 from stratalog.colocated_format import IDENTITY_FILE, SLOT_SIZE, SLOTS_DIR
 from stratalog.config import ConfigError
 
-from .conftest import create_topic
+from .conftest import create_topic, scrape_metrics
 
 
 def _produce(bootstrap: str, topic: str, partitions: int, n: int, **conf: str) -> None:
@@ -51,6 +51,12 @@ def _table(batches: list[pa.RecordBatch]) -> pa.Table:
 
 def _end(client: WireClient, topic: str, partition: int) -> int:
     return client.list_offsets(topic, [partition], LATEST)[partition][0]
+
+
+def _fetches(b: Broker) -> float:
+    """Fetch requests the broker has answered (its own metrics, scraped)."""
+    samples = scrape_metrics(b.service.core.admin_address, "stratalog_requests_total")
+    return sum(x.value for x in samples if x.labels.get("api") == "fetch")
 
 
 def _local_reads(local: ColocatedPartition, start: int, end: int) -> tuple[int, int]:
@@ -92,8 +98,13 @@ def test_colocated_reads_equal_fetch_over_shared_logs_segments_and_codecs(tmp_pa
                     read, reached = _local_reads(local, 0, end)
                     assert reached == end and read > 0
                     direct = list(read_partition(c, topic, part, 0, end, colocated=local))
+                fetches = _fetches(b)
+                ahead = list(read_partition(c, topic, part, 0, end, colocated=True))
+                assert _fetches(b) == fetches  # the broker served none of it
                 fetched = list(read_partition(c, topic, part, 0, end))
+                assert _fetches(b) > fetches
                 assert _table(direct).equals(_table(fetched)), (topic, part)
+                assert _table(ahead).equals(_table(fetched)), (topic, part)
                 assert sum(r.num_rows for r in fetched) > 0
 
 

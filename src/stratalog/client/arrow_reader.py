@@ -287,7 +287,7 @@ def read_partition(
     if isinstance(colocated, ColocatedPartition):
         local = colocated
     elif colocated and not read_committed:
-        local = find(client, topic, partition)
+        local = find(client, topic, partition, read_ahead=True)
     try:
         offset = start
         while offset < end:

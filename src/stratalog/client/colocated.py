@@ -31,6 +31,7 @@ import os
 import struct
 from array import array
 from bisect import bisect_left
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,7 +88,9 @@ class _Segment:
 class ColocatedPartition:
     """One partition of a broker on this host, read from its files."""
 
-    def __init__(self, root: Path, topic: str, partition: int) -> None:
+    def __init__(self, root: Path, topic: str, partition: int, read_ahead: bool = False) -> None:
+        """``read_ahead``: after each read, read the next range on a thread of its own while
+        the caller decodes this one (``preadv`` lets go of the GIL)."""
         self.root = root
         self.topic = topic
         self.partition = partition
@@ -95,10 +98,17 @@ class ColocatedPartition:
         self._slot, self._inode = _map_slot(self._path)  # PermissionError: not this user
         self._key: tuple[int, int, str] | None = None  # (incarnation, uid, log)
         self._segments: dict[int, _Segment] = {}
-        self._buffer = bytearray()
+        # Two buffers: a read fills the one the caller is not holding (the read ahead's).
+        self._buffers = [bytearray(), bytearray()]
+        self._out = 0  # the buffer the last read handed out
         self._scratch = bytearray(FRAME_SIZE)
+        self._ahead = ThreadPoolExecutor(1, "stratalog-colocated") if read_ahead else None
+        self._pending: tuple[int, int, Future[ColocatedRead | None]] | None = None
 
     def close(self) -> None:
+        self._take_pending()
+        if self._ahead is not None:
+            self._ahead.shutdown()
         self._forget()
         self._slot.close()
 
@@ -130,6 +140,26 @@ class ColocatedPartition:
         """Whole batches from the one holding ``offset``, at least one, about ``max_bytes``,
         all below the high watermark; an empty read at or past it. None: not readable here
         (fall back to Fetch)."""
+        ahead = self._take_pending()
+        if ahead is not None and ahead[:2] == (offset, max_bytes):
+            got = ahead[2]
+        else:
+            got = self._read_now(offset, max_bytes)
+        if self._ahead is not None and got is not None and got.records:
+            nxt = got.next_offset
+            self._pending = (nxt, max_bytes, self._ahead.submit(self._read_now, nxt, max_bytes))
+        return got
+
+    def _take_pending(self) -> tuple[int, int, ColocatedRead | None] | None:
+        """The read ahead's result, once it is done (nothing else touches the index
+        meanwhile)."""
+        if self._pending is None:
+            return None
+        offset, max_bytes, fut = self._pending
+        self._pending = None
+        return offset, max_bytes, fut.result()
+
+    def _read_now(self, offset: int, max_bytes: int) -> ColocatedRead | None:
         got = self._read_slot(offset, max_bytes)
         if (got is None or not got.records) and self._replaced():
             got = self._read_slot(offset, max_bytes)  # the broker restarted: its new slot
@@ -302,9 +332,10 @@ class ColocatedPartition:
                 break
         if not plan:
             return None  # the index does not reach it (a stale slot): Fetch knows better
-        if len(self._buffer) < total:
-            self._buffer = bytearray(total)
-        out = memoryview(self._buffer)
+        which = 1 - self._out
+        if len(self._buffers[which]) < total:
+            self._buffers[which] = bytearray(total)
+        out = memoryview(self._buffers[which])
         at = 0
         nxt = offset
         for seq, seg, i, count in plan:
@@ -337,6 +368,7 @@ class ColocatedPartition:
         records = out[:at]
         if not _check(records, plan):
             return None
+        self._out = which
         return ColocatedRead(records, hwm, s.log_start, nxt)
 
 
@@ -380,7 +412,9 @@ class ColocatedReads:
         self._found.clear()
 
 
-def find(client: WireClient, topic: str, partition: int) -> ColocatedPartition | None:
+def find(
+    client: WireClient, topic: str, partition: int, read_ahead: bool = False
+) -> ColocatedPartition | None:
     """The partition read from its leader's files, if the leader runs on this host and this
     user may read them; None otherwise (read it through Fetch)."""
     try:
@@ -395,6 +429,6 @@ def find(client: WireClient, topic: str, partition: int) -> ColocatedPartition |
         identity = json.loads((root / SLOTS_DIR / IDENTITY_FILE).read_bytes())
         if identity.get("cluster_id") != cluster_id or identity.get("node_id") != node:
             return None  # a path of the same name, of another broker
-        return ColocatedPartition(root, topic, partition)
+        return ColocatedPartition(root, topic, partition, read_ahead)
     except (OSError, ValueError):
         return None  # not on this host, not readable by this user, or no slot
