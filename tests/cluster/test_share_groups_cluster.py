@@ -35,6 +35,7 @@ from .conftest import in_process_brokers, wait_for
 
 PARTITIONS = 3
 NOT_COORDINATOR = 16
+FENCED_LEADER_EPOCH = 74
 
 
 @pytest.fixture
@@ -154,6 +155,17 @@ def test_state_is_read_and_written_at_its_coordinator(two) -> None:
     with pytest.raises(FencedLeader):
         b1.call(b1.core.share_state.write, [(key, ShareState(8, leader_epoch=2))])
     assert b2.call(b2.core.share_state.read_local, key) == state
+    # Reads are fenced too (Kafka's share coordinator): a former leader may not load the state,
+    # and a newer leader's read records its epoch, fencing the leader it replaced.
+    with pytest.raises(FencedLeader):
+        b1.call(b1.core.share_state.read, key, 2)
+    assert b1.call(b1.core.share_state.read, key, 5) == ShareState(7, state.batches)
+    assert b2.call(b2.core.share_state.read_local, key).leader_epoch == 5
+    with pytest.raises(FencedLeader):
+        b1.call(b1.core.share_state.write, [(key, ShareState(8, leader_epoch=4))])
+    stale = wire.call(b2.bootstrap, 84, 0, group_id=key[0], topics=[
+        {"topic_id": tid, "partitions": [{"partition": 0, "leader_epoch": 4}]}])  # fmt: skip
+    assert stale["results"][0]["partitions"][0]["error_code"] == FENCED_LEADER_EPOCH
     # b1 does not coordinate the key: it says so to whoever asks it.
     asked = wire.call(b1.bootstrap, 84, 0, group_id=key[0], topics=[
         {"topic_id": tid, "partitions": [{"partition": 0, "leader_epoch": 3}]}])  # fmt: skip

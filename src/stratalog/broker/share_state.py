@@ -139,17 +139,33 @@ class ShareStateStore:
         self._ensure_loaded(idx, parts)
         return self.log.live(idx).get(key)
 
-    async def read(self, key: ShareKey) -> ShareState | None:
-        """The durable state of ``key``, from wherever it is coordinated. Raises StorageFailure
-        when its coordinator cannot be asked now."""
+    async def read(self, key: ShareKey, leader_epoch: int = -1) -> ShareState | None:
+        """The durable state of ``key``, from wherever it is coordinated, for the data
+        partition's leader at ``leader_epoch`` (see ``read_fenced``). Raises FencedLeader for a
+        reader older than the last leader known, StorageFailure when its coordinator cannot be
+        asked now."""
         here = self.coordinated_here(key)
         if here is None:
             return None  # nothing was ever written
         if here:
-            return self.read_local(key)
+            return await self.read_fenced(key, leader_epoch)
         from stratalog.cluster.share_state_client import read_remote
 
-        return await read_remote(self.core, key)
+        return await read_remote(self.core, key, leader_epoch)
+
+    async def read_fenced(self, key: ShareKey, leader_epoch: int) -> ShareState | None:
+        """Kafka's share coordinator's read: a reader at an older leader epoch than the state's
+        is fenced (a former leader must not load it), and one at a newer epoch is recorded
+        first (the state is written again with it), so that the leader it replaces can no
+        longer write the key. -1: no epoch (nothing checked or recorded)."""
+        state = self.read_local(key)
+        if state is None or leader_epoch < 0 or leader_epoch == state.leader_epoch:
+            return state
+        if leader_epoch < state.leader_epoch:
+            raise FencedLeader([key])
+        newer = ShareState(state.start_offset, state.batches, state.state_epoch, leader_epoch)
+        await self.write([(key, newer)], local_only=True)
+        return newer
 
     async def write(
         self, entries: list[tuple[ShareKey, ShareState | None]], local_only: bool = False

@@ -95,17 +95,20 @@ def _schema(api_key: int) -> Any:
     return importlib.import_module(codec.request_class(api_key, 0).__module__)
 
 
-async def read_remote(core: BrokerCore, key: ShareKey) -> ShareState | None:
+async def read_remote(core: BrokerCore, key: ShareKey, leader_epoch: int = -1) -> ShareState | None:
     group, topic_id, index = key
     m = _schema(READ_SHARE_GROUP_STATE)
     body = m.ReadShareGroupStateRequest(
         group_id=group,
         topics=(m.ReadStateData(topic_id=topic_id,
-                                partitions=(m.PartitionData(partition=index, leader_epoch=-1),)),),
+                                partitions=(m.PartitionData(partition=index,
+                                                            leader_epoch=leader_epoch),)),),
     )  # fmt: skip
     resp = await _call(core, _coordinator(core, key), READ_SHARE_GROUP_STATE, body)
     for t in resp.results:
         for p in t.partitions:
+            if p.error_code.name.upper() == "FENCED_LEADER_EPOCH":
+                raise FencedLeader([key])
             if p.error_code.value != 0:
                 raise StorageFailure(f"ReadShareGroupState of {key}: {p.error_code.name}")
             if p.start_offset < 0:

@@ -100,8 +100,8 @@ async def _load_share_partitions(core, g: ShareGroup, tps) -> None:
         if sp is not None and sp.leader_epoch == epoch:
             continue
         try:
-            state = await core.share_state.read((g.group_id, tp[0], tp[1]))
-        except StorageFailure:
+            state = await core.share_state.read((g.group_id, tp[0], tp[1]), epoch)
+        except StorageFailure:  # (FencedLeader too: a newer leader exists)
             continue
         p = core.partition(t.name, tp[1])
         sp = g.partitions.get(tp)

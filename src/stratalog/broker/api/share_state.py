@@ -4,9 +4,11 @@ partition keeps its share-partitions and asks the broker leading the key's
 ``__share_group_state`` partition to read and write their durable state
 (``cluster/share_state_client.py``); that broker answers here from ``broker/share_state.py``.
 
-A key this broker does not coordinate is NOT_COORDINATOR (the asker looks again); a write from
-a leader older than the one that last wrote the key is FENCED_LEADER_EPOCH (a partition's former
-leader cannot overwrite what the new one wrote); a write not made durable is
+A key this broker does not coordinate is NOT_COORDINATOR (the asker looks again); a write, or a
+read, from a leader older than the one that last wrote or read the key is FENCED_LEADER_EPOCH (a
+partition's former leader cannot overwrite what the new one wrote, nor load it again); a read
+from a newer leader records its epoch before answering (as Kafka's share coordinator does), so
+the leader it replaced is fenced from then on; a write not made durable is
 COORDINATOR_NOT_AVAILABLE. A read of a key never written answers start offset -1.
 """
 
@@ -30,7 +32,7 @@ def _not_here(core, key) -> str | None:
     return None if here else "NOT_COORDINATOR"
 
 
-def handle_read_share_group_state(core, req: Request, conn) -> bytes:
+async def handle_read_share_group_state(core, req: Request, conn) -> bytes:
     b = req.body
     results = []
     for t in b.topics:
@@ -38,7 +40,14 @@ def handle_read_share_group_state(core, req: Request, conn) -> bytes:
         for p in t.partitions:
             key = (b.group_id, t.topic_id, p.partition)
             error = _not_here(core, key)
-            state = core.share_state.read_local(key) if error is None else None
+            state = None
+            if error is None:
+                try:
+                    state = await core.share_state.read_fenced(key, p.leader_epoch)
+                except FencedLeader:
+                    error = "FENCED_LEADER_EPOCH"
+                except StorageFailure:
+                    error = "COORDINATOR_NOT_AVAILABLE"
             parts.append(sub(
                 req, "PartitionResult", partition=p.partition,
                 error_code=err(error or "NONE"), error_message=None,
