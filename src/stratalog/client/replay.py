@@ -85,6 +85,7 @@ def replay_table(
                 stop,
                 include_headers=include_headers,
                 include_producer=True,
+                colocated=True,  # the leader's files when it runs on this host
             ):
                 ts = pc.cast(rb.column("timestamp"), pa.int64())
                 keep = pc.and_(pc.greater_equal(ts, start_ms * 1000), pc.less(ts, end_ms * 1000))
