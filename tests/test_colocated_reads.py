@@ -28,6 +28,7 @@ from stratalog.client.colocated import ColocatedPartition, find
 from stratalog.client.wire import EARLIEST, LATEST, WireClient
 from stratalog.colocated_format import IDENTITY_FILE, SLOT_SIZE, SLOTS_DIR
 from stratalog.config import ConfigError
+from stratalog.storage import reaper
 
 from .conftest import create_topic, scrape_metrics
 
@@ -57,6 +58,16 @@ def _fetches(b: Broker) -> float:
     """Fetch requests the broker has answered (its own metrics, scraped)."""
     samples = scrape_metrics(b.service.core.admin_address, "stratalog_requests_total")
     return sum(x.value for x in samples if x.labels.get("api") == "fetch")
+
+
+def _open_files() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # (the listing's own descriptor, closed since)
+    return out
 
 
 def _local_reads(local: ColocatedPartition, start: int, end: int) -> tuple[int, int]:
@@ -200,6 +211,12 @@ def test_segments_deleted_under_a_reader_fall_back(tmp_path: Path) -> None:
                 assert start > 0
                 assert local.read(0, 1 << 20) is None
                 direct = list(read_partition(c, "r", 0, start, end, colocated=local))
+                # No descriptor of a deleted segment is kept (it would keep the file's space),
+                # once the broker's reaper (in this process) has finished deleting them.
+                reaper.drain()
+                log_dir = str(b.core.store.root)
+                gone = [h for h in _open_files() if h.startswith(log_dir) and not os.path.exists(h)]
+                assert gone == []
             fetched = list(read_partition(c, "r", 0, start, end))
             assert _table(direct).equals(_table(fetched)) and len(fetched) > 0
 

@@ -98,6 +98,7 @@ class ColocatedPartition:
         self._slot, self._inode = _map_slot(self._path)  # PermissionError: not this user
         self._key: tuple[int, int, str] | None = None  # (incarnation, uid, log)
         self._segments: dict[int, _Segment] = {}
+        self._starts = (-1, -1)  # (log start, hot start) when gone segments were last looked for
         # Two buffers: a read fills the one the caller is not holding (the read ahead's).
         self._buffers = [bytearray(), bytearray()]
         self._out = 0  # the buffer the last read handed out
@@ -224,7 +225,10 @@ class ColocatedPartition:
                     seq = int(name[:-4])
                     if seq <= s.end_seq and seq not in known:
                         known[seq] = _Segment()
-            # Segments gone (retention, migration) stay out of the way of later lookups.
+        if s.end_seq not in known or (s.log_start, s.hot_start) != self._starts:
+            # Segments gone (retention, migration) go out of the way of later lookups, and
+            # their descriptors are closed: an open one would keep a deleted file's space.
+            self._starts = (s.log_start, s.hot_start)
             for seq in [q for q in known if not (log_dir / f"{segment_name(q)}.log").exists()]:
                 seg = known.pop(seq)
                 if seg.fd >= 0:
@@ -239,6 +243,14 @@ class ColocatedPartition:
                 self._from_index(seg, seq, log_dir, limit, s.uid)
                 self._scan(seg, seq, log_dir, limit, s.uid, sealed=seq < s.end_seq)
             seg.whole = seq < s.end_seq
+        # A whole segment holding nothing readable of this partition any more (retention,
+        # migration: it may be deleted at any moment) keeps no descriptor: an open one would
+        # keep a deleted file's space. It stays known, so it is not walked again.
+        start = max(s.log_start, s.hot_start)
+        for seg in known.values():
+            if seg.whole and seg.fd >= 0 and (not seg.last or seg.last[-1] < start):
+                os.close(seg.fd)
+                seg.fd = -1
 
     def _from_index(self, seg: _Segment, seq: int, log_dir: Path, limit: int, uid: int) -> None:
         try:
