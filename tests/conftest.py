@@ -119,6 +119,30 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, **configs: str)
     fs[name].result(timeout=15)
 
 
+def produce_keyed(bootstrap: str, topic: str, partitions: int, n: int, **conf: str) -> None:
+    """``n`` keyed records (``k<i>``, about 80 bytes each) round-robin over the partitions, in
+    small batches (8 KiB), so a topic holds many."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 8192, **conf})
+    for i in range(n):
+        while True:
+            try:
+                value = b"value-%d-" % i * 8
+                p.produce(topic, key=b"k%d" % i, value=value, partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(30) == 0
+
+
+def fetch_requests(admin: str) -> float:
+    """Fetch requests the broker whose admin endpoint is ``admin`` has received (its own
+    Prometheus counter)."""
+    samples = scrape_metrics(admin, "stratalog_requests_total")
+    return sum(x.value for x in samples if x.labels.get("api") == "fetch")
+
+
 def committed_offsets(bootstrap: str, group: str, topic: str, partitions) -> dict[int, int]:
     """partition -> ``group``'s committed offset on ``topic``, as confluent-kafka reads it."""
     from confluent_kafka import Consumer, TopicPartition

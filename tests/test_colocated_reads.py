@@ -30,20 +30,7 @@ from stratalog.colocated_format import IDENTITY_FILE, SLOT_SIZE, SLOTS_DIR
 from stratalog.config import ConfigError
 from stratalog.storage import reaper
 
-from .conftest import create_topic, scrape_metrics
-
-
-def _produce(bootstrap: str, topic: str, partitions: int, n: int, **conf: str) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 8192, **conf})
-    for i in range(n):
-        while True:
-            try:
-                value = b"value-%d-" % i * 8
-                p.produce(topic, key=b"k%d" % i, value=value, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
-    assert p.flush(30) == 0
+from .conftest import create_topic, fetch_requests, produce_keyed
 
 
 def _table(batches: list[pa.RecordBatch]) -> pa.Table:
@@ -55,9 +42,7 @@ def _end(client: WireClient, topic: str, partition: int) -> int:
 
 
 def _fetches(b: Broker) -> float:
-    """Fetch requests the broker has answered (its own metrics, scraped)."""
-    samples = scrape_metrics(b.service.core.admin_address, "stratalog_requests_total")
-    return sum(x.value for x in samples if x.labels.get("api") == "fetch")
+    return fetch_requests(b.service.core.admin_address)
 
 
 def _open_files() -> list[str]:
@@ -90,9 +75,9 @@ def test_colocated_reads_equal_fetch_over_shared_logs_segments_and_codecs(tmp_pa
     with Broker(tmp_path / "d", config=config) as b:
         create_topic(b.bootstrap, "a", 3)
         create_topic(b.bootstrap, "b", 1)
-        _produce(b.bootstrap, "a", 3, 3000)
-        _produce(b.bootstrap, "b", 1, 1000, **{"compression.type": "lz4"})
-        _produce(b.bootstrap, "a", 3, 600, **{"compression.type": "zstd"})
+        produce_keyed(b.bootstrap, "a", 3, 3000)
+        produce_keyed(b.bootstrap, "b", 1, 1000, **{"compression.type": "lz4"})
+        produce_keyed(b.bootstrap, "a", 3, 600, **{"compression.type": "zstd"})
         tx = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "t1"})
         tx.init_transactions(30)
         tx.begin_transaction()
@@ -101,6 +86,11 @@ def test_colocated_reads_equal_fetch_over_shared_logs_segments_and_codecs(tmp_pa
         segments = list((b.core.store.root / "v0").glob("*.log"))
         assert len(segments) > 2, segments
         with WireClient(b.bootstrap) as c:
+            # The commit's marker is written after EndTxn answers: wait for it (a stable end).
+            deadline = time.monotonic() + 10
+            while _end(c, "a", 0) < 1202:
+                assert time.monotonic() < deadline, "no commit marker"
+                time.sleep(0.05)
             for topic, part in [("a", 0), ("a", 1), ("a", 2), ("b", 0)]:
                 end = _end(c, topic, part)
                 local = find(c, topic, part)
@@ -176,7 +166,7 @@ def test_the_cold_tier_is_read_through_fetch(tmp_path: Path) -> None:
     }
     with Broker(tmp_path / "d", config=config) as b:
         create_topic(b.bootstrap, "tiered", 1)
-        _produce(b.bootstrap, "tiered", 1, 3000)
+        produce_keyed(b.bootstrap, "tiered", 1, 3000)
         with WireClient(b.bootstrap) as c:
             local = find(c, "tiered", 0)
             assert local is not None
@@ -199,7 +189,7 @@ def test_segments_deleted_under_a_reader_fall_back(tmp_path: Path) -> None:
     config = {"segment.bytes": 32 * 1024, "retention.check.interval.ms": 3_600_000}
     with Broker(tmp_path / "d", config=config) as b:
         create_topic(b.bootstrap, "r", 1, **{"retention.bytes": "60000"})
-        _produce(b.bootstrap, "r", 1, 1500)
+        produce_keyed(b.bootstrap, "r", 1, 1500)
         with WireClient(b.bootstrap) as c:
             local = find(c, "r", 0)
             assert local is not None
@@ -245,7 +235,7 @@ def test_slot_file_modes_decide_who_reads_directly(mode: str, direct: bool) -> N
     try:
         with Broker(top / "d", config={"storage.read_slots.mode": mode}) as b:
             create_topic(b.bootstrap, "p", 1)
-            _produce(b.bootstrap, "p", 1, 500)
+            produce_keyed(b.bootstrap, "p", 1, 500)
             out = subprocess.run(
                 [sys.executable, "-c", _AS_NOBODY, b.bootstrap],
                 capture_output=True,
@@ -264,7 +254,7 @@ def test_another_brokers_files_or_a_damaged_slot_are_not_read(tmp_path: Path) ->
     are not a slot reads as None (the caller fetches)."""
     with Broker(tmp_path / "d") as b:
         create_topic(b.bootstrap, "x", 1)
-        _produce(b.bootstrap, "x", 1, 100)
+        produce_keyed(b.bootstrap, "x", 1, 100)
         root = b.core.store.root
         identity = root / SLOTS_DIR / IDENTITY_FILE
         saved = identity.read_bytes()
@@ -293,14 +283,14 @@ def test_a_reader_follows_a_restarted_broker(tmp_path: Path) -> None:
     b = Broker(restartable).start()
     try:
         create_topic(b.bootstrap, "re", 1)
-        _produce(b.bootstrap, "re", 1, 300)
+        produce_keyed(b.bootstrap, "re", 1, 300)
         port = int(b.bootstrap.rsplit(":", 1)[1])
         with WireClient(b.bootstrap) as c:
             local = find(c, "re", 0)
             assert local is not None
         b.stop()
         b = Broker(restartable, port=port).start()
-        _produce(b.bootstrap, "re", 1, 300)
+        produce_keyed(b.bootstrap, "re", 1, 300)
         with WireClient(b.bootstrap) as c, local:
             end = _end(c, "re", 0)
             assert end == 600

@@ -286,6 +286,9 @@ class ColocatedPartition:
         fd = self._fd(seq, seg, log_dir)
         at = seg.scanned
         while at < limit:
+            if sealed and limit - at < _HEAD:
+                seg.scanned = limit  # too short for a frame: the last block's O_DIRECT padding
+                return
             block = os.pread(fd, min(_SCAN_BLOCK, limit - at), at)
             if len(block) < min(_HEAD, limit - at):
                 raise OSError(f"segment {seq} is shorter than its slot says")

@@ -15,7 +15,8 @@ import java.util.Map;
 
 /**
  * A blocking Kafka-protocol connection to one broker, for the requests the connector makes:
- * Metadata, ApiVersions, ListOffsets, Fetch and Produce ({@link LeaderMap} picks the broker).
+ * Metadata, ApiVersions, ListOffsets, Fetch, Produce and DescribeLogDirs ({@link LeaderMap}
+ * picks the broker).
  * Fetch answers are read into one reusable array and their record bytes are handed out as
  * positions in it, so the decoder copies each value once, into its column. Versions are fixed
  * at ones every Kafka 2.x-4.x broker and Stratalog accept (non-flexible).
@@ -33,6 +34,8 @@ final class KafkaWire implements Closeable {
   private static final short PRODUCE = 0;
   private static final short PRODUCE_V = 7; // v3+: record batches of magic 2
   private static final short API_VERSIONS = 18;
+  private static final short DESCRIBE_LOG_DIRS = 35;
+  private static final short DESCRIBE_LOG_DIRS_V = 1; // v1: as v0, the last non-flexible one
   static final short END_TXN = 26;
 
   private final String host;
@@ -182,8 +185,9 @@ final class KafkaWire implements Closeable {
     }
   }
 
-  /** A Metadata answer: the brokers (node id -> "host:port") and the topics. */
+  /** A Metadata answer: the cluster id, the brokers (node id -> "host:port") and the topics. */
   static final class Metadata {
+    String clusterId; // null when the broker does not say
     final Map<Integer, String> brokers = new LinkedHashMap<>();
     final Map<String, TopicMeta> topics = new LinkedHashMap<>();
   }
@@ -230,7 +234,7 @@ final class KafkaWire implements Closeable {
       readString(bb); // rack
       md.brokers.put(node, (h.contains(":") ? "[" + h + "]" : h) + ":" + p);
     }
-    readString(bb); // cluster id
+    md.clusterId = readString(bb);
     bb.getInt(); // controller
     for (int i = bb.getInt(); i > 0; i--) {
       short err = bb.getShort();
@@ -253,6 +257,41 @@ final class KafkaWire implements Closeable {
   private static void skipInts(ByteBuffer bb) {
     int n = bb.getInt();
     bb.position(bb.position() + 4 * Math.max(n, 0));
+  }
+
+  // -- DescribeLogDirs -------------------------------------------------------------------------
+
+  /**
+   * The log directory of this broker that holds the partition's current log (not a future one
+   * being moved), or null when the broker lists none for it (an error, another leader).
+   */
+  String logDirOf(String topic, int partition) throws IOException {
+    Body req = header(DESCRIBE_LOG_DIRS, DESCRIBE_LOG_DIRS_V);
+    req.w.writeInt(1); // topics (a nullable array: null would be every topic)
+    req.string(topic);
+    req.w.writeInt(1); // partitions
+    req.w.writeInt(partition);
+    ByteBuffer bb = call(req);
+    bb.getInt(); // throttle
+    String found = null;
+    for (int i = bb.getInt(); i > 0; i--) {
+      short err = bb.getShort();
+      String dir = readString(bb);
+      for (int t = bb.getInt(); t > 0; t--) {
+        String name = readString(bb);
+        for (int p = bb.getInt(); p > 0; p--) {
+          int index = bb.getInt();
+          bb.getLong(); // partition size
+          bb.getLong(); // offset lag
+          boolean future = bb.get() != 0;
+          if (err == 0 && found == null && !future && index == partition
+              && topic.equals(name)) {
+            found = dir;
+          }
+        }
+      }
+    }
+    return found;
   }
 
   // -- ListOffsets -----------------------------------------------------------------------------

@@ -177,6 +177,11 @@ final class LeaderMap implements Closeable {
   /** Metadata (see {@link KafkaWire#metadata}), learning the brokers and leaders from it. */
   Map<String, KafkaWire.TopicMeta> metadata(List<String> topics, boolean allowAutoCreate)
       throws IOException {
+    return refresh(topics, allowAutoCreate).topics;
+  }
+
+  private KafkaWire.Metadata refresh(List<String> topics, boolean allowAutoCreate)
+      throws IOException {
     KafkaWire.Metadata md = onAnyBroker(w -> w.metadata(topics, allowAutoCreate));
     brokers = md.brokers; // a broker no longer listed is gone
     for (KafkaWire.TopicMeta tm : md.topics.values()) {
@@ -192,11 +197,49 @@ final class LeaderMap implements Closeable {
         }
       }
     }
-    return md.topics;
+    return md;
   }
 
   Map<String, KafkaWire.TopicMeta> metadata(List<String> topics) throws IOException {
     return metadata(topics, false);
+  }
+
+  /**
+   * Where the partition's leader keeps it: {cluster id, the leader's node id, the leader's log
+   * directory holding it} from Metadata and the leader's DescribeLogDirs, or null when the
+   * leader is not known or does not say (an old broker, an error, no such partition). A lost
+   * connection is forgotten (the next request makes another), not thrown.
+   */
+  LogDir leaderLogDir(String topic, int partition) throws IOException {
+    KafkaWire.Metadata md = refresh(List.of(topic), false);
+    Integer node = leaders.get(key(topic, partition));
+    if (node == null || node < 0) {
+      return null;
+    }
+    KafkaWire c = connection(node);
+    String dir;
+    try {
+      dir = c.logDirOf(topic, partition);
+    } catch (KafkaWire.KafkaError | WireSecurity.Refused e) {
+      return null;
+    } catch (IOException e) {
+      lost(c, node); // a broker that closed the connection on an unknown request, say
+      return null;
+    }
+    return dir == null ? null : new LogDir(md.clusterId, node, dir);
+  }
+
+  /** See {@link #leaderLogDir}. */
+  static final class LogDir {
+    final String clusterId; // null when Metadata does not name the cluster
+    final int node;
+    final String path;
+
+    LogDir(String clusterId, int node, String path) {
+      this.clusterId = clusterId;
+      this.node = node;
+      this.path = path;
+    }
   }
 
   /** The API keys a broker serves. */

@@ -17,7 +17,10 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * range (deleted by retention, or an end past the data) fail the task unless failOnDataLoss is
  * false, as in Spark's Kafka source. With read_committed, fetches end at the last stable
  * offset and the batches of aborted transactions are skipped ({@link AbortedTransactions}):
- * their offsets, like the markers', are gaps.
+ * their offsets, like the markers', are gaps. When the partition's leader runs on this host
+ * (colocatedReads, the default), the range is read from the leader's segment files instead
+ * ({@link ColocatedPartition}), and through Fetch for whatever the files do not answer (the cold
+ * tier, a stale slot, a partition led elsewhere); read_committed always fetches.
  */
 final class RangeReader implements PartitionReader<ColumnarBatch> {
   static final int ROWS = 4096;
@@ -38,6 +41,10 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   private int pos;
   private int fetchBytes;
   private long nextAtFetch = -1; // where the answer being decoded was asked from
+  private ColocatedPartition local; // the leader's files, when on this host
+  private boolean localLooked;
+  private boolean fetchedLocally; // the answer being decoded came from the files
+  private long notLocalAt = -1; // an offset the files answered without progress: fetch it
 
   RangeReader(OffsetRange range, ReadOptions opts, StructType readSchema) {
     this.range = range;
@@ -67,7 +74,9 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     int rows = 0;
     while (rows < ROWS && next < range.until) {
       if (fetched == null || pos >= fetched.end) {
-        if (fetched != null && next == nextAtFetch) {
+        if (fetched != null && next == nextAtFetch && fetchedLocally) {
+          notLocalAt = next; // the files said nothing of it: Fetch decides
+        } else if (fetched != null && next == nextAtFetch) {
           // A whole answer of batches, none reaching the offset asked for: asking again
           // would get the same answer.
           throw new IOException("the broker answered a fetch of " + range.topic + "-"
@@ -82,7 +91,9 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
       byte[] b = fetched.array;
       if (fetched.end - pos < 12
           || pos + RecordDecoder.batchSize(b, pos) > fetched.end) {
-        if (next == nextAtFetch) {
+        if (next == nextAtFetch && fetchedLocally) {
+          notLocalAt = next; // not what the files' index promised: fetch it
+        } else if (next == nextAtFetch) {
           // Nothing at or after the offset came whole: the batch holding it is larger than
           // what was asked for (a broker may cut it at the limit). Ask for more.
           growFetch(fetched.end - pos < 12 ? 0 : RecordDecoder.batchSize(b, pos));
@@ -118,6 +129,24 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     if (wire == null) {
       // One connection, to the leader planning saw; another only if the leader moved since.
       wire = new LeaderMap(range.brokers, opts.pollTimeoutMs, opts.security);
+    }
+    fetchedLocally = false;
+    if (opts.colocatedReads && !opts.readCommitted) {
+      if (!localLooked) {
+        localLooked = true;
+        local = ColocatedPartition.find(wire, range.topic, range.partition);
+      }
+      if (local != null && next != notLocalAt) {
+        KafkaWire.FetchedPartition got = local.read(next, fetchBytes);
+        if (got != null && got.end - got.start >= 12) {
+          fetched = got;
+          pos = got.start;
+          aborted.reset(got.aborted);
+          fetchedLocally = true;
+          return true;
+        }
+        // Not there (cold tier, a stale or withdrawn slot) or past its end: ask Fetch.
+      }
     }
     long deadline = System.currentTimeMillis() + opts.pollTimeoutMs;
     while (true) {
@@ -185,6 +214,9 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
   @Override
   public void close() throws IOException {
     batch.close();
+    if (local != null) {
+      local.close();
+    }
     if (wire != null) {
       wire.close();
     }

@@ -45,6 +45,8 @@ final class ReadOptions implements Serializable {
   final int pollTimeoutMs;
   final int fetchMaxBytes;
   final boolean readCommitted;
+  // Read the leader's files when it runs on the executor's host (ColocatedPartition).
+  final boolean colocatedReads;
   final WireSecurity security; // TLS and SASL, from the kafka.* options
 
   private static final String[][] UNSUPPORTED = {
@@ -151,6 +153,7 @@ final class ReadOptions implements Serializable {
     maxOffsetsPerTrigger = positiveInt(o, "maxOffsetsPerTrigger");
     failOnDataLoss = bool(o, "failOnDataLoss", true);
     includeHeaders = bool(o, "includeHeaders", false);
+    colocatedReads = bool(o, "colocatedReads", true);
     Integer poll = positiveInt(o, "kafkaConsumer.pollTimeoutMs");
     pollTimeoutMs = poll == null ? 120_000 : poll;
     Integer maxBytes = positiveInt(o, "kafka.max.partition.fetch.bytes");
