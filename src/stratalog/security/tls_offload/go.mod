@@ -1,0 +1,3 @@
+module stratalog/tlsoffload
+
+go 1.19
