@@ -71,7 +71,9 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of a process and its reaped children (0 when gone)."""
+    """User + system CPU seconds of a process, its reaped children and its live descendants
+    (a broker's worker processes: the TLS offload process, the backlog sender, the cleaner);
+    0 when gone."""
     if pid is None:
         return 0.0
     try:
@@ -81,7 +83,23 @@ def process_cpu_s(pid: int | None) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     # utime, stime, cutime, cstime are fields 14..17 of stat(5); fields[] starts at field 3.
-    return sum(int(x) for x in fields[11:15]) / _CLK_TCK
+    own = sum(int(x) for x in fields[11:15]) / _CLK_TCK
+    return own + sum(process_cpu_s(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
 
 
 class Target(ABC):
