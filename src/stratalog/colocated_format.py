@@ -42,6 +42,10 @@ COUNTER_AT = 8
 # hot start (first offset in the hot tier's segments), end_seq, end_pos, log name (32 bytes)
 SLOT = struct.Struct("<4sHHQIiQqqqqq32s")
 SLOT_SIZE = 128
+# Where the range fields start (high watermark, log start, hot start, end_seq, end_pos: what
+# each new high watermark rewrites) and their layout.
+RANGE_AT = struct.calcsize("<4sHHQIiQ")
+RANGE = struct.Struct("<qqqqq")
 # Flags: what a reader must respect before reading anything.
 READABLE = 1  # this broker leads the partition and the slot is current
 DAMAGED = 2  # the partition has lost ranges (storage/damage.py): read them through Fetch

@@ -430,6 +430,24 @@ class ChunkIndex:
         seg = self._pseg[bisect_right(self._pend, i)]
         return ChunkLocation(c.base[j], c.last[j], seg, c.pos[j], c.size[j], c.maxts[j])
 
+    def end_below(self, offset: int) -> tuple[int, int]:
+        """(segment, end position) of the last chunk whose last offset is below ``offset``,
+        (-1, -1) if none: where the partition's readable bytes end (read slots). Fast when that
+        chunk is dense, as the high watermark's is."""
+        last = self._last
+        j = len(last) - 1
+        while j >= 0 and last[j] >= offset:
+            j -= 1
+        if j >= 0:
+            return self._seg[j], self._pos[j] + self._size[j]
+        i = self._nlazy - 1
+        while i >= 0 and self.last_of(i) >= offset:
+            i -= 1
+        if i < 0:
+            return -1, -1
+        loc = self[i]
+        return loc.segment, loc.position + loc.size
+
     @property
     def first_offset(self) -> int | None:
         if self._pbase:

@@ -611,7 +611,7 @@ class PartitionLog:
             if self.txns.completing:
                 self.txns.on_high_watermark(offset)
             if self.slot is not None:
-                self.slot.publish(self)
+                self.slot.publish_end(self)
             self._wake()
 
     def publish(self) -> None:
