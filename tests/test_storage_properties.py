@@ -243,6 +243,9 @@ class ChunkIndexMachine(RuleBasedStateMachine):
                 cands = [(r[5], -i) for i, r in enumerate(self.model) if r[1] < below]
                 want = -max(cands)[1] if cands else -1
                 assert self.idx.argmax_timestamp(below) == want
+                # Where the readable bytes end below it (read slots): the last such chunk's.
+                ends = [(r[2], r[3] + r[4]) for r in self.model if r[1] < below]
+                assert self.idx.end_below(below) == (ends[-1] if ends else (-1, -1))
         else:
             assert rng is None
         assert self.idx.segments() == {r[2] for r in self.model}
