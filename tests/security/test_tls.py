@@ -11,7 +11,6 @@ work stop the broker at start with a message naming the file or setting.
 
 from __future__ import annotations
 
-import socket
 import ssl
 import subprocess
 import sys
@@ -26,11 +25,11 @@ from confluent_kafka.admin import AdminClient
 from stratalog import Broker
 from stratalog.broker import metrics
 from stratalog.config import ConfigError
-from stratalog.protocol import codec
 
 from ..conftest import REPO, create_topic, read_values
 from .clients import CLIENTS, Security, roundtrip
 from .conftest import PLAIN_USERS, secure_config
+from .tls_wire import api_versions, tls_socket
 
 
 @pytest.fixture(scope="module")
@@ -76,36 +75,12 @@ def test_metadata_answers_with_the_listener_the_client_came_in_on(broker, certs)
 
 
 def _tls_socket(broker: Broker, certs: dict[str, Path], stem: str | None) -> ssl.SSLSocket:
-    ctx = ssl.create_default_context(cafile=str(certs["ca.pem"]))
-    if stem is not None:
-        ctx.load_cert_chain(str(certs[f"{stem}.pem"]))
-    host, port = broker.bootstraps["SSL"].rsplit(":", 1)
-    raw = socket.create_connection((host, int(port)), timeout=10)
-    return ctx.wrap_socket(raw, server_hostname=host)
-
-
-def _api_versions(sock: socket.socket) -> int:
-    """Send ApiVersions v0 and return the answer's error code."""
-    body = codec.build(codec.request_class(18, 0))
-    sock.sendall(codec.encode_request(18, 0, 7, "tls-test", body))
-    size = int.from_bytes(_read(sock, 4), "big")
-    _cid, resp = codec.decode_response(18, 0, _read(sock, size))
-    return int(resp.error_code)
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed")
-        out += chunk
-    return out
+    return tls_socket(broker.bootstraps["SSL"], certs, stem)
 
 
 def test_client_certificate_subject_is_the_principal(broker, certs):
     with _tls_socket(broker, certs, "client") as s:
-        assert _api_versions(s) == 0
+        assert api_versions(s) == 0
         ssl_server = next(x for x in broker.service.servers if x.listener.name == "SSL")
         principals = broker.call(lambda: [c.principal for c in ssl_server.connections])
         assert "User:CN=client,O=Stratalog test" in principals
@@ -117,14 +92,14 @@ def test_handshake_fails_without_a_trusted_client_certificate(broker, certs, ste
         with _tls_socket(broker, certs, stem) as s:
             # TLS 1.3 finishes the client's side before the server checks its certificate:
             # the refusal arrives as an alert on the first read.
-            _api_versions(s)
+            api_versions(s)
     except (ssl.SSLError, ConnectionError, OSError) as e:
         assert not isinstance(e, TimeoutError), e
     else:
         raise AssertionError("the broker served a client without a trusted certificate")
     # Other clients are served throughout.
     with _tls_socket(broker, certs, "client") as s:
-        assert _api_versions(s) == 0
+        assert api_versions(s) == 0
     # A failed handshake leaves no connection behind in the listener's set (it was kept from
     # its creation, and a connection never made is never lost); the good one above is gone too.
     server = next(x for x in broker.service.servers if x.listener.name == "SSL")

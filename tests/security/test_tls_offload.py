@@ -25,11 +25,11 @@ import pytest
 
 from stratalog import Broker
 from stratalog.broker import metrics
-from stratalog.protocol import codec
 
 from ..conftest import create_topic
 from .clients import Security, roundtrip
 from .conftest import SCRAM_USERS, add_scram_users, secure_config
+from .tls_wire import api_versions, tls_socket
 
 
 @pytest.fixture(scope="module")
@@ -79,35 +79,12 @@ def test_round_trip_over_offloaded_sasl_ssl(broker, certs, mechanism):
 
 
 def _tls_socket(broker: Broker, certs: dict[str, Path], stem: str | None) -> ssl.SSLSocket:
-    ctx = ssl.create_default_context(cafile=str(certs["ca.pem"]))
-    if stem is not None:
-        ctx.load_cert_chain(str(certs[f"{stem}.pem"]))
-    host, port = broker.bootstraps["SSL"].rsplit(":", 1)
-    raw = socket.create_connection((host, int(port)), timeout=10)
-    return ctx.wrap_socket(raw, server_hostname=host)
-
-
-def _api_versions(sock: socket.socket) -> int:
-    body = codec.build(codec.request_class(18, 0))
-    sock.sendall(codec.encode_request(18, 0, 7, "offload-test", body))
-    size = int.from_bytes(_read(sock, 4), "big")
-    _cid, resp = codec.decode_response(18, 0, _read(sock, size))
-    return int(resp.error_code)
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed")
-        out += chunk
-    return out
+    return tls_socket(broker.bootstraps["SSL"], certs, stem)
 
 
 def test_principals_and_client_addresses_come_through(broker, certs):
     with _tls_socket(broker, certs, "client") as s:
-        assert _api_versions(s) == 0
+        assert api_versions(s) == 0
         assert "User:CN=client,O=Stratalog test" in _principals(broker, "SSL")
         server = _server(broker, "SSL")
         peers = broker.call(lambda: [c.peer for c in server.connections])
@@ -118,13 +95,13 @@ def test_principals_and_client_addresses_come_through(broker, certs):
 def test_a_client_without_a_trusted_certificate_is_refused(broker, certs, stem):
     try:
         with _tls_socket(broker, certs, stem) as s:
-            _api_versions(s)  # (TLS 1.3: the refusal arrives as an alert on the first read)
+            api_versions(s)  # (TLS 1.3: the refusal arrives as an alert on the first read)
     except (ssl.SSLError, ConnectionError, OSError) as e:
         assert not isinstance(e, TimeoutError), e
     else:
         raise AssertionError("a client without a trusted certificate was served")
     with _tls_socket(broker, certs, "client") as s:
-        assert _api_versions(s) == 0
+        assert api_versions(s) == 0
 
 
 def test_fetches_over_offloaded_tls_go_out_by_sendfile(broker, certs):
@@ -168,7 +145,7 @@ def test_bytes_that_are_not_a_proxy_header_close_that_connection_only(broker, ce
         raw.sendall(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 64)
         assert raw.recv(100) == b""  # closed by the broker
     with _tls_socket(broker, certs, "client") as s:
-        assert _api_versions(s) == 0
+        assert api_versions(s) == 0
 
 
 def test_the_offload_process_is_started_again_after_kill_9(broker, certs):
@@ -179,7 +156,7 @@ def test_the_offload_process_is_started_again_after_kill_9(broker, certs):
     while True:
         try:
             with _tls_socket(broker, certs, "client") as s:
-                assert _api_versions(s) == 0
+                assert api_versions(s) == 0
             break
         except OSError:
             assert time.monotonic() < deadline, "the offload process did not come back"

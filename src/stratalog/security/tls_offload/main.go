@@ -137,13 +137,49 @@ func serve(raw *net.TCPConn, config *tls.Config, upstream string, bound time.Dur
 	}
 	done := make(chan struct{})
 	go func() {
-		io.CopyBuffer(broker, conn, make([]byte, copyBuffer))
+		toBroker(broker, conn, raw)
 		broker.CloseWrite()
 		close(done)
 	}()
 	io.CopyBuffer(conn, broker, make([]byte, copyBuffer))
 	conn.CloseWrite()
 	<-done
+}
+
+// toBroker copies the client's bytes to the broker, a write for all the records that have
+// arrived rather than one per TLS record: a client's records can be small (librdkafka writes
+// each piece of a request on its own), and each write wakes the broker's event loop, whose
+// per-read cost is what this process is there to save. After a read that waited, the records
+// already received are taken without waiting (an expired read deadline ends the round).
+func toBroker(broker *net.UnixConn, conn *tls.Conn, raw *net.TCPConn) {
+	buf := make([]byte, copyBuffer)
+	past := time.Unix(1, 0)
+	for {
+		n, err := conn.Read(buf)
+		if n > 0 && err == nil {
+			conn.SetReadDeadline(past)
+			for n < len(buf) {
+				m, more := conn.Read(buf[n:])
+				n += m
+				if more != nil {
+					var timeout net.Error
+					if !errors.As(more, &timeout) || !timeout.Timeout() {
+						err = more
+					}
+					break
+				}
+			}
+			conn.SetReadDeadline(time.Time{})
+		}
+		if n > 0 {
+			if _, werr := broker.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // header is a PROXY protocol v2 header (PROXY command, TCP) with the client's certificate in
