@@ -9,12 +9,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup system-deps kafka-deps tls-offload bench-deps bench bench-quick bench-cluster lint kafka clean
+.PHONY: run test setup system-deps kafka-deps bench-deps bench bench-quick bench-cluster lint kafka clean
 
 run: setup
 	$(PY) -m stratalog.pipeline.flights
 
-test: setup kafka-deps tls-offload
+test: setup kafka-deps
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/pytest -n 3 --dist loadgroup
 
@@ -35,10 +35,6 @@ $(STAMP): pyproject.toml setup.py src/stratalog/client/_columns.c
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $(STAMP)
-
-# The TLS offload process (ssl.offload), built once with the machine's Go into ~/.cache/stratalog.
-tls-offload: $(STAMP)
-	@$(PY) -c 'from stratalog.security.tls_offload import binary; print("TLS offload process:", binary())'
 
 # The benchmark's peers (NATS, Redis, fio) are system packages that setup installs too.
 bench-deps: setup kafka-deps

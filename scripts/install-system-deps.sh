@@ -25,8 +25,6 @@ declare -A wanted=(
   # WebDriver.
   [chromium]=chromium
   [chromedriver]=chromium-driver
-  # Builds the TLS offload process (ssl.offload: src/stratalog/security/tls_offload/main.go).
-  [go]=golang-go
 )
 for extra in "$@"; do wanted[${extra%%:*}]=${extra#*:}; done
 

@@ -89,14 +89,6 @@ SETTINGS: dict[str, Setting] = {
             "certificate's subject is the principal).",
         ),
         _S(
-            "ssl.offload",
-            bool,
-            False,
-            "Terminate the TLS of SSL and SASL_SSL listeners in a process of its own (a small "
-            "Go program built on first use) that hands connections to the broker in clear over "
-            "a private Unix socket: TLS off the event loop, and sendfile for fetches again.",
-        ),
-        _S(
             "ssl.enabled.protocols",
             str,
             "TLSv1.2,TLSv1.3",

@@ -22,7 +22,7 @@ from stratalog.broker.core import BrokerCore
 from stratalog.broker.dispatch import make_dispatch, request_timers
 from stratalog.broker.server import KafkaServer
 from stratalog.broker.stopping import BoundedStop
-from stratalog.config import BrokerConfig, ConfigError
+from stratalog.config import BrokerConfig
 from stratalog.security.listeners import PLAINTEXT, SSL, Listener
 from stratalog.security.listeners import resolve as resolve_listeners
 
@@ -50,19 +50,6 @@ def _tls_context(config: BrokerConfig, listener: Listener):
     return server_context(config, None if listener.protocol == SSL else "none")
 
 
-def _offload(config: BrokerConfig, listener: Listener):
-    """The TLS offload process of an SSL or SASL_SSL listener with ``ssl.offload`` (None
-    otherwise); raises ConfigError when it cannot be built."""
-    if not (listener.tls and config["ssl.offload"]):
-        return None
-    from stratalog.security.tls_offload import OffloadError, TlsOffload
-
-    try:
-        return TlsOffload(config, listener)
-    except OffloadError as e:
-        raise ConfigError(f"ssl.offload: {e}") from None
-
-
 class BrokerService:
     """Core plus listener, started and stopped inside one event loop."""
 
@@ -85,7 +72,6 @@ class BrokerService:
                 ssl_context=context,
                 authenticator=self._authenticators() if listener.sasl else None,
                 sasl_max_bytes=config["sasl.server.max.receive.size"],
-                offload=_offload(config, listener),
             )
             for listener, context in zip(listeners, contexts, strict=True)
         ]

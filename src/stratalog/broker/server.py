@@ -614,10 +614,7 @@ class KafkaServer:
         ssl_context: Any = None,
         authenticator: Callable[[], Any] | None = None,
         sasl_max_bytes: int = 0,
-        offload: Any = None,
     ) -> None:
-        """``offload``: a TlsOffload (security/tls_offload.py) that terminates this TLS
-        listener's connections in a process of its own and hands them over a Unix socket."""
         self._dispatch = dispatch
         self._timers = timers
         self.host = host
@@ -629,22 +626,11 @@ class KafkaServer:
         self._ssl = ssl_context
         self._authenticator = authenticator  # a new SaslAuthenticator per connection
         self._sasl_max_bytes = sasl_max_bytes
-        self._offload = offload
 
     async def start(self, serve: bool = True) -> None:
         """Bind the listener (the port is known from here on); with ``serve`` False, accept
         connections only once ``serve()`` is called (a cluster member, after it joined)."""
         loop = asyncio.get_running_loop()
-        if self._offload is not None:
-            path = str(self._offload.socket_path)
-            self._server = await loop.create_unix_server(
-                self._connection, path, backlog=1024, start_serving=serve
-            )
-            os.chmod(path, 0o600)
-            self.port = await self._offload.start(self.host, self.port)
-            if self.listener is not None:
-                self.listener = self.listener.bound(self.port)
-            return
         self._server = await loop.create_server(
             self._connection,
             self.host,
@@ -660,13 +646,7 @@ class KafkaServer:
 
     def _connection(self) -> ClientConnection:
         auth = self._authenticator
-        kind: type[ClientConnection] = (
-            ClientConnection if self._ssl is None else TlsClientConnection
-        )
-        if self._offload is not None:
-            from stratalog.broker.proxied_connection import ProxiedConnection
-
-            kind = ProxiedConnection
+        kind = ClientConnection if self._ssl is None else TlsClientConnection
         return kind(
             self._dispatch,
             self._max_request_bytes,
@@ -689,8 +669,6 @@ class KafkaServer:
         self.connections.discard(c)
 
     async def stop(self) -> None:
-        if self._offload is not None:
-            await self._offload.stop()
         if self._server is not None:
             self._server.close()
             for c in list(self.connections):

@@ -156,12 +156,6 @@ def principal_of(ssl_object: Any) -> str:
         der = ssl_object.getpeercert(binary_form=True)
     except (ValueError, ssl.SSLError):
         return ANONYMOUS
-    return principal_of_der(der)
-
-
-def principal_of_der(der: bytes | None) -> str:
-    """``User:<subject>`` of a verified client certificate given as DER (the broker's own TLS,
-    or the offload process's PROXY header), else ``User:ANONYMOUS``."""
     if not der:
         return ANONYMOUS
     from cryptography import x509

@@ -1,3 +1,0 @@
-module stratalog/tlsoffload
-
-go 1.19
