@@ -285,3 +285,36 @@ def test_a_refused_ring_is_an_error_when_asked_for_and_the_threads_otherwise():
     ).stdout
     assert "refused: storage.fsync_via=io_uring: io_uring_setup failed:" in out, out
     assert "auto: None" in out, out
+
+
+def test_fsyncs_the_kernel_never_completes_are_finished_on_a_thread(tmp_path, monkeypatch):
+    """A ring that took a group's fsyncs and never completed them (twice seen: completions
+    stopped for minutes): once it is out for LATE_S the group is synced on a thread, and the
+    ring retired, every later group synced there too. (The kernel's part is simulated: the
+    group is counted as taken but never handed over.)"""
+    from stratalog.storage import fsync_ring
+
+    monkeypatch.setenv("STRATALOG_FSYNC_RING_LOSE_GROUP", "2")
+    monkeypatch.setattr(fsync_ring, "LATE_S", 0.5)
+    fds = _files(tmp_path, 2)
+
+    async def run() -> tuple[list[int], list[float], bool, int]:
+        loop = asyncio.get_running_loop()
+        ring = FsyncRing()
+        errors, waits = [], []
+        for _ in range(4):
+            done = loop.create_future()
+            started = time.monotonic()
+            ring.sync(fds, done.set_result)
+            errors.append(await asyncio.wait_for(done, 10))
+            waits.append(time.monotonic() - started)
+        retired, on_thread = ring.retired, ring._thread is not None
+        ring.close()
+        return errors, waits, retired, on_thread
+
+    errors, waits, retired, on_thread = asyncio.run(run())
+    assert errors == [0, 0, 0, 0]
+    assert waits[1] >= 0.5 and max(waits[0], waits[2], waits[3]) < 0.5, waits
+    assert retired and on_thread
+    for fd in fds:
+        os.close(fd)

@@ -30,6 +30,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,10 @@ _CQE = struct.Struct("=Qi")  # user_data res (then flags, unused)
 _CQE_SIZE = 16
 _U32 = struct.Struct("=I")
 WATCH_S = 0.1  # how often the watch looks at fsyncs still out
-LATE_S = 10.0  # an fsync out this long is named in the log
+# An fsync out this long is named in the log and finished on a thread, and the ring retired:
+# twice a broker's ring took fsyncs and never completed them (a soak's, and a MirrorMaker
+# bench's target: completions stopped for minutes while the loop ran on).
+LATE_S = float(os.environ.get("STRATALOG_FSYNC_LATE_S", "10"))
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -65,6 +69,7 @@ class _Group:
 
     remaining: int
     done: Callable[[int], None]
+    fds: tuple[tuple[int, int], ...] = ()  # (fd, fsync flags): what a thread would sync
     error: int = 0
     since: float = 0.0  # monotonic time of its submission
     reported: bool = False  # the watch has said it is late
@@ -107,6 +112,12 @@ class FsyncRing:
         self.unnoticed = 0  # completions the watch found that no eventfd wake-up announced
         self._seen_head = -1  # the completion head at the last watch that saw some waiting
         self.closed = False
+        # Once an fsync was out for LATE_S, every sync runs on a thread of its own instead.
+        self.retired = False
+        self._thread: ThreadPoolExecutor | None = None
+        # Tests: the group of this number is not handed to the kernel although it counts as
+        # taken (what a kernel that never completes it looks like).
+        self._lose_group = int(os.environ.get("STRATALOG_FSYNC_RING_LOSE_GROUP", "0"))
 
     def _map(self, size: int, offset: int) -> mmap.mmap:
         m = mmap.mmap(
@@ -131,12 +142,33 @@ class FsyncRing:
         if not fds and not full:
             asyncio.get_running_loop().call_soon(done, 0)
             return
+        work = tuple((fd, _FSYNC_DATASYNC) for fd in fds) + tuple((fd, 0) for fd in full)
+        if self.retired:
+            self._on_thread(work, done)
+            return
         gid = self._next_id
         self._next_id += 1
-        self._groups[gid] = _Group(len(fds) + len(full), done, since=time.monotonic())
-        self._queued.extend((fd, _FSYNC_DATASYNC, gid) for fd in fds)
-        self._queued.extend((fd, 0, gid) for fd in full)
+        self._groups[gid] = _Group(len(work), done, work, since=time.monotonic())
+        self._queued.extend((fd, flags, gid) for fd, flags in work)
         self._submit()
+
+    def _on_thread(self, work: tuple[tuple[int, int], ...], done: Callable[[int], None]) -> None:
+        """The syncs on a thread of the ring's, ``done`` on the loop after them."""
+        loop = self._loop
+        assert loop is not None
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="stratalog-fsync")
+
+        def run() -> None:
+            err = 0
+            for fd, flags in work:
+                try:
+                    (os.fdatasync if flags & _FSYNC_DATASYNC else os.fsync)(fd)
+                except OSError as e:
+                    err = err or (e.errno or 5)
+            loop.call_soon_threadsafe(done, err)
+
+        self._thread.submit(run)
 
     def _attach(self) -> None:
         loop = asyncio.get_running_loop()
@@ -154,6 +186,9 @@ class FsyncRing:
         n = 0
         while self._queued and self._in_flight < self.capacity:
             fd, flags, gid = self._queued.popleft()
+            if gid == self._lose_group:
+                self._in_flight += 1  # taken, and never to complete
+                continue
             idx = (tail + n) & self._sq_mask
             _SQE.pack_into(self.sqes, idx * _SQE.size, _OP_FSYNC, 0, 0, fd, 0, 0, 0, flags, gid)
             _U32.pack_into(self.sq_ring, self._sq_array + idx * 4, idx)
@@ -255,7 +290,25 @@ class FsyncRing:
                 )
                 for g in late:
                     g.reported = True
+                self._retire(late)
         self._watch_handle = self._loop.call_later(WATCH_S, self._watch)
+
+    def _retire(self, late: list[_Group]) -> None:
+        """Finish the late groups' syncs on a thread (fdatasync waits for what was written
+        before it, so their durability is the same), and make every later one there: a ring
+        that lost completions is not trusted again. A completion that still comes for them is
+        dropped."""
+        if not self.retired:
+            self.retired = True
+            log.error(
+                "io_uring: fsyncs out for %.0f s: finishing them on a thread, and every later "
+                "one; the ring is not used again",
+                LATE_S,
+            )
+        ids = [gid for gid, g in self._groups.items() if g in late]
+        for gid in ids:
+            group = self._groups.pop(gid)
+            self._on_thread(group.fds, group.done)
 
     @property
     def completions_waiting(self) -> int:
@@ -274,6 +327,8 @@ class FsyncRing:
         if self.closed:
             return
         self.closed = True
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
         if self._watch_handle is not None:
             self._watch_handle.cancel()
         if self._loop is not None and not self._loop.is_closed():
