@@ -17,7 +17,7 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from stratalog.storage import page_cache
 from stratalog.storage.batch import (
@@ -54,9 +54,17 @@ from stratalog.storage.virtual_log import VirtualLog, WriteBatch
 
 if TYPE_CHECKING:
     from stratalog.records import Record
-    from stratalog.storage.read_slots import ReadSlot
 
 log = logging.getLogger(__name__)
+
+
+class _Slot(Protocol):
+    """A partition's read slot (read_slots.ReadSlot), as the partition calls it."""
+
+    def publish(self, p: PartitionLog) -> None: ...
+
+    def publish_end(self, p: PartitionLog) -> None: ...
+
 
 _MARKER_READ = 128  # bytes read to tell a transaction marker (about 80 bytes) from data
 
@@ -189,7 +197,7 @@ class PartitionLog:
         # sorted: a read of them answers CORRUPT_MESSAGE, a read before them stops short.
         self.lost: list[tuple[int, int]] = []
         # Co-located readers' view of this partition (read_slots.py), published on each change.
-        self.slot: ReadSlot | None = None
+        self.slot: _Slot | None = None
 
     # -- write path ----------------------------------------------------------------------------
     @property
