@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stratalog.bench.targets import start_serve
+
 MB = 1_000_000
 RECORD = 1024
 TOPIC = "history"
@@ -55,13 +57,8 @@ def _self_cpu() -> float:
 def _start_broker(data_dir: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "stratalog.cli", "serve", "--data-dir", str(data_dir)]
     cmd += ["--port", "0", "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    if "ready at" not in line:
-        proc.kill()
-        raise RuntimeError(f"the broker did not start: {line!r}")
-    return proc, line.strip().rsplit(" ", 1)[1]
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    return start_serve(cmd, data_dir.parent / "broker.log")
 
 
 def _produce(bootstrap: str, total: int, progress) -> int:

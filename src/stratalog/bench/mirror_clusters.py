@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from stratalog.bench.targets import stop_process
+from stratalog.bench.targets import start_serve, stop_process
 
 MB = 1_000_000
 RECORD = 1024
@@ -53,20 +53,7 @@ class _StratalogCluster:
         cmd += ["--data-dir", str(self.workdir / "data"), "--port", "0", "--log-level", "WARNING"]
         for k, v in self.settings.items():
             cmd += ["--set", f"{k}={v}"]
-        with open(self.workdir / "broker.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        if "ready at" not in line:
-            self.stop()
-            raise RuntimeError(f"stratalog serve did not start: {line!r}")
-        self.bootstrap = line.strip().rsplit(" ", 1)[1]
+        self.proc, self.bootstrap = start_serve(cmd, self.workdir / "broker.log")
 
     @property
     def pid(self) -> int | None:

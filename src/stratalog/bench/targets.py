@@ -102,6 +102,23 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def start_serve(cmd: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
+    """Start ``stratalog serve`` (``cmd``), its log appended to ``log_path``; the process and
+    the bootstrap address its "ready at" line gives (an error, the process stopped, if none)."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if "ready at" not in line:
+        stop_process(proc, timeout=60)
+        proc.stdout.close()
+        raise RuntimeError(f"stratalog serve did not start: {line!r}")
+    return proc, line.strip().rsplit(" ", 1)[1]
+
+
 class Target(ABC):
     """A server under test. Subclasses set ``kind`` and implement the abstract methods."""
 
@@ -338,20 +355,7 @@ class StratalogTarget(KafkaProtocolTarget):
             v = v.replace("{fastdir}", str(self.fastdir))
             cmd += ["--set", f"{k}={v}"]
         self.log_path = wd / "broker.log"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        if "ready at" not in line:
-            self.stop()
-            raise RuntimeError(f"stratalog serve did not start: {line!r}")
-        self.bootstrap = line.strip().rsplit(" ", 1)[1]
+        self.proc, self.bootstrap = start_serve(cmd, self.log_path)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
