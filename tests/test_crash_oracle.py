@@ -123,6 +123,11 @@ def _produce_until_killed(
     deadline = time.monotonic() + 20
     while len(acked) < kill_after and time.monotonic() < deadline:
         producer.poll(0.01)
+    # A last burst, not waited for: on a fast run every record sent so far could already be
+    # answered (a fresh-clone run once found nothing in flight).
+    for j in range(len(sent), min(len(sent) + 200, RECORDS)):
+        producer.produce(TOPIC, value=_value(j), partition=j % PARTITIONS, on_delivery=on_delivery)
+        sent.add(_value(j))
     broker.kill()  # with records still in flight
     producer.poll(0.5)
     producer.purge()
