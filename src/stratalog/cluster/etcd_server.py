@@ -218,8 +218,14 @@ class EtcdServer:
         self.proc = None
 
     def pause(self) -> None:
-        """SIGSTOP: it keeps its sockets but answers nothing until ``resume()``."""
+        """SIGSTOP: it keeps its sockets but answers nothing until ``resume()``. Returns once
+        every thread of it has stopped: the signal is delivered asynchronously, and a request
+        sent at once could still be answered (a fresh-clone run saw one)."""
         self._signal(signal.SIGSTOP)
+        assert self.proc is not None
+        deadline = time.monotonic() + 2.0
+        while not _all_stopped(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
@@ -240,3 +246,20 @@ class EtcdServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc), or the process is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state not in ("T", "t"):
+            return False
+    return True
