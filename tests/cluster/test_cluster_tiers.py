@@ -75,6 +75,17 @@ def _hot_segments(c: LocalCluster, node: int, vlog: str) -> set[str]:
     return {p.name for p in d.glob("*.log")}
 
 
+def _hot_log_bytes(c: LocalCluster, node: int, vlog: str) -> int:
+    d = c.brokers[node - 1].data_dir / "logs" / vlog
+    total = 0
+    for p in d.glob("*.log"):
+        try:
+            total += p.stat().st_size
+        except FileNotFoundError:  # migrated between the listing and the stat
+            pass
+    return total
+
+
 def _cold_ranges(cold: Path) -> dict[str, list[tuple[int, int]]] | None:
     """Each partition's cold segments by its manifest, once the directory holds exactly what
     the manifests name (a second upload of a range would be files more); else None (an upload
@@ -126,10 +137,14 @@ def test_only_the_primary_migrates_and_a_new_primary_serves_all_history(tiered):
     def migrated_everywhere() -> bool:
         ranges = [_cold_ranges(d) for d in colds]
         hot = [_hot_segments(c, n, vlog) for n in (primary, *backups)]
+        # The primary is done once its hot tier is down to the threshold (a slow machine sees
+        # segment 0 gone while the next ones are still on their way).
+        settled = _hot_log_bytes(c, primary, vlog) <= 2 * SEGMENT
         # Segment 0 is cold, and every backup dropped exactly the segments its primary did
         # (and, each with a tier of its own, copied exactly the same ranges).
         return (
-            all(ranges)
+            settled
+            and all(ranges)
             and all(r == ranges[0] for r in ranges)
             and "00000000000000000000.log" not in hot[0]
             and all(h == hot[0] for h in hot)

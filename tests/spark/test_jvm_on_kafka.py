@@ -344,10 +344,13 @@ def test_compressed_batches(spark, kafka, kbs, codec):
         for i in range(600)
     ]
     sent = _produce(kbs, topic, recs, **{"compression.type": codec, "linger.ms": 50})
-    # Kafka kept the producer's compressed batches, several records each.
+    # Kafka kept the producer's compressed batches, several records each. (A batch of one
+    # short record may go uncompressed: librdkafka sends it as is when compressing saves
+    # nothing, as it did on a loaded machine for the first record it sent.)
     codec_id = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[codec]
     batches = _batches_on_disk(kafka, topic)
-    assert batches and {b.codec for b in batches} == {codec_id}
+    assert batches and {b.codec for b in batches if b.count > 1} == {codec_id}
+    assert {b.codec for b in batches} <= {0, codec_id}
     assert max(b.count for b in batches) > 1
     ref = _compare(spark, kbs, subscribe=topic, includeHeaders="true")
     assert ref == _expected(sent)

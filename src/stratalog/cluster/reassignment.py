@@ -413,12 +413,14 @@ class Mover:
                 if data is None or data.error_code:
                     await asyncio.sleep(0.1)
                     continue
-                if len(data.records) and p.append_copy(bytes(data.records)) is not None:
-                    continue
+                copied = len(data.records) and p.append_copy(bytes(data.records)) is not None
                 if p.next_offset < data.high_watermark:
-                    await asyncio.sleep(0.05)  # (a batch it already had, or a gap)
+                    if not copied:
+                        await asyncio.sleep(0.05)  # (a batch it already had, or a gap)
                     continue
-                # Caught up with what is committed there.
+                # Caught up with what was committed there when it answered. (Waiting for an
+                # answer with nothing new never ends while producers keep writing: the seal
+                # is what stops them.)
                 if not now.sealing:
                     await self._update(now, lambda x: replace(x, sealing=True))
                     await asyncio.sleep(0.02)  # for the watch to bring it
