@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stratalog import splits
 from stratalog.broker import metrics
+from stratalog.broker.autoscaler import Autoscaler
 from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.consumer_groups import ConsumerGroups
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
@@ -217,6 +219,7 @@ class BrokerCore:
             ),
             self.local_retention,
         )
+        self.autoscaler = Autoscaler(self)  # splits under load (broker/autoscaler.py)
         # Log compaction of cleanup.policy=compact topics (storage/cleaner.py), in a worker
         # process of its own with the same CPUs as migration's.
         self.cleaner = Cleaner(
@@ -343,6 +346,7 @@ class BrokerCore:
         self._tasks.append(asyncio.ensure_future(self.disk.run()))
         self._tasks.append(asyncio.ensure_future(self._checkpoint_loop()))
         self._tasks.append(asyncio.ensure_future(self._retention_loop()))
+        self._tasks.append(asyncio.ensure_future(self.autoscaler.run()))
         if self.store.slots is not None:
             self.store.slots.write_identity(
                 {"cluster_id": self.metadata.cluster_id, "node_id": self.node_id}
@@ -710,11 +714,35 @@ class BrokerCore:
         return self.cluster.set_topic_configs(name, self.metadata.topics[name].topic_id, changes)
 
     def add_partitions(self, name: str, total: int) -> None:
-        new = self.metadata.add_partitions(name, total)
         t = self.metadata.topics[name]
+        if self.topic_config(t).get(splits.AUTOSCALE_ENABLE) == "true":
+            self.split_partitions(name, total)
+            return
+        new = self.metadata.add_partitions(name, total)
         first = len(t.partitions) - len(new)
         for i, uid in enumerate(new):
             self.store.add_partition(name, first + i, uid)
+
+    def split_partitions(self, name: str, total: int) -> None:
+        """Split every partition of ``name`` in two (splits.py): child ``p + N`` goes into the
+        virtual log of its parent ``p``, so the log keeps the family's append order; the
+        history records the new count."""
+        t = self.metadata.topics[name]
+        current = len(t.partitions)
+        if self.cluster is not None:
+            raise MetadataError(
+                "INVALID_REQUEST", "partition splits are not supported in cluster mode yet"
+            )
+        try:
+            history = splits.next_history(t.configs.get(splits.SPLIT_HISTORY), current, total)
+        except splits.SplitError as e:
+            raise MetadataError("INVALID_PARTITIONS", str(e)) from None
+        parents = [self.store.log_of(uid) for uid in t.partitions]
+        new = self.metadata.add_partitions(name, total)
+        for i, uid in enumerate(new):
+            self.store.add_partition(name, current + i, uid, log_name=parents[i])
+        self.metadata.set_configs(name, {splits.SPLIT_HISTORY: history})
+        log.info("split topic %s: %d partitions to %d (history %s)", name, current, total, history)
 
     def auto_create(self, name: str) -> TopicMeta | None:
         """Create ``name`` if auto-creation is on; None when it is off or the name is invalid

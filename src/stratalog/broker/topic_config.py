@@ -25,6 +25,7 @@ class TopicSetting:
     choices: tuple[str, ...] = ()
     low: float | None = None  # Kafka's Range validator: at least
     high: float | None = None  # ... and at most
+    read_only: bool = False  # kept by the broker; AlterConfigs and CreateTopics may not set it
 
 
 _T = TopicSetting
@@ -169,6 +170,46 @@ TOPIC_SETTINGS: dict[str, TopicSetting] = {
             "Largest allowed lead of a batch's timestamp ahead of broker time.",
             default="3600000",
         ),
+        _T(
+            "partition.autoscale.enable",
+            BOOLEAN,
+            "Split the topic's partitions under load (dynamic partitioning, docs/"
+            "dynamic-partitioning.md): each split doubles them, the children in their parents' "
+            "virtual logs; CreatePartitions to twice the count is a split on request, other "
+            "counts are refused.",
+            default="false",
+            choices=("true", "false"),
+        ),
+        _T(
+            "partition.autoscale.bytes.per.sec",
+            LONG,
+            "A split is asked for when a partition takes more than this many bytes per second "
+            "over partition.autoscale.window.ms.",
+            default="8388608",
+            low=1,
+        ),
+        _T(
+            "partition.autoscale.window.ms",
+            LONG,
+            "How long a partition's rate must stay above partition.autoscale.bytes.per.sec.",
+            default="10000",
+            low=100,
+        ),
+        _T(
+            "partition.autoscale.max.partitions",
+            INT,
+            "No split past this many partitions.",
+            default="64",
+            low=1,
+        ),
+        _T(
+            "partition.split.history",
+            STRING,
+            "The topic's partition counts, one per split (read-only): '2,4,8' was created with "
+            "2 and split twice. Readers take each partition's parent from it.",
+            default="",
+            read_only=True,
+        ),
     ]
 }
 
@@ -182,6 +223,8 @@ def validate_topic_configs(configs: dict[str, str | None]) -> dict[str, str | No
         setting = TOPIC_SETTINGS.get(name)
         if setting is None:
             raise TopicConfigError(f"Unknown topic config name: {name}")
+        if setting.read_only:
+            raise TopicConfigError(f"{name} is read-only: the broker keeps it")
         if value is None:
             out[name] = None
             continue
@@ -271,6 +314,7 @@ class TopicConfigView:
                     "name": name,
                     "value": self.get(name),
                     "is_default": name not in self.overrides,
+                    "read_only": s.read_only,
                     "kind": s.kind,
                     "doc": s.doc,
                 }

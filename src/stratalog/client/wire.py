@@ -59,6 +59,8 @@ class PartitionData:
     # (producer id, first offset) of the aborted transactions the records overlap
     # (read_committed answers only)
     aborted: list[tuple[int, int]] | None = None
+    # A split child's (batch base offset, parent offset) order marks (stratalog.splits)
+    order: list[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,5 +696,6 @@ def _fetch_from(conn: BrokerConnection, body: Any, scratch: bool) -> dict[int, P
                 p.records if p.records is not None else b"",
                 p.last_stable_offset,
                 p.aborted,
+                p.order,
             )
     return out

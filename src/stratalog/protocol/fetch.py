@@ -23,7 +23,9 @@ from stratalog.protocol.wire import (
     endpoints_tag,
     leader_tag,
     string,
+    uvarint,
 )
+from stratalog.splits import ORDER_TAG, decode_marks
 
 
 @dataclass(slots=True)
@@ -39,6 +41,7 @@ class PartitionFetchResult:
     current_leader: tuple[int, int] | None = None  # (leader id, leader epoch), KIP-951
     # (producer id, first offset) of the aborted transactions the records overlap
     aborted: list[tuple[int, int]] | None = None
+    order: bytes | None = None  # a split child's order marks (stratalog.splits), v12+
 
 
 def part_size(p: Any) -> int:
@@ -105,10 +108,14 @@ def encode_fetch_response(
                 parts.append(bytes(cur))
                 parts.extend(p.records)
                 cur = bytearray()
-            if hints and p.current_leader is not None:
-                cur += b"\x01" + leader_tag(1, *p.current_leader)
-            elif flexible:
-                cur += TAGS_NONE
+            if flexible:
+                leader = hints and p.current_leader is not None
+                order = p.order is not None
+                cur += uvarint(leader + order)
+                if leader:
+                    cur += leader_tag(1, *p.current_leader)
+                if order:
+                    cur += uvarint(ORDER_TAG) + uvarint(len(p.order)) + p.order
         if flexible:
             cur += TAGS_NONE
     if hints and node_endpoints:
@@ -135,6 +142,7 @@ class FetchedPartition:
     log_start_offset: int
     aborted: list[tuple[int, int]] | None
     records: memoryview | None
+    order: list[tuple[int, int]] | None = None  # a split child's order marks (splits.py)
 
 
 @dataclass(slots=True)
@@ -226,9 +234,13 @@ def decode_fetch_response(version: int, frame: memoryview) -> FetchResponse:
                 r.fixed(I32)  # preferred read replica
             size = r.length(flexible, wide=True)
             records = None if size < 0 else r.take(size)
+            order = None
             if flexible:
-                r.skip_tags()
-            parts.append(FetchedPartition(index, perr, hw, lso, log_start, aborted, records))
+                for _ in range(r.uvarint()):
+                    tag, data = r.uvarint(), r.take(r.uvarint())
+                    if tag == ORDER_TAG:
+                        order = decode_marks(data)
+            parts.append(FetchedPartition(index, perr, hw, lso, log_start, aborted, records, order))
         if flexible:
             r.skip_tags()
         topics.append((topic, parts))

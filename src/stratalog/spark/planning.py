@@ -11,9 +11,12 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from stratalog import splits
+from stratalog.client.admin import topic_configs
 from stratalog.client.wire import WireClient, WireError
 from stratalog.protocol.errors import code
 from stratalog.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
+from stratalog.splits import SPLIT_HISTORY
 
 Offsets = dict[str, dict[int, int]]
 
@@ -251,6 +254,33 @@ def plan_ranges(start: Offsets, end: Offsets, min_partitions: int | None) -> lis
             if e > s:
                 out.append(Range(r.topic, r.partition, s, e))
             s = e
+    return out
+
+
+def split_families(
+    client: WireClient, start: Offsets, end: Offsets
+) -> dict[str, list[list[tuple[int, int, int, int | None]]]]:
+    """Of the topics in ``end`` that were split (stratalog.splits): each family's members as
+    (partition, start, end, parent), parents first; partitions not in ``end`` (split after it
+    was taken) are left for a later batch."""
+    out = {}
+    for t in sorted(end):
+        try:
+            history = topic_configs(client, t).get(SPLIT_HISTORY, {}).get("value")
+        except WireError:
+            continue  # described by nobody (an old broker, no right): read as Kafka's
+        counts = splits.parse_history(history)
+        if not counts:
+            continue
+        begin = start.get(t, {})
+        out[t] = [
+            [
+                (p, begin.get(p, 0), max(begin.get(p, 0), end[t][p]), splits.parent_of(p, counts))
+                for p in family
+                if p in end[t]
+            ]
+            for family in splits.families(counts, max(end[t]) + 1)
+        ]
     return out
 
 

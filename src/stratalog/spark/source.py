@@ -38,6 +38,7 @@ from pyspark.sql.types import (
 )
 
 from stratalog.client.arrow_reader import kafka_schema, read_partition
+from stratalog.client.family_reader import Member, read_family
 from stratalog.client.wire import EARLIEST, WireClient, WireError
 from stratalog.spark import planning, worker_gc
 from stratalog.spark.options import OptionError, SourceOptions, parse_source_options
@@ -82,13 +83,34 @@ def _client(opts: SourceOptions) -> WireClient:
     return WireClient(opts.bootstrap, client_id="stratalog-spark", security=opts.security)
 
 
-def _tasks(client: WireClient, ranges: list[planning.Range]) -> list[InputPartition]:
-    return [
+@dataclass(frozen=True)
+class FamilyRangePartition(InputPartition):
+    """A split partition family (stratalog.splits), read by one task in an order that keeps
+    each key's: (partition, start, end, parent) per member, parents first."""
+
+    topic: str
+    members: tuple[tuple[int, int, int, int | None], ...]
+    leader: str | None = None
+
+
+def _tasks(
+    client: WireClient, start: planning.Offsets, end: planning.Offsets, min_partitions: int | None
+) -> list[InputPartition]:
+    """One task per range (cut to ``min_partitions`` as Spark's Kafka source cuts them); a
+    split topic's families one task each, never cut."""
+    families = planning.split_families(client, start, end)
+    plain = {t: parts for t, parts in end.items() if t not in families}
+    tasks: list[InputPartition] = [
         OffsetRangePartition(
             r.topic, r.partition, r.start, r.end, client.leader_address(r.topic, r.partition)
         )
-        for r in ranges
+        for r in planning.plan_ranges(start, plain, min_partitions)
     ]
+    for t, members in families.items():
+        tasks.extend(
+            FamilyRangePartition(t, tuple(m), client.leader_address(t, m[0][0])) for m in members
+        )
+    return tasks
 
 
 class _Reading:
@@ -102,7 +124,22 @@ class _Reading:
         self.security = opts.security
         self.colocated_reads = opts.colocated_reads
 
-    def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+    def _start(self, client: WireClient, topic: str, partition: int, start: int) -> int:
+        """``start``, or the log start past it (failOnDataLoss=false) when retention cut there."""
+        log_start = client.list_offsets(topic, [partition], EARLIEST)[partition][0]
+        if start < log_start:
+            if self.fail_on_data_loss:
+                raise WireError(
+                    f"offsets {start}..{log_start - 1} of {topic}-{partition} are gone "
+                    "(retention removed them); set failOnDataLoss=false to skip them"
+                )
+            return log_start
+        return start
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, FamilyRangePartition):
+            yield from self._read_family(partition)
+            return
         # Spark substitutes InputPartition(None) when planning found nothing to read.
         if not isinstance(partition, OffsetRangePartition) or partition.end <= partition.start:
             return
@@ -111,17 +148,7 @@ class _Reading:
         if partition.leader:
             bootstrap = f"{partition.leader},{bootstrap}"
         with WireClient(bootstrap, client_id="stratalog-spark", security=self.security) as client:
-            start = partition.start
-            low = client.list_offsets(partition.topic, [partition.partition], EARLIEST)
-            log_start = low[partition.partition][0]
-            if start < log_start:
-                if self.fail_on_data_loss:
-                    raise WireError(
-                        f"offsets {start}..{log_start - 1} of {partition.topic}-"
-                        f"{partition.partition} are gone (retention removed them); set "
-                        "failOnDataLoss=false to skip them"
-                    )
-                start = log_start
+            start = self._start(client, partition.topic, partition.partition, partition.start)
             yield from read_partition(
                 client,
                 partition.topic,
@@ -131,6 +158,24 @@ class _Reading:
                 include_headers=self.include_headers,
                 read_committed=self.read_committed,
                 colocated=self.colocated_reads,
+            )
+
+    def _read_family(self, task: FamilyRangePartition) -> Iterator[pa.RecordBatch]:
+        if all(end <= start for _, start, end, _ in task.members):
+            return
+        worker_gc.freeze_once()
+        bootstrap = f"{task.leader},{self.bootstrap}" if task.leader else self.bootstrap
+        with WireClient(bootstrap, client_id="stratalog-spark", security=self.security) as client:
+            members = [
+                Member(p, self._start(client, task.topic, p, s) if e > s else s, e, parent)
+                for p, s, e, parent in task.members
+            ]
+            yield from read_family(
+                client,
+                task.topic,
+                members,
+                include_headers=self.include_headers,
+                read_committed=self.read_committed,
             )
 
 
@@ -145,10 +190,9 @@ class StratalogBatchReader(DataSourceReader):
             start = planning.resolve_start(client, tps, self.opts, "earliest")
             end = planning.resolve_end(client, tps, self.opts)
             planning.check_batch_ranges(start, end)
-            ranges = planning.plan_ranges(start, end, self.opts.min_partitions)
-            return _tasks(client, ranges)
+            return _tasks(client, start, end, self.opts.min_partitions)
 
-    def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from self._reading.read(partition)
 
 
@@ -250,8 +294,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         else:
             self._check_data_loss(begin, finish)
         self._first_partitions = False
-        ranges = planning.plan_ranges(begin, finish, self.opts.min_partitions)
-        return _tasks(self._wire(), ranges)
+        return _tasks(self._wire(), begin, finish, self.opts.min_partitions)
 
     def _check_data_loss(self, begin: planning.Offsets, finish: planning.Offsets) -> None:
         """An end before the start: the offsets from the end on are gone (Spark's Kafka source
@@ -266,7 +309,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                         "Set failOnDataLoss=false to go on from the end instead"
                     )
 
-    def read(self, partition: OffsetRangePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from self._reading.read(partition)
 
     def commit(self, end: dict) -> None:

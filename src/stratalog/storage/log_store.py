@@ -565,6 +565,10 @@ class LogStore:
             return f"p{uid}"
         return f"v{uid % self.config.virtual_logs}"
 
+    def log_of(self, uid: int) -> str:
+        """The name of the virtual log partition ``uid`` lives in."""
+        return self._log_name(uid)
+
     def _assign_log(self, uid: int, name: str) -> None:
         check_log_name(name)
         st = self._state.setdefault(str(uid), {})

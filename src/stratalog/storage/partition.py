@@ -184,6 +184,7 @@ class PartitionLog:
         self._waiters: list[asyncio.Future[None]] = []
         self.deleted = False
         self.size_bytes = 0
+        self.appended_bytes = 0  # produced here since the start: the rate splits look at
         self.on_append: Callable[[PartitionLog, int, int], None] | None = None
         # Being moved to another virtual log (a reassignment): no more appends here, so the
         # copy's end is final (cluster/reassignment.py).
@@ -315,6 +316,7 @@ class PartitionLog:
                         self._note_transactional(h, b, batch)
                 tail_put(uid, b, head, batch[16:])
                 self.size_bytes += size
+                self.appended_bytes += size
             if self.on_append is not None:
                 self.on_append(self, seq, len(items))
             result.lsn = lsn
@@ -749,6 +751,36 @@ class PartitionLog:
         """The first offset of the first lost range after ``offset``: a read stops there."""
         i = bisect_right(self.lost, (offset, 1 << 62))
         return self.lost[i][0] if i < len(self.lost) else None
+
+    def order_marks(self, parent: PartitionLog, first: int, end: int) -> list[tuple[int, int]]:
+        """For each hot chunk of this partition with ``first <= base < end``: (its base, the
+        first offset of ``parent`` placed after it in the virtual log they share), which is the
+        parent's next offset when the chunk was appended: every parent record below it came
+        first. Nothing for partitions in different logs, or for chunks in the cold tier
+        (migration keeps each partition's chunks apart)."""
+        if parent.vlog is not self.vlog:
+            return []
+        mine, theirs = self.chunks, parent.chunks
+        n, m = len(mine), len(theirs)
+        out: list[tuple[int, int]] = []
+        i = mine.locate(first)
+        j = 0
+        while i < n:
+            loc = mine[i]
+            if loc.base_offset >= end:
+                break
+            key = (loc.segment, loc.position)
+            hi = m  # the answers only move forward: search from the previous one
+            while j < hi:
+                mid = (j + hi) // 2
+                there = theirs[mid]
+                if (there.segment, there.position) > key:
+                    hi = mid
+                else:
+                    j = mid + 1
+            out.append((loc.base_offset, theirs.base_of(j) if j < m else parent.next_offset))
+            i += 1
+        return out
 
     def read(
         self, offset: int, max_bytes: int, *, min_one: bool = True, upto: int | None = None

@@ -146,7 +146,7 @@ def _created(core, req: Request, plans: list[_TopicPlan]) -> bytes:
                     "CreatableTopicConfigs",
                     name=c["name"],
                     value=c["value"],
-                    read_only=False,
+                    read_only=c["read_only"],
                     config_source=SOURCE_DEFAULT if c["is_default"] else SOURCE_TOPIC,
                     is_sensitive=False,
                 )
@@ -340,7 +340,7 @@ def handle_describe_configs(core, req: Request, conn) -> bytes:
                             "DescribeConfigsResourceResult",
                             name=c["name"],
                             value=c["value"],
-                            read_only=False,
+                            read_only=c["read_only"],
                             config_source=SOURCE_DEFAULT if c["is_default"] else SOURCE_TOPIC,
                             is_sensitive=False,
                             synonyms=synonyms,

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 
+from stratalog import splits
 from stratalog.broker import metrics
 from stratalog.broker.backlog_sender import BacklogAnswer
 from stratalog.protocol.connection import Request
@@ -138,6 +139,8 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
                 errors = True
                 continue
             if rr.size:
+                if req.api_version >= 12 and splits.SPLIT_HISTORY in t.configs:
+                    r.order = _order_marks(core, name, fp.partition, p, rr, t.configs)
                 if rr.first_offset > offset:
                     _answered_later(core, name, fp, p, rr)
                 reads.append(rr)
@@ -145,6 +148,16 @@ def _gather(core, req: Request, plan, max_bytes: int, read_committed: bool = Fal
                 r.records_size = rr.size
                 total += rr.size
     return topics, total, reads, logs, errors
+
+
+def _order_marks(core, name: str, index: int, p: PartitionLog, rr: ReadResult, configs):
+    """A split child's order marks for the batches read (stratalog.splits); None for a
+    partition the topic was created with."""
+    parent = splits.parent_of(index, splits.parse_history(configs[splits.SPLIT_HISTORY]))
+    pp = core.partition(name, parent) if parent is not None else None
+    if pp is None:
+        return None
+    return splits.encode_marks(p.order_marks(pp, rr.first_offset, rr.next_offset))
 
 
 def _answered_later(core, name: str, fp, p: PartitionLog, rr: ReadResult) -> None:
