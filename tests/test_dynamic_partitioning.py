@@ -110,7 +110,9 @@ def test_fetch_marks_each_child_batch_with_its_parents_offset(broker):
     assert got[0].order is None
 
     for p in (0, 2):
-        c = Consumer({"bootstrap.servers": bs, "group.id": f"plain-{p}", "enable.auto.commit": False})
+        c = Consumer(
+            {"bootstrap.servers": bs, "group.id": f"plain-{p}", "enable.auto.commit": False}
+        )
         c.assign([TopicPartition("marks", p, 0)])
         read: list[bytes] = []
         deadline = time.monotonic() + 30
@@ -131,7 +133,9 @@ def _seqs(batches, key: bytes) -> list[int]:
     out = []
     for b in batches:
         d = b.to_pydict()
-        out += [int(v.split(b":")[1]) for k, v in zip(d["key"], d["value"], strict=True) if k == key]
+        out += [
+            int(v.split(b":")[1]) for k, v in zip(d["key"], d["value"], strict=True) if k == key
+        ]
     return out
 
 
