@@ -232,7 +232,9 @@ FEATURE_FIELDS = {
 # The topic configs Stratalog implements (docs/configuration.md) are compared; Kafka's others
 # are not. segment.bytes is left out: its default differs on purpose (deliberate.py).
 # late.event.policy is Stratalog's own (Kafka rejects it), tested in tests/test_tiers.py.
-STRATALOG_ONLY_CONFIGS = frozenset({"late.event.policy"})
+STRATALOG_ONLY_CONFIGS = frozenset(
+    {"late.event.policy"} | {n for n in TOPIC_SETTINGS if n.startswith("partition.")}
+)
 COMPARED_CONFIGS = frozenset(TOPIC_SETTINGS) - {"segment.bytes"} - STRATALOG_ONLY_CONFIGS
 TOPIC_CONFIG_SOURCE = 1
 # Member ids a coordinator generates: "<client id>-<uuid>".

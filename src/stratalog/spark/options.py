@@ -42,6 +42,8 @@ class SourceOptions:
     read_committed: bool = False  # ranges end at the last stable offset; aborted left out
     # Read the leader's files when it runs on the executor's host (client/colocated.py).
     colocated_reads: bool = True
+    # Bytes per partition and Fetch (the Kafka consumer's max.partition.fetch.bytes)
+    fetch_bytes: int = 8 * 1024 * 1024
     security: ClientSecurity = field(default_factory=ClientSecurity)  # kafka.security.protocol...
 
 
@@ -296,6 +298,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         include_headers=_bool(options, "includeHeaders", False),
         colocated_reads=_bool(options, "colocatedReads", True),
+        fetch_bytes=_positive_int(options, "kafka.max.partition.fetch.bytes") or 8 * 1024 * 1024,
         read_committed=_get(options, "kafka.isolation.level") == "read_committed",
         security=parse_security(options),
     )

@@ -123,6 +123,7 @@ class _Reading:
         self.read_committed = opts.read_committed
         self.security = opts.security
         self.colocated_reads = opts.colocated_reads
+        self.fetch_bytes = opts.fetch_bytes
 
     def _start(self, client: WireClient, topic: str, partition: int, start: int) -> int:
         """``start``, or the log start past it (failOnDataLoss=false) when retention cut there."""
@@ -158,6 +159,7 @@ class _Reading:
                 include_headers=self.include_headers,
                 read_committed=self.read_committed,
                 colocated=self.colocated_reads,
+                fetch_bytes=self.fetch_bytes,
             )
 
     def _read_family(self, task: FamilyRangePartition) -> Iterator[pa.RecordBatch]:
@@ -176,6 +178,7 @@ class _Reading:
                 members,
                 include_headers=self.include_headers,
                 read_committed=self.read_committed,
+                fetch_bytes=self.fetch_bytes,
             )
 
 
