@@ -23,6 +23,7 @@ from confluent_kafka.admin import (
 )
 
 from stratalog.client.family_reader import Member, read_family
+from stratalog.client.replay import replay_table
 from stratalog.client.wire import WireClient
 from stratalog.peers.kafka import run_tool
 from stratalog.records import build_batch
@@ -177,3 +178,8 @@ def test_a_family_read_keeps_a_keys_order_across_the_split(broker):
         naive = list(read_family(client, "family", unmarked, fetch_bytes=2048))
         assert sorted(_seqs(naive, b"moved")) == list(range(seq))
         assert _seqs(naive, b"moved") != list(range(seq))
+    # A time-range replay reads the families the same way.
+    table = replay_table(bs, "family", 0, int(time.time() * 1000) + 1000)
+    assert table.num_rows == ends[0] + ends[1]
+    assert "_rank" not in table.column_names
+    assert _seqs(table.to_batches(), b"moved") == list(range(seq))

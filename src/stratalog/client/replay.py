@@ -16,7 +16,9 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stratalog import splits
 from stratalog.client.arrow_reader import read_partition
+from stratalog.client.family_reader import Member, read_family
 from stratalog.client.security import ClientSecurity
 from stratalog.client.wire import EARLIEST, LATEST, WireClient, WireError
 
@@ -73,40 +75,81 @@ def replay_table(
         info = client.metadata([topic]).get(topic)
         if info is None or info.error_code:
             raise WireError(f"topic {topic!r} does not exist")
+        ranges = {}
         for p in range(info.partitions):
             low, _ = client.list_offsets(topic, [p], EARLIEST)[p]
             first, stop = _partition_range(client, topic, p, start_ms, end_ms + lateness_ms)
-            first = max(first, low)
-            for rb in read_partition(
-                client,
-                topic,
-                p,
-                first,
-                stop,
-                include_headers=include_headers,
-                include_producer=True,
-                colocated=True,  # the leader's files when it runs on this host
-            ):
-                ts = pc.cast(rb.column("timestamp"), pa.int64())
-                keep = pc.and_(pc.greater_equal(ts, start_ms * 1000), pc.less(ts, end_ms * 1000))
-                batches.append(rb.filter(keep))
+            ranges[p] = (max(first, low), stop)
+        counts = splits.parse_history(_split_history(client, topic))
+        if counts:
+            # A split topic: each family in the order that keeps each producer's keys in the
+            # order written (client/family_reader.py); that order breaks ties below.
+            for family in splits.families(counts, info.partitions):
+                members = [Member(p, *ranges[p], splits.parent_of(p, counts)) for p in family]
+                read = read_family(
+                    client, topic, members, include_headers=include_headers,
+                    include_producer=True,
+                )  # fmt: skip
+                batches += _in_range(read, start_ms, end_ms, family[0])
+        else:
+            for p, (first, stop) in ranges.items():
+                read = read_partition(
+                    client,
+                    topic,
+                    p,
+                    first,
+                    stop,
+                    include_headers=include_headers,
+                    include_producer=True,
+                    colocated=True,  # the leader's files when it runs on this host
+                )
+                batches += _in_range(read, start_ms, end_ms, p)
     if not batches:
         from stratalog.client.arrow_reader import kafka_schema
 
         schema = kafka_schema(include_headers).append(pa.field("producerId", pa.int64()))
         return schema.append(pa.field("sequence", pa.int64())).empty_table()
     table = pa.Table.from_batches(batches)
+    # Ties in time: one producer's records in the order it wrote them (a partition's offsets;
+    # across a split, the family's read order), then partition and offset.
+    tie = ("sequence", "ascending") if not counts else ("_rank", "ascending")
     order = pc.sort_indices(
         table,
         sort_keys=[
             ("timestamp", "ascending"),
             ("producerId", "ascending"),
-            ("sequence", "ascending"),
+            *([("_family", "ascending")] if counts else []),
+            tie,
             ("partition", "ascending"),
             ("offset", "ascending"),
         ],
     )
-    return table.take(order)
+    return table.take(order).drop_columns(["_family", "_rank"])
+
+
+def _split_history(client: WireClient, topic: str) -> str | None:
+    from stratalog.client.admin import topic_configs
+
+    try:
+        return topic_configs(client, topic).get(splits.SPLIT_HISTORY, {}).get("value")
+    except WireError:
+        return None  # an older broker, or no right to describe: read as Kafka's
+
+
+def _in_range(
+    read: Iterator[pa.RecordBatch], start_ms: int, end_ms: int, family: int
+) -> list[pa.RecordBatch]:
+    """The records with start <= timestamp < end, with their family and rank in read order."""
+    out = []
+    rank = 0
+    for rb in read:
+        ts = pc.cast(rb.column("timestamp"), pa.int64())
+        keep = pc.and_(pc.greater_equal(ts, start_ms * 1000), pc.less(ts, end_ms * 1000))
+        rb = rb.append_column("_family", pa.array([family] * rb.num_rows, pa.int32()))
+        rb = rb.append_column("_rank", pa.array(range(rank, rank + rb.num_rows), pa.int64()))
+        rank += rb.num_rows
+        out.append(rb.filter(keep))
+    return out
 
 
 def replay(
