@@ -713,36 +713,61 @@ class BrokerCore:
             return None
         return self.cluster.set_topic_configs(name, self.metadata.topics[name].topic_id, changes)
 
-    def add_partitions(self, name: str, total: int) -> None:
-        t = self.metadata.topics[name]
-        if self.topic_config(t).get(splits.AUTOSCALE_ENABLE) == "true":
-            self.split_partitions(name, total)
-            return
-        new = self.metadata.add_partitions(name, total)
-        first = len(t.partitions) - len(new)
-        for i, uid in enumerate(new):
-            self.store.add_partition(name, first + i, uid)
+    def splits(self, topic: TopicMeta) -> bool:
+        """Whether ``topic`` grows by splits (stratalog.splits) rather than as Kafka's do."""
+        return self.topic_config(topic).get(splits.AUTOSCALE_ENABLE) == "true"
 
-    def split_partitions(self, name: str, total: int) -> None:
-        """Split every partition of ``name`` in two (splits.py): child ``p + N`` goes into the
-        virtual log of its parent ``p``, so the log keeps the family's append order; the
-        history records the new count."""
-        t = self.metadata.topics[name]
-        current = len(t.partitions)
-        if self.cluster is not None:
-            raise MetadataError(
-                "INVALID_REQUEST", "partition splits are not supported in cluster mode yet"
-            )
+    def check_split(self, topic: TopicMeta, total: int) -> str:
+        """The history after splitting ``topic`` to ``total`` partitions; INVALID_PARTITIONS
+        for a count that is not twice the current one."""
         try:
-            history = splits.next_history(t.configs.get(splits.SPLIT_HISTORY), current, total)
+            return splits.next_history(
+                topic.configs.get(splits.SPLIT_HISTORY), len(topic.partitions), total
+            )
         except splits.SplitError as e:
             raise MetadataError("INVALID_PARTITIONS", str(e)) from None
+
+    def add_partitions(self, name: str, total: int) -> None:
+        """Grow ``name`` to ``total`` partitions on a single node: a split for a topic that
+        splits, each child in its parent's virtual log so the log keeps the family's append
+        order; new partitions placed as a new topic's otherwise."""
+        t = self.metadata.topics[name]
+        current = len(t.partitions)
+        history = self.check_split(t, total) if self.splits(t) else None
         parents = [self.store.log_of(uid) for uid in t.partitions]
         new = self.metadata.add_partitions(name, total)
         for i, uid in enumerate(new):
-            self.store.add_partition(name, current + i, uid, log_name=parents[i])
-        self.metadata.set_configs(name, {splits.SPLIT_HISTORY: history})
-        log.info("split topic %s: %d partitions to %d (history %s)", name, current, total, history)
+            log_name = parents[i] if history is not None else None
+            self.store.add_partition(name, current + i, uid, log_name=log_name)
+        if history is not None:
+            self.metadata.set_configs(name, {splits.SPLIT_HISTORY: history})
+            log.info("split topic %s: %d partitions to %d (%s)", name, current, total, history)
+
+    async def add_partitions_in_cluster(self, name: str, total: int) -> None:
+        """The same through etcd (cluster/node.py); every broker takes it from its watch."""
+        assert self.cluster is not None
+        t = self.metadata.topics.get(name)
+        split = t is not None and self.splits(t)
+        try:
+            await self.cluster.add_partitions(name, total, split=split)
+        except KeyError:
+            raise MetadataError(
+                "UNKNOWN_TOPIC_OR_PARTITION", "This server does not host this topic-partition."
+            ) from None
+        except splits.SplitError as e:
+            raise MetadataError("INVALID_PARTITIONS", str(e)) from None
+        except ValueError as e:
+            raise MetadataError("INVALID_REPLICATION_FACTOR", str(e)) from None
+        if split:
+            log.info("split topic %s to %d partitions", name, total)
+
+    async def split(self, name: str) -> None:
+        """Split every partition of ``name`` in two (the autoscaler's request)."""
+        total = 2 * len(self.metadata.topics[name].partitions)
+        if self.cluster is not None:
+            await self.add_partitions_in_cluster(name, total)
+        else:
+            self.add_partitions(name, total)
 
     def auto_create(self, name: str) -> TopicMeta | None:
         """Create ``name`` if auto-creation is on; None when it is off or the name is invalid

@@ -26,6 +26,7 @@ from stratalog.cluster.etcd import EtcdStore, Lease
 from stratalog.cluster.etcd_tls import EtcdTls
 from stratalog.cluster.placement import VirtualLogState, assign_virtual_logs, replica_lists
 from stratalog.cluster.reassignment import Reassignment
+from stratalog.splits import SPLIT_HISTORY, next_history
 
 log = logging.getLogger(__name__)
 
@@ -622,6 +623,61 @@ class ClusterNode:
             if await self.store.get(self.keys.topic(name)) is not None:
                 raise KeyError(name)
             # Another broker made virtual logs meanwhile: plan again on the new state.
+
+    async def add_partitions(self, name: str, total: int, *, split: bool = False) -> ClusterTopic:
+        """Grow topic ``name`` to ``total`` partitions in one guarded write. New partitions get
+        replica lists as a new topic's would (the topic's replication factor, over the
+        registered brokers); a ``split`` (stratalog.splits) puts child ``p + N`` into the
+        virtual log of its parent ``p`` instead and records the history. Raises KeyError if
+        the topic is gone, ValueError for too few brokers or a count that is no increase,
+        SplitError for a split to other than twice the count."""
+        assert self.store is not None
+        key = self.keys.topic(name)
+        while True:
+            got = await self.store.get(key)
+            if got is None:
+                raise KeyError(name)
+            t = ClusterTopic.from_json(name, json.loads(got[0]))
+            current = len(t.partitions)
+            if total <= current:
+                raise ValueError(f"topic {name} has {current} partitions, not fewer than {total}")
+            expect = {key: got[1]}
+            puts: dict[str, bytes] = {}
+            new_logs: dict[int, VirtualLogState] = {}
+            if split:
+                history = next_history(t.configs.get(SPLIT_HISTORY), current, total)
+                vids = t.vlogs[: total - current]  # each child in its parent's log
+                t.configs[SPLIT_HISTORY] = history
+            else:
+                first = self.vlogs.get(t.vlogs[0]) if t.vlogs else None
+                factor = len(first.replicas) if first is not None else 1
+                live = await self.registered_brokers()
+                lists = replica_lists(live, total - current, factor, first=current % len(live))
+                vl_items = await self.store.get_prefix(self.keys.vlogs)
+                existing = {
+                    int(k[len(self.keys.vlogs) :]): VirtualLogState.from_json(
+                        int(k[len(self.keys.vlogs) :]), json.loads(v)
+                    )
+                    for k, v, _r in vl_items
+                }
+                got_vid = await self.store.get(self.keys.next_vid)
+                next_vid, vid_rev = (int(got_vid[0]), got_vid[1]) if got_vid else (0, 0)
+                vids, new_logs, after = assign_virtual_logs(lists, existing, next_vid)
+                if new_logs:
+                    expect[self.keys.next_vid] = vid_rev
+                    puts[self.keys.next_vid] = str(after).encode()
+                    for vid, v in new_logs.items():
+                        puts[self.keys.vlog(vid)] = _dump(v.to_json())
+                        expect[self.keys.vlog(vid)] = 0
+            first_uid = await self._next_ids(self.keys.next_uid, total - current)
+            t.partitions += list(range(first_uid, first_uid + total - current))
+            t.vlogs += vids
+            puts[key] = _dump(t.to_json())
+            if await self.store.txn(expect, puts):
+                self.vlogs.update(new_logs)
+                self._topic_changed(name, t)
+                return t
+            # The topic or the logs changed meanwhile: plan again on the new state.
 
     async def delete_topic(self, name: str) -> bool:
         assert self.store is not None

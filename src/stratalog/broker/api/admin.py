@@ -232,9 +232,10 @@ def handle_delete_topics(core, req: Request, conn):
     return in_cluster()
 
 
-def handle_create_partitions(core, req: Request, conn) -> bytes:
+def handle_create_partitions(core, req: Request, conn):
     body = req.body
-    results = []
+    results: list[list] = []  # [name, error, message]
+    grow: list[tuple[list, int]] = []  # (its result, the count) of those to do
     for t in body.topics:
         error, message = "NONE", None
         try:
@@ -255,20 +256,39 @@ def handle_create_partitions(core, req: Request, conn) -> bytes:
                     if t.count < len(topic.partitions)
                     else f"Topic already has {t.count} partition(s).",
                 )
-            if not body.validate_only:
-                core.add_partitions(t.name, t.count)
+            if core.splits(topic):
+                core.check_split(topic, t.count)
         except MetadataError as e:
             error, message = e.error, str(e)
-        results.append(
-            sub(
-                req,
-                "CreatePartitionsTopicResult",
-                name=t.name,
-                error_code=err(error),
-                error_message=message,
-            )
-        )
-    return reply(req, results=tuple(results))
+        results.append([t.name, error, message])
+        if error == "NONE" and not body.validate_only:
+            grow.append((results[-1], t.count))
+
+    def answer() -> bytes:
+        return reply(req, results=tuple(
+            sub(req, "CreatePartitionsTopicResult", name=name, error_code=err(error),
+                error_message=message)
+            for name, error, message in results
+        ))  # fmt: skip
+
+    if core.cluster is None:
+        for result, count in grow:
+            try:
+                core.add_partitions(result[0], count)
+            except MetadataError as e:
+                result[1:] = [e.error, str(e)]
+        return answer()
+
+    async def in_cluster() -> bytes:
+        # Through etcd: every broker learns of the new partitions from its watch.
+        for result, count in grow:
+            try:
+                await core.add_partitions_in_cluster(result[0], count)
+            except MetadataError as e:
+                result[1:] = [e.error, str(e)]
+        return answer()
+
+    return in_cluster()
 
 
 # Kafka's broker-level names of the topic configs' defaults (shown as DEFAULT_CONFIG synonyms).
