@@ -22,7 +22,7 @@ from confluent_kafka.admin import (
     NewPartitions,
 )
 
-from stratalog.client.family_reader import Member, read_family
+from stratalog.client.family_reader import Member, child_end, read_family
 from stratalog.client.replay import replay_table
 from stratalog.client.wire import WireClient
 from stratalog.peers.kafka import run_tool
@@ -107,6 +107,12 @@ def test_fetch_marks_each_child_batch_with_its_parents_offset(broker):
                 expected.append((base, len(values[0])))
             values[p] += [x[1] for x in v]
         got = client.fetch("marks", {0: 0, 2: 0}, max_bytes=1 << 20, partition_max_bytes=1 << 20)
+        # A read of the parent cut at x (a rate limit): the child's read ends before its first
+        # batch appended after the parent's offset x.
+        end = len(values[2])
+        for x in (0, 10, len(values[0]) // 2, len(values[0])):
+            cut = next((b for b, w in expected if w > x), end)
+            assert child_end(client, "marks", 2, 0, end, x) == cut
     assert got[2].order == expected
     assert got[0].order is None
 

@@ -90,7 +90,12 @@ def _tagged(df, batch_id: int) -> list[tuple]:
     return [(batch_id, *r) for r in got.collect()]
 
 
-def test_a_query_across_two_splits_reads_every_key_in_order(spark, bootstrap, tmp_path):
+@pytest.mark.parametrize("max_offsets", [None, "1500"], ids=["all-available", "rate-limited"])
+def test_a_query_across_two_splits_reads_every_key_in_order(
+    spark, bootstrap, tmp_path, max_offsets
+):
+    """With ``maxOffsetsPerTrigger`` each micro-batch's ranges are cut, and a child's cut must
+    follow its parent's (planning.cut_families) for the order to hold across micro-batches."""
     topic = topic_name("splits")
     create_topic(
         bootstrap, topic, 2,
@@ -99,14 +104,18 @@ def test_a_query_across_two_splits_reads_every_key_in_order(spark, bootstrap, tm
            "retention.ms": "-1"},
     )  # fmt: skip
     rows: list[tuple] = []
-    query = (
+    reader = (
         spark.readStream.format("stratalog-python")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         # Small fetches: a task meets a child's batches long before its parent's range ends.
         .option("kafka.max.partition.fetch.bytes", "4096")
-        .load()
+    )
+    if max_offsets is not None:
+        reader = reader.option("maxOffsetsPerTrigger", max_offsets)
+    query = (
+        reader.load()
         .writeStream.foreachBatch(lambda df, batch_id: rows.extend(_tagged(df, batch_id)))
         .option("checkpointLocation", str(tmp_path / "ckpt"))
         .trigger(processingTime="500 milliseconds")

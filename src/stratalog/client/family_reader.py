@@ -114,3 +114,37 @@ def read_family(
             raise WireError(f"reading the split family {sorted(at)} of {topic} made no progress")
         for m in members:  # parents first: their rows before their children's
             yield from decoders[m.partition].drain()
+
+
+def child_end(
+    client: WireClient, topic: str, child: int, start: int, end: int, parent_end: int
+) -> int:
+    """Where a read of ``child`` from ``start`` must end, at most ``end``, when its parent's
+    read ends at ``parent_end``: before the first batch appended after the parent's records
+    from ``parent_end`` on (its mark is past it), so that a range cut by a rate limit stays a
+    consistent cut of the family's log. A batch without a mark (the cold tier) ends it too."""
+    at = start
+    while at < end:
+        data = client.fetch(
+            topic, {child: at}, max_bytes=1 << 20, partition_max_bytes=1 << 20, max_wait_ms=0
+        )[child]
+        if data.error_code:
+            raise WireError(f"fetch {topic}/{child} at {at}: error {data.error_code}",
+                            data.error_code)  # fmt: skip
+        if not data.records:
+            return at  # nothing more there: the end is where it is
+        cut = _cut(data, parent_end)
+        if cut is not None:
+            return max(start, min(end, cut))
+        mv = memoryview(data.records)
+        pos = nxt = 0
+        while pos + HEADER_SIZE <= len(mv):
+            h = parse_header(mv, pos)
+            if pos + h.size > len(mv):
+                break
+            nxt = h.last_offset + 1
+            pos += h.size
+        if nxt <= at:
+            raise WireError(f"fetch {topic}/{child} at {at} made no progress")
+        at = nxt
+    return end

@@ -588,16 +588,9 @@ class ClusterNode:
         live = brokers if brokers is not None else await self.registered_brokers()
         lists = replica_lists(live, partitions, factor, first=int(time.time()) % max(1, len(live)))
         while True:
-            vl_items = await self.store.get_prefix(self.keys.vlogs)
-            existing = {
-                int(k[len(self.keys.vlogs) :]): VirtualLogState.from_json(
-                    int(k[len(self.keys.vlogs) :]), json.loads(v)
-                )
-                for k, v, _r in vl_items
-            }
-            got = await self.store.get(self.keys.next_vid)
-            next_vid, vid_rev = (int(got[0]), got[1]) if got else (0, 0)
-            vids, new_logs, after = assign_virtual_logs(lists, existing, next_vid)
+            expect = {self.keys.topic(name): 0}
+            puts: dict[str, bytes] = {}
+            vids, new_logs = await self._plan_logs(lists, expect, puts)
             first_uid = await self._next_ids(self.keys.next_uid, partitions)
             topic = ClusterTopic(
                 name,
@@ -606,15 +599,6 @@ class ClusterNode:
                 vids,
                 dict(configs),
             )
-            # The new virtual logs go first: a watcher meets them before the topic using them.
-            puts: dict[str, bytes] = {}
-            expect = {self.keys.topic(name): 0}
-            if new_logs:
-                expect[self.keys.next_vid] = vid_rev
-                puts[self.keys.next_vid] = str(after).encode()
-                for vid, v in new_logs.items():
-                    puts[self.keys.vlog(vid)] = _dump(v.to_json())
-                    expect[self.keys.vlog(vid)] = 0
             puts[self.keys.topic(name)] = _dump(topic.to_json())
             if await self.store.txn(expect, puts):
                 self.vlogs.update(new_logs)
@@ -623,6 +607,31 @@ class ClusterNode:
             if await self.store.get(self.keys.topic(name)) is not None:
                 raise KeyError(name)
             # Another broker made virtual logs meanwhile: plan again on the new state.
+
+    async def _plan_logs(
+        self, lists: list[list[int]], expect: dict[str, int], puts: dict[str, bytes]
+    ) -> tuple[list[int], dict[int, VirtualLogState]]:
+        """The virtual log of each replica list (placement.assign_virtual_logs) as etcd holds
+        them now; the new logs and the next id go into ``puts``, guarded in ``expect``. They go
+        in the same transaction as the topic, before it, so a watcher meets them first."""
+        assert self.store is not None
+        vl_items = await self.store.get_prefix(self.keys.vlogs)
+        existing = {
+            int(k[len(self.keys.vlogs) :]): VirtualLogState.from_json(
+                int(k[len(self.keys.vlogs) :]), json.loads(v)
+            )
+            for k, v, _r in vl_items
+        }
+        got = await self.store.get(self.keys.next_vid)
+        next_vid, vid_rev = (int(got[0]), got[1]) if got else (0, 0)
+        vids, new_logs, after = assign_virtual_logs(lists, existing, next_vid)
+        if new_logs:
+            expect[self.keys.next_vid] = vid_rev
+            puts[self.keys.next_vid] = str(after).encode()
+            for vid, v in new_logs.items():
+                puts[self.keys.vlog(vid)] = _dump(v.to_json())
+                expect[self.keys.vlog(vid)] = 0
+        return vids, new_logs
 
     async def add_partitions(self, name: str, total: int, *, split: bool = False) -> ClusterTopic:
         """Grow topic ``name`` to ``total`` partitions in one guarded write. New partitions get
@@ -653,22 +662,7 @@ class ClusterNode:
                 factor = len(first.replicas) if first is not None else 1
                 live = await self.registered_brokers()
                 lists = replica_lists(live, total - current, factor, first=current % len(live))
-                vl_items = await self.store.get_prefix(self.keys.vlogs)
-                existing = {
-                    int(k[len(self.keys.vlogs) :]): VirtualLogState.from_json(
-                        int(k[len(self.keys.vlogs) :]), json.loads(v)
-                    )
-                    for k, v, _r in vl_items
-                }
-                got_vid = await self.store.get(self.keys.next_vid)
-                next_vid, vid_rev = (int(got_vid[0]), got_vid[1]) if got_vid else (0, 0)
-                vids, new_logs, after = assign_virtual_logs(lists, existing, next_vid)
-                if new_logs:
-                    expect[self.keys.next_vid] = vid_rev
-                    puts[self.keys.next_vid] = str(after).encode()
-                    for vid, v in new_logs.items():
-                        puts[self.keys.vlog(vid)] = _dump(v.to_json())
-                        expect[self.keys.vlog(vid)] = 0
+                vids, new_logs = await self._plan_logs(lists, expect, puts)
             first_uid = await self._next_ids(self.keys.next_uid, total - current)
             t.partitions += list(range(first_uid, first_uid + total - current))
             t.vlogs += vids

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from stratalog import splits
 from stratalog.client.admin import topic_configs
+from stratalog.client.family_reader import child_end
 from stratalog.client.wire import WireClient, WireError
 from stratalog.protocol.errors import code
 from stratalog.spark.options import EARLIEST, LATEST, OptionError, SourceOptions
@@ -282,6 +283,19 @@ def split_families(
             for family in splits.families(counts, max(end[t]) + 1)
         ]
     return out
+
+
+def cut_families(client: WireClient, start: Offsets, end: Offsets, latest: Offsets) -> None:
+    """Make rate-limited ``end`` offsets a consistent cut of each split family's log: a child
+    whose parent was cut below ``latest`` ends before its first batch appended after the
+    parent's end (client/family_reader.py). In place; parents before children."""
+    for t, families in split_families(client, start, end).items():
+        for family in families:
+            for p, s, e, parent in family:
+                if parent is None or parent not in end[t]:
+                    continue
+                if end[t][parent] < latest[t].get(parent, end[t][parent]) and e > s:
+                    end[t][p] = child_end(client, t, p, s, e, end[t][parent])
 
 
 def rate_limit(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:

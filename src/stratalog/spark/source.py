@@ -267,7 +267,9 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             live = self._latest()
             behind = {(t, p) for t, p in behind if live.get(t, {}).get(p, 0) < begin[t][p]}
         if isinstance(limit, ReadMaxRows):
+            full = latest
             latest = planning.rate_limit(begin, latest, limit.max_rows)
+            planning.cut_families(self._wire(), begin, latest, full)
         for t, parts in latest.items():
             for p in parts:
                 if (t, p) in behind:
