@@ -189,3 +189,65 @@ def test_a_family_read_keeps_a_keys_order_across_the_split(broker):
     assert table.num_rows == ends[0] + ends[1]
     assert "_rank" not in table.column_names
     assert _seqs(table.to_batches(), b"moved") == list(range(seq))
+
+
+def test_marks_of_a_child_in_the_cold_tier_keep_the_order(tmp_path):
+    """Migration keeps each partition's chunks apart; a cold child batch is marked by its
+    virtual log segment, never below its true mark (the parent's offset when it was
+    acknowledged), and a family read over both tiers still puts each child record after every
+    parent record acknowledged before it."""
+    from stratalog import Broker
+
+    from .test_tiers import cold_chunks, tier_config, wait_for
+
+    with Broker(tmp_path / "data", config=tier_config(tmp_path)) as b:
+        bs = b.bootstrap
+        create_topic(bs, "coldsplit", 1, **SPLITTABLE, **{"retention.ms": "-1"})
+        written: list[tuple[int, list[bytes]]] = []
+        true_marks: dict[int, int] = {}
+        parent_end = 0
+        with WireClient(bs) as client:
+
+            def write(p: int, i: int) -> None:
+                nonlocal parent_end
+                vs = [(b"k", b"%d-%d:" % (p, i) + b"." * 300, 0) for _ in range(3)]
+                base = _append(client, "coldsplit", p, vs)
+                written.append((p, [v for _, v, _ in vs]))
+                if p == 1:
+                    true_marks[base] = parent_end
+                else:
+                    parent_end += 3
+
+            for i in range(40):
+                write(0, i)
+            _split(bs, "coldsplit", 2)
+            client.metadata(["coldsplit"])
+            for i in range(1000, 1400):  # (values unique: after the 40 before)
+                write((0, 1, 1)[i % 3], i)
+            wait_for(lambda: b.core.migrator.hot_usage() <= 100_000, what="migration")
+            assert cold_chunks(b, "coldsplit") > 0
+            child = b.core.partition("coldsplit", 1)
+            assert len(child.cold) > 0, "none of the child's chunks went cold"
+            marks: dict[int, int] = {}
+            at = 0
+            for _ in range(len(true_marks)):  # (each fetch moves on, or the loop ends)
+                got = client.fetch("coldsplit", {1: at}, max_bytes=64 << 10)[1]
+                if not got.order:
+                    break
+                marks.update(got.order)
+                at = max(marks) + 3
+            assert marks.keys() == true_marks.keys()
+            assert all(marks[o] >= w for o, w in true_marks.items())
+            assert any(marks[o] > w for o, w in true_marks.items())  # the cold ones: coarser
+            ends = {p: o for p, (o, _) in client.list_offsets("coldsplit", [0, 1], -1).items()}
+            members = [Member(0, 0, ends[0]), Member(1, 0, ends[1], parent=0)]
+            batches = list(read_family(client, "coldsplit", members, fetch_bytes=4096))
+    values = [v for rb in batches for v in rb.column("value").to_pylist()]
+    assert sorted(values) == sorted(v for _, vs in written for v in vs)
+    at = {v: i for i, v in enumerate(values)}
+    parent: list[bytes] = []
+    for p, vs in written:
+        if p == 0:
+            parent += vs
+        else:
+            assert all(at[v] > at[w] for v in vs for w in parent)

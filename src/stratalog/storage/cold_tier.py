@@ -162,6 +162,9 @@ class ColdSegmentMeta:
     # Chunks of transactional producers (start-up reads the index of a segment that has some);
     # None in a manifest written before it was counted: unknown, so read.
     txn: int | None = None
+    # The virtual log segment its chunks were migrated from (None: written by compaction, or
+    # before it was kept): a split's order marks for cold chunks come from it.
+    vseg: int | None = None
 
 
 class ColdSegment:

@@ -756,13 +756,12 @@ class PartitionLog:
         """For each hot chunk of this partition with ``first <= base < end``: (its base, the
         first offset of ``parent`` placed after it in the virtual log they share), which is the
         parent's next offset when the chunk was appended: every parent record below it came
-        first. Nothing for partitions in different logs, or for chunks in the cold tier
-        (migration keeps each partition's chunks apart)."""
+        first. Nothing for partitions in different logs."""
         if parent.vlog is not self.vlog:
             return []
+        out = self._cold_marks(parent, first, end)
         mine, theirs = self.chunks, parent.chunks
         n, m = len(mine), len(theirs)
-        out: list[tuple[int, int]] = []
         i = mine.locate(first)
         j = 0
         while i < n:
@@ -779,6 +778,31 @@ class PartitionLog:
                 else:
                     j = mid + 1
             out.append((loc.base_offset, theirs.base_of(j) if j < m else parent.next_offset))
+            i += 1
+        return out
+
+    def _cold_marks(self, parent: PartitionLog, first: int, end: int) -> list[tuple[int, int]]:
+        """Order marks of this partition's cold chunks from ``first`` below ``end``, by virtual
+        log segment: migration keeps each partition's chunks apart, but moves a segment's
+        chunks of every partition together, so a chunk from segment S comes after all of the
+        parent's records in segments up to S. (Coarser than a hot chunk's mark: the reader may
+        wait for parent records appended after the chunk, in the same segment; each producer's
+        order holds.) None for chunks or parents whose cold segments do not say their segment
+        (compaction wrote them)."""
+        cold = self.cold
+        if not len(cold) or first > cold.next_offset - 1:
+            return []
+        theirs = sorted((s.meta.base, s.meta.vseg) for s in parent.cold_segments.values())
+        if any(v is None for _, v in theirs):
+            return []
+        hot_first = parent.chunks.base_of(0) if len(parent.chunks) else parent.next_offset
+        out = []
+        i = cold.locate(first)
+        while i < len(cold) and cold.base_of(i) < end:
+            vseg = self.cold_segments[cold.segment_of(i)].meta.vseg
+            if vseg is not None:
+                w = next((b for b, v in theirs if v > vseg), hot_first)
+                out.append((cold.base_of(i), w))
             i += 1
         return out
 

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from stratalog.storage import reaper
@@ -388,6 +388,7 @@ class Migrator:
                 if gone or stale or (cold.shared and not vlog.leading):
                     cold.remove_files(p.uid, meta)
                     continue
+                meta = replace(meta, vseg=seg.seq)
                 metas = [s.meta for s in p.cold_segments.values()] + [meta]
                 store.cold_committing.add(p.uid)
                 try:
