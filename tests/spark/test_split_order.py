@@ -1,13 +1,17 @@
-"""A streaming query across two splits under load keeps every key's order (stratalog.splits).
+"""Streaming queries across two splits under load keep every key's order (stratalog.splits).
 
 Two confluent-kafka producers write their own keys, each record carrying its key's sequence
 number, fast enough that the broker splits the topic twice (2 to 4 to 8 partitions) while a
-``stratalog-python`` streaming query reads it. The producers learn each split only at their next
-metadata refresh, so for a moment they still send moved keys to the parents. The oracles: the
-producers' delivery reports (what was written, where) and the sequence numbers. Each key's
-records must come out of the query in the order written: in one task per micro-batch (a task's
-rows are one ordered stream), across micro-batches in batch order. The same check on Spark's own
-Kafka source, which reads each partition in a task of its own, finds keys split across tasks.
+streaming query of ``format("stratalog-python")`` or of the JVM connector ``format("stratalog")``
+reads it with small fetches, with all available offsets per micro-batch or with
+``maxOffsetsPerTrigger`` (a child's cut must then follow its parent's). The producers learn each
+split only at their next metadata refresh, so for a moment they still send moved keys to the
+parents. The oracles: the producers' delivery reports (what was written, where) and the sequence
+numbers. Each key's records must come out in the order written: in one task per family and
+micro-batch (a task's rows are one ordered stream), across micro-batches in batch order. Batch
+reads of the same topic: one task per family in both connectors (minPartitions does not cut
+them), the same rows in both; Spark's Kafka source, a task per partition, is the negative
+control that shows the order check fails on this data.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -26,6 +32,9 @@ from .conftest import topic_name
 pytestmark = pytest.mark.spark
 
 KEYS = 24  # per producer
+JVM = "stratalog"
+FETCH_BYTES = "4096"  # small: a task meets a child's batches long before its parent's end
+FAMILIES = {frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})}  # created with 2, split twice
 
 
 def _history(bootstrap: str, topic: str) -> str:
@@ -90,12 +99,21 @@ def _tagged(df, batch_id: int) -> list[tuple]:
     return [(batch_id, *r) for r in got.collect()]
 
 
-@pytest.mark.parametrize("max_offsets", [None, "1500"], ids=["all-available", "rate-limited"])
-def test_a_query_across_two_splits_reads_every_key_in_order(
-    spark, bootstrap, tmp_path, max_offsets
-):
-    """With ``maxOffsetsPerTrigger`` each micro-batch's ranges are cut, and a child's cut must
-    follow its parent's (planning.cut_families) for the order to hold across micro-batches."""
+@dataclass
+class SplitRun:
+    """A topic split twice under load while a streaming query read it."""
+
+    topic: str
+    # (batch id, task, row index in the task, key, sequence, partition, offset) of the query
+    rows: list[tuple]
+    written: dict[tuple[int, int], tuple[bytes, bytes]]  # (partition, offset) -> (key, value)
+    error: str | None  # the query's failure
+
+
+def _query_across_splits(
+    spark, fmt: str, bootstrap: str, ckpt: Path, max_offsets: str | None
+) -> SplitRun:
+    """Splits a new topic twice under load while a streaming query of ``fmt`` reads it."""
     topic = topic_name("splits")
     create_topic(
         bootstrap, topic, 2,
@@ -105,19 +123,18 @@ def test_a_query_across_two_splits_reads_every_key_in_order(
     )  # fmt: skip
     rows: list[tuple] = []
     reader = (
-        spark.readStream.format("stratalog-python")
+        spark.readStream.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
-        # Small fetches: a task meets a child's batches long before its parent's range ends.
-        .option("kafka.max.partition.fetch.bytes", "4096")
+        .option("kafka.max.partition.fetch.bytes", FETCH_BYTES)
     )
     if max_offsets is not None:
         reader = reader.option("maxOffsetsPerTrigger", max_offsets)
     query = (
         reader.load()
         .writeStream.foreachBatch(lambda df, batch_id: rows.extend(_tagged(df, batch_id)))
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .option("checkpointLocation", str(ckpt))
         .trigger(processingTime="500 milliseconds")
         .start()
     )
@@ -140,33 +157,123 @@ def test_a_query_across_two_splits_reads_every_key_in_order(
         written = {(p, o): (k, v) for rows_ in acked for k, v, p, o in rows_}
         deadline = time.monotonic() + 120
         while len(rows) < len(written) and time.monotonic() < deadline:
-            assert query.exception() is None, query.exception()
+            if query.exception() is not None:
+                break
             time.sleep(0.5)
     finally:
         stop.set()
         query.stop()
-    assert query.exception() is None
-    assert _history(bootstrap, topic) == "2,4,8"  # split twice, under load
+    error = query.exception()
+    return SplitRun(topic, rows, written, None if error is None else str(error))
 
-    # Every acknowledged record exactly once, where it was acknowledged.
+
+@pytest.fixture(scope="module")
+def split_run(spark, spark_broker, tmp_path_factory) -> SplitRun:
+    """A JVM query with all available offsets in each micro-batch; its topic serves the batch
+    reads too."""
+    ckpt = tmp_path_factory.mktemp("splits") / "ckpt"
+    return _query_across_splits(spark, JVM, spark_broker.bootstrap, ckpt, None)
+
+
+def _check_query(run: SplitRun, bootstrap: str) -> None:
+    """Every acknowledged record once, in one task per family and micro-batch, each key's
+    records in the order written."""
+    assert run.error is None, run.error
+    assert _history(bootstrap, run.topic) == "2,4,8"  # split twice, under load
+    rows = run.rows
     read = [(p, o) for *_, p, o in rows]
     assert len(read) == len(set(read))
-    assert set(read) == set(written)
-    assert all(written[(p, o)][1].split(b":")[1] == b"%d" % s for *_, s, p, o in rows)
+    assert set(read) == set(run.written)
+    assert all(run.written[(p, o)][1].split(b":")[1] == b"%d" % s for *_, s, p, o in rows)
     # Keys moved: some micro-batch held a key's records from a parent and its child.
     parts: dict[tuple[int, bytes], set[int]] = defaultdict(set)
     for batch, _, _, key, _, p, _ in rows:
         parts[(batch, key)].add(p)
     assert any(len(ps) > 1 for ps in parts.values())
+    # One task per family in every micro-batch: never more than two, each within a family.
+    by_batch: dict[int, list[tuple]] = defaultdict(list)
+    for r in rows:
+        by_batch[r[0]].append(r)
+    for batch_rows in by_batch.values():
+        tasks = _task_partitions(batch_rows)
+        assert len(tasks) <= 2
+        assert all(any(t <= f for f in FAMILIES) for t in tasks), tasks
     problems = _order_violations([r[:5] for r in rows])
     assert not problems, problems[:10]
 
-    # Spark's Kafka source reads each partition in a task of its own: the same check finds
-    # keys split across tasks.
-    kafka_df = (
-        spark.read.format("kafka")
+
+def _batch(spark, fmt: str, bootstrap: str, topic: str, **options: str):
+    r = (
+        spark.read.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
-        .load()
+        .option("kafka.max.partition.fetch.bytes", FETCH_BYTES)
     )
-    assert _order_violations([r[:5] for r in _tagged(kafka_df, 0)])
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def _rows(df) -> list[tuple]:
+    """Every row of the Kafka schema but headers, timestamps in microseconds, sorted."""
+    from pyspark.sql import functions as F
+
+    cols = ["key", "value", "topic", "partition", "offset", "timestampType"]
+    got = df.select(*cols, F.unix_micros("timestamp").alias("ts")).collect()
+    return sorted(tuple(bytes(v) if isinstance(v, bytearray) else v for v in r) for r in got)
+
+
+def _task_partitions(tagged: list[tuple]) -> set[frozenset[int]]:
+    """The partitions each task of a read held (tagged rows as _tagged gives them)."""
+    tasks: dict[int, set[int]] = defaultdict(set)
+    for _, task, _, _, _, p, _ in tagged:
+        tasks[task].add(p)
+    return {frozenset(ps) for ps in tasks.values()}
+
+
+def test_a_jvm_query_across_two_splits_reads_every_key_in_order(split_run, bootstrap):
+    _check_query(split_run, bootstrap)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "max_offsets"),
+    [("stratalog-python", None), ("stratalog-python", "1500"), (JVM, "1500")],
+    ids=["python", "python-rate-limited", "jvm-rate-limited"],
+)
+def test_a_query_across_two_splits_reads_every_key_in_order(
+    spark, bootstrap, tmp_path, fmt, max_offsets
+):
+    run = _query_across_splits(spark, fmt, bootstrap, tmp_path / "ckpt", max_offsets)
+    _check_query(run, bootstrap)
+    if max_offsets is not None:
+        sizes: dict[int, int] = defaultdict(int)
+        for r in run.rows:
+            sizes[r[0]] += 1
+        assert max(sizes.values()) <= int(max_offsets)  # the limit held: the ranges were cut
+
+
+def test_a_jvm_batch_read_of_a_split_topic_keeps_order_and_matches_the_python_source(
+    spark, split_run, bootstrap
+):
+    topic = split_run.topic
+    # minPartitions would cut a plain topic's eight partitions into sixteen tasks; a split
+    # topic's families are never cut.
+    jvm = _batch(spark, JVM, bootstrap, topic, minPartitions="16")
+    python = _batch(spark, "stratalog-python", bootstrap, topic, minPartitions="16")
+    assert jvm.rdd.getNumPartitions() == 2
+    assert python.rdd.getNumPartitions() == 2
+
+    jvm_rows = _rows(jvm)
+    assert jvm_rows == _rows(python)
+    assert {(p, o) for _, _, _, p, o, _, _ in jvm_rows} == set(split_run.written)
+
+    tagged = _tagged(jvm, 0)
+    assert _task_partitions(tagged) == FAMILIES
+    assert _task_partitions(_tagged(python, 0)) == FAMILIES
+    problems = _order_violations([r[:5] for r in tagged])
+    assert not problems, problems[:10]
+
+    # Spark's Kafka source reads each partition in a task of its own: the same check finds
+    # keys split across tasks in this topic.
+    kafka = _batch(spark, "kafka", bootstrap, topic)
+    assert _order_violations([r[:5] for r in _tagged(kafka, 0)])

@@ -2,7 +2,6 @@ package io.stratalog.spark;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
-import java.util.List;
 import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
@@ -16,7 +15,8 @@ import org.apache.spark.sql.types.StructType;
 /**
  * Builder, scan and batch in one: it keeps only the columns the query reads (so a count or a
  * sum over values never materialises keys, topics or headers) and plans one task per offset
- * range on the driver; a streaming query gets a {@link MicroBatch} instead.
+ * range (or split partition family) on the driver; a streaming query gets a
+ * {@link MicroBatch} instead.
  */
 final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, Scan, Batch {
   private final ReadOptions opts;
@@ -71,8 +71,7 @@ final class BatchScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
   @Override
   public InputPartition[] planInputPartitions() {
     try (LeaderMap wire = new LeaderMap(opts.bootstrap, opts.pollTimeoutMs, opts.security)) {
-      List<OffsetRange> ranges = new Planner(opts, wire).plan();
-      return ranges.toArray(new InputPartition[0]);
+      return new Planner(opts, wire).plan().toArray(new InputPartition[0]);
     } catch (IOException e) {
       throw new UncheckedIOException("cannot plan the read on " + opts.bootstrap, e);
     }

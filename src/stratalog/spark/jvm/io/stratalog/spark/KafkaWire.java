@@ -15,11 +15,13 @@ import java.util.Map;
 
 /**
  * A blocking Kafka-protocol connection to one broker, for the requests the connector makes:
- * Metadata, ApiVersions, ListOffsets, Fetch, Produce and DescribeLogDirs ({@link LeaderMap}
- * picks the broker).
+ * Metadata, ApiVersions, ListOffsets, Fetch, Produce, DescribeLogDirs and DescribeConfigs
+ * ({@link LeaderMap} picks the broker).
  * Fetch answers are read into one reusable array and their record bytes are handed out as
  * positions in it, so the decoder copies each value once, into its column. Versions are fixed
- * at ones every Kafka 2.x-4.x broker and Stratalog accept (non-flexible).
+ * at ones every Kafka 2.x-4.x broker and Stratalog accept (non-flexible), but for the Fetch of
+ * a split family ({@link #fetchFamily}): only v12+ (flexible) answers carry the order marks,
+ * and only Stratalog has split topics.
  */
 final class KafkaWire implements Closeable {
   static final long EARLIEST = -2L;
@@ -31,11 +33,15 @@ final class KafkaWire implements Closeable {
   private static final short LIST_OFFSETS_V = 2; // v2: an isolation level (LSO for latest)
   private static final short FETCH = 1;
   private static final short FETCH_V = 5; // v5: answers carry the log start offset
+  private static final short FETCH_FLEX_V = 12; // the first with tagged fields (order marks)
   private static final short PRODUCE = 0;
   private static final short PRODUCE_V = 7; // v3+: record batches of magic 2
   private static final short API_VERSIONS = 18;
   private static final short DESCRIBE_LOG_DIRS = 35;
   private static final short DESCRIBE_LOG_DIRS_V = 1; // v1: as v0, the last non-flexible one
+  private static final short DESCRIBE_CONFIGS = 32;
+  private static final short DESCRIBE_CONFIGS_V = 1; // Kafka 4 dropped v0; v1-v3 non-flexible
+  private static final byte TOPIC_RESOURCE = 2;
   static final short END_TXN = 26;
 
   private final String host;
@@ -136,6 +142,13 @@ final class KafkaWire implements Closeable {
     return b;
   }
 
+  /** A request header v2 (flexible versions): v1's, then its tagged fields (none). */
+  private Body flexibleHeader(short api, short version) throws IOException {
+    Body b = header(api, version);
+    b.w.writeByte(0);
+    return b;
+  }
+
   /** Sends the request and returns a buffer over the answer's body (after the correlation id). */
   private ByteBuffer call(Body req) throws IOException {
     byte[] body = req.bytes.toByteArray();
@@ -167,6 +180,47 @@ final class KafkaWire implements Closeable {
     String s = new String(bb.array(), bb.arrayOffset() + bb.position(), n, StandardCharsets.UTF_8);
     bb.position(bb.position() + n);
     return s;
+  }
+
+  // -- compact (flexible) encodings: unsigned varints, lengths stored plus one ----------------
+
+  private static void writeUvarint(DataOutputStream w, int v) throws IOException {
+    while ((v & ~0x7f) != 0) {
+      w.writeByte((v & 0x7f) | 0x80);
+      v >>>= 7;
+    }
+    w.writeByte(v);
+  }
+
+  private static void compactString(DataOutputStream w, String s) throws IOException {
+    byte[] b = s.getBytes(StandardCharsets.UTF_8);
+    writeUvarint(w, b.length + 1);
+    w.write(b);
+  }
+
+  private static int readUvarint(ByteBuffer bb) throws IOException {
+    int v = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+      int b = bb.get();
+      v |= (b & 0x7f) << shift;
+      if ((b & 0x80) == 0) {
+        return v;
+      }
+    }
+    throw new IOException("an overlong varint in an answer");
+  }
+
+  /** A compact length: the stored number less one; -1 for null. */
+  private static int readCompactLength(ByteBuffer bb) throws IOException {
+    return readUvarint(bb) - 1;
+  }
+
+  private static void skipTags(ByteBuffer bb) throws IOException {
+    for (int n = readUvarint(bb); n > 0; n--) {
+      readUvarint(bb); // tag
+      int size = readUvarint(bb);
+      bb.position(bb.position() + size);
+    }
   }
 
   // -- Metadata --------------------------------------------------------------------------------
@@ -294,6 +348,48 @@ final class KafkaWire implements Closeable {
     return found;
   }
 
+  // -- DescribeConfigs -------------------------------------------------------------------------
+
+  /** A topic config's value; null when the broker has no such config (or hides it). */
+  String topicConfig(String topic, String name) throws IOException {
+    Body req = header(DESCRIBE_CONFIGS, DESCRIBE_CONFIGS_V);
+    req.w.writeInt(1); // resources
+    req.w.writeByte(TOPIC_RESOURCE);
+    req.string(topic);
+    req.w.writeInt(1); // the config names asked for
+    req.string(name);
+    req.w.writeBoolean(false); // include synonyms
+    ByteBuffer bb = call(req);
+    bb.getInt(); // throttle
+    String value = null;
+    for (int i = bb.getInt(); i > 0; i--) {
+      short err = bb.getShort();
+      String message = readString(bb);
+      bb.get(); // resource type
+      readString(bb); // resource name
+      if (err != 0) {
+        throw new KafkaError("DescribeConfigs of topic " + topic + " on " + address()
+            + " failed" + (message == null ? "" : ": " + message), err);
+      }
+      for (int c = bb.getInt(); c > 0; c--) {
+        String n = readString(bb);
+        String v = readString(bb);
+        bb.get(); // read only
+        bb.get(); // source
+        bb.get(); // sensitive
+        for (int y = bb.getInt(); y > 0; y--) { // synonyms (none asked for)
+          readString(bb);
+          readString(bb);
+          bb.get();
+        }
+        if (name.equals(n)) {
+          value = v;
+        }
+      }
+    }
+    return value;
+  }
+
   // -- ListOffsets -----------------------------------------------------------------------------
 
   /**
@@ -338,7 +434,13 @@ final class KafkaWire implements Closeable {
     long lastStableOffset;
     long logStartOffset;
     long[] aborted = new long[0]; // (producer id, first offset) pairs: read_committed answers
+    // A split child's order marks (SplitTree), v12+ answers only: (batch base offset, parent's
+    // next offset when that batch was appended) pairs, by base offset; null when none came.
+    long[] marks;
     byte[] array;
+    // The connection and request that read the array: a later request on it overwrites it.
+    KafkaWire wire;
+    int call;
     int start;
     int end;
   }
@@ -386,6 +488,109 @@ final class KafkaWire implements Closeable {
       }
     }
     return fp;
+  }
+
+  /**
+   * One Fetch (v12, flexible) of several partitions of a topic, each from its offset, up to
+   * {@code partitionMaxBytes} each and {@code maxBytes} in all (the broker fills the partitions
+   * in the order asked); partition -> answer, valid until the next call. Unlike {@link #fetch}
+   * the answers carry a split child's order marks ({@link SplitTree#ORDER_TAG}).
+   */
+  Map<Integer, FetchedPartition> fetchFamily(String topic, Map<Integer, Long> offsets,
+      int partitionMaxBytes, int maxBytes, int maxWaitMs, boolean readCommitted)
+      throws IOException {
+    Body req = flexibleHeader(FETCH, FETCH_FLEX_V);
+    req.w.writeInt(-1); // replica id
+    req.w.writeInt(maxWaitMs);
+    req.w.writeInt(1); // min bytes
+    req.w.writeInt(maxBytes);
+    req.w.writeByte(readCommitted ? 1 : 0);
+    req.w.writeInt(0); // session id
+    req.w.writeInt(-1); // session epoch: a full fetch, no session
+    writeUvarint(req.w, 2); // topics: one
+    compactString(req.w, topic);
+    writeUvarint(req.w, offsets.size() + 1);
+    for (Map.Entry<Integer, Long> p : offsets.entrySet()) {
+      req.w.writeInt(p.getKey());
+      req.w.writeInt(-1); // current leader epoch: not known
+      req.w.writeLong(p.getValue());
+      req.w.writeInt(-1); // last fetched epoch
+      req.w.writeLong(-1L); // log start offset: a consumer's is unknown
+      req.w.writeInt(partitionMaxBytes);
+      req.w.writeByte(0); // tags
+    }
+    req.w.writeByte(0); // topic tags
+    writeUvarint(req.w, 1); // forgotten topics: none
+    writeUvarint(req.w, 1); // rack id: ""
+    req.w.writeByte(0); // tags
+    ByteBuffer bb = call(req);
+    skipTags(bb); // response header v1
+    bb.getInt(); // throttle
+    short err = bb.getShort();
+    if (err != 0) {
+      throw new KafkaError("Fetch of " + topic + " from " + address() + " failed", err);
+    }
+    bb.getInt(); // session id
+    Map<Integer, FetchedPartition> out = new LinkedHashMap<>();
+    for (int i = readCompactLength(bb); i > 0; i--) {
+      int name = Math.max(readCompactLength(bb), 0); // the topic's name, skipped
+      bb.position(bb.position() + name);
+      for (int j = readCompactLength(bb); j > 0; j--) {
+        FetchedPartition fp = new FetchedPartition();
+        fp.array = frame;
+        fp.wire = this;
+        fp.call = correlation;
+        int partition = bb.getInt();
+        fp.error = bb.getShort();
+        fp.highWatermark = bb.getLong();
+        fp.lastStableOffset = bb.getLong();
+        fp.logStartOffset = bb.getLong();
+        int aborted = readCompactLength(bb);
+        fp.aborted = new long[2 * Math.max(aborted, 0)];
+        for (int k = 0; k < fp.aborted.length; k += 2) {
+          fp.aborted[k] = bb.getLong();
+          fp.aborted[k + 1] = bb.getLong();
+          skipTags(bb);
+        }
+        bb.getInt(); // preferred read replica
+        int size = readCompactLength(bb);
+        fp.start = bb.position();
+        fp.end = fp.start + Math.max(size, 0);
+        bb.position(fp.end);
+        for (int t = readUvarint(bb); t > 0; t--) {
+          int tag = readUvarint(bb);
+          int length = readUvarint(bb);
+          int at = bb.position();
+          if (tag == SplitTree.ORDER_TAG) {
+            fp.marks = marks(bb, length, topic + "-" + partition);
+          }
+          bb.position(at + length);
+        }
+        out.put(partition, fp);
+      }
+      skipTags(bb); // topic's
+    }
+    skipTags(bb);
+    return out;
+  }
+
+  /** Whether {@code fp}'s records are still there: no request on its connection since. */
+  static boolean current(FetchedPartition fp) {
+    return fp.wire == null || fp.wire.correlation == fp.call;
+  }
+
+  /** Order marks: an int32 count, then (int64 base offset, int64 parent offset) pairs. */
+  private static long[] marks(ByteBuffer bb, int length, String where) throws IOException {
+    int n = length >= 4 ? bb.getInt() : -1;
+    if (n < 0 || 4 + 16L * n != length) {
+      throw new IOException("the order marks of " + where + " (" + length
+          + " bytes) are malformed");
+    }
+    long[] out = new long[2 * n];
+    for (int k = 0; k < out.length; k++) {
+      out[k] = bb.getLong();
+    }
+    return out;
   }
 
   /**

@@ -278,6 +278,36 @@ final class LeaderMap implements Closeable {
         fp -> fp.error).get(partition);
   }
 
+  /**
+   * See {@link KafkaWire#fetchFamily}: each partition from its leader, in the order of
+   * {@code offsets}. A leader that moved meanwhile makes a second request on a connection whose
+   * frame holds earlier answers: then the whole fetch is made again, to the leaders now known.
+   */
+  Map<Integer, KafkaWire.FetchedPartition> fetchFamily(String topic, Map<Integer, Long> offsets,
+      int partitionMaxBytes, int maxBytes, int maxWaitMs, boolean readCommitted)
+      throws IOException {
+    for (int attempt = 0; ; attempt++) {
+      Map<Integer, KafkaWire.FetchedPartition> got = toLeaders(topic,
+          new ArrayList<>(offsets.keySet()), (w, ps) -> {
+            Map<Integer, Long> mine = new LinkedHashMap<>();
+            ps.forEach(p -> mine.put(p, offsets.get(p)));
+            return w.fetchFamily(topic, mine, partitionMaxBytes, maxBytes, maxWaitMs,
+                readCommitted);
+          }, fp -> fp.error);
+      if (got.values().stream().allMatch(KafkaWire::current)) {
+        return got;
+      }
+      if (attempt >= 5) {
+        throw new IOException("the leaders of " + topic + " kept moving during a fetch");
+      }
+    }
+  }
+
+  /** See {@link KafkaWire#topicConfig}: asked of any broker. */
+  String topicConfig(String topic, String name) throws IOException {
+    return onAnyBroker(w -> w.topicConfig(topic, name));
+  }
+
   /** See {@link KafkaWire#produce}: to the partition's leader. */
   long[] produce(String topic, int partition, byte[] batch, int timeoutMs) throws IOException {
     return toLeaders(topic, List.of(partition),

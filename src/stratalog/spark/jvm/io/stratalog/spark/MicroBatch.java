@@ -27,9 +27,11 @@ import org.apache.spark.sql.types.StructType;
  * A streaming read in micro-batches. Each trigger asks the broker for the latest offsets (a
  * pattern subscription picks up new topics, a topic its new partitions, which start at their
  * earliest offset), capped by maxOffsetsPerTrigger in proportion to what each partition has
- * waiting, as Spark's Kafka source caps it. The resolved starting offsets are kept in the
- * query's checkpoint before the first batch is planned, so a restart before the first batch
- * committed starts where the first start did (startingOffsets=latest would otherwise move).
+ * waiting, as Spark's Kafka source caps it (on a split topic the capped ends are then made a
+ * consistent cut of each family's log, {@link Planner#cutFamilies}). The resolved starting
+ * offsets are kept in the query's checkpoint before the first batch is planned, so a restart
+ * before the first batch committed starts where the first start did (startingOffsets=latest
+ * would otherwise move).
  */
 final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow {
   private static final String INITIAL = "stratalog-initial-offsets.json";
@@ -149,7 +151,11 @@ final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow 
           availableNow != null ? availableNow : p.offsetsAt(tps, KafkaWire.LATEST);
       PartitionMap from = withNewPartitions(start, tps, p);
       if (limit instanceof ReadMaxRows) {
-        return new JsonOffset(rateLimit(from, latest, ((ReadMaxRows) limit).maxRows()));
+        PartitionMap capped = rateLimit(from, latest, ((ReadMaxRows) limit).maxRows());
+        if (capped != latest) { // (uncut, every partition ends at its latest: nothing to do)
+          p.cutFamilies(from, capped, latest);
+        }
+        return new JsonOffset(capped);
       }
       return new JsonOffset(latest);
     });
@@ -237,7 +243,7 @@ final class MicroBatch implements MicroBatchStream, SupportsTriggerAvailableNow 
           checked.computeIfAbsent(t.getKey(), k -> new TreeMap<>()).put(part.getKey(), s);
         }
       }
-      return p.split(checked, end).toArray(new InputPartition[0]);
+      return p.tasks(checked, end).toArray(new InputPartition[0]);
     });
   }
 

@@ -10,12 +10,15 @@ import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
 import java.util.regex.Pattern;
+import org.apache.spark.sql.connector.read.InputPartition;
 
 /**
  * Turns the options into offset ranges on Spark's driver: which topic-partitions, where each
  * starts and ends (startingTimestamp > startingOffsetsByTimestamp > startingOffsets, and the
  * same for the end), and how the ranges are cut for minPartitions, as Spark's
- * KafkaOffsetRangeCalculator cuts them so both sources run the same tasks.
+ * KafkaOffsetRangeCalculator cuts them so both sources run the same tasks. A split topic
+ * ({@link SplitTree}) is planned one task per partition family instead, never cut: a key's
+ * records may sit in a parent and its child, and only one reader of both keeps their order.
  */
 final class Planner {
   /** Internal topic of the Python source's streaming queries; never part of a pattern. */
@@ -29,8 +32,8 @@ final class Planner {
     this.wire = wire;
   }
 
-  /** A batch query's ranges. */
-  List<OffsetRange> plan() throws IOException {
+  /** A batch query's tasks. */
+  List<InputPartition> plan() throws IOException {
     Map<String, List<Integer>> tps = topicPartitions();
     PartitionMap earliest = offsetsAt(tps, KafkaWire.EARLIEST);
     PartitionMap latest = offsetsAt(tps, KafkaWire.LATEST);
@@ -45,7 +48,146 @@ final class Planner {
         }
       }
     }
-    return split(start, end);
+    return tasks(start, end);
+  }
+
+  /**
+   * The tasks of {@code [start, end)}: a split topic's families one task each (see
+   * {@link #families}), the other topics' ranges as {@link #split} cuts them.
+   */
+  List<InputPartition> tasks(PartitionMap start, PartitionMap end) throws IOException {
+    PartitionMap plain = new PartitionMap();
+    List<InputPartition> families = new ArrayList<>();
+    for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
+      int[] counts = t.getValue().isEmpty() ? new int[0] : splitCounts(t.getKey());
+      if (counts.length == 0) {
+        plain.put(t.getKey(), t.getValue());
+      } else {
+        families.addAll(families(t.getKey(), counts, start.get(t.getKey()), t.getValue()));
+      }
+    }
+    List<InputPartition> out = new ArrayList<>(split(start, plain));
+    out.addAll(families);
+    return out;
+  }
+
+  /**
+   * The topic's split history (its partition counts), or none when it was never split or the
+   * broker does not say (a Kafka broker, an error answer): such a topic is read as Kafka's.
+   */
+  private int[] splitCounts(String topic) throws IOException {
+    String history;
+    try {
+      history = wire.topicConfig(topic, SplitTree.HISTORY);
+    } catch (KafkaWire.KafkaError e) {
+      return new int[0]; // an error answer (no such topic, not authorized): as Kafka's
+    }
+    return SplitTree.parse(history);
+  }
+
+  /**
+   * One task per family of the partitions in {@code end} (a partition split off after the end
+   * was taken waits for a later batch), each member from its start (0 when it has none) to
+   * its end, with its parent; families with no member in {@code end} are left out.
+   */
+  private List<FamilyRange> families(String topic, int[] counts, TreeMap<Integer, Long> start,
+      TreeMap<Integer, Long> end) {
+    List<FamilyRange> out = new ArrayList<>();
+    for (List<Integer> family : SplitTree.families(counts, end.lastKey() + 1)) {
+      List<Integer> members = new ArrayList<>();
+      for (int p : family) {
+        if (end.containsKey(p)) {
+          members.add(p);
+        }
+      }
+      if (members.isEmpty()) {
+        continue;
+      }
+      int n = members.size();
+      int[] partitions = new int[n];
+      long[] from = new long[n];
+      long[] until = new long[n];
+      int[] parents = new int[n];
+      for (int i = 0; i < n; i++) {
+        int p = members.get(i);
+        partitions[i] = p;
+        from[i] = start == null ? 0L : start.getOrDefault(p, 0L);
+        until[i] = Math.max(from[i], end.get(p));
+        // Parents come first, so a parent among the members has a smaller index.
+        parents[i] = members.indexOf(SplitTree.parentOf(p, counts));
+      }
+      String leader = wire.leaderAddress(topic, partitions[0]);
+      out.add(new FamilyRange(topic, partitions, from, until, parents,
+          leader == null ? opts.bootstrap : leader + "," + opts.bootstrap));
+    }
+    return out;
+  }
+
+  /**
+   * Makes a rate-limited {@code end} a consistent cut of each split family's log, in place: a
+   * child whose parent ends below {@code latest} ends before its first batch appended after the
+   * parent's end (its order mark is past it), else the child's records could come out a
+   * micro-batch before parent records written first. Parents before children, so a grandchild
+   * follows its parent's cut. As the Python source's planning.cut_families.
+   */
+  void cutFamilies(PartitionMap start, PartitionMap end, PartitionMap latest)
+      throws IOException {
+    for (Map.Entry<String, TreeMap<Integer, Long>> t : end.entrySet()) {
+      TreeMap<Integer, Long> ends = t.getValue();
+      int[] counts = ends.isEmpty() ? new int[0] : splitCounts(t.getKey());
+      if (counts.length == 0) {
+        continue;
+      }
+      TreeMap<Integer, Long> full = latest.getOrDefault(t.getKey(), new TreeMap<>());
+      for (FamilyRange f : families(t.getKey(), counts, start.get(t.getKey()), ends)) {
+        for (int i = 0; i < f.partitions.length; i++) {
+          if (f.parents[i] < 0 || f.until[i] <= f.from[i]) {
+            continue;
+          }
+          int parent = f.partitions[f.parents[i]];
+          long parentEnd = ends.get(parent);
+          if (parentEnd < full.getOrDefault(parent, parentEnd)) {
+            ends.put(f.partitions[i],
+                childEnd(t.getKey(), f.partitions[i], f.from[i], f.until[i], parentEnd));
+          }
+        }
+      }
+    }
+  }
+
+  /**
+   * Where a read of {@code child} from {@code start} must end, at most {@code end}, when its
+   * parent's read ends at {@code parentEnd}: at its first batch whose order mark is past
+   * {@code parentEnd}, or that has none (a cold chunk of an old broker).
+   */
+  private long childEnd(String topic, int child, long start, long end, long parentEnd)
+      throws IOException {
+    long at = start;
+    while (at < end) {
+      KafkaWire.FetchedPartition fp =
+          wire.fetchFamily(topic, Map.of(child, at), 1 << 20, 1 << 20, 0, false).get(child);
+      if (fp == null) {
+        throw new IOException("the broker did not answer a fetch of " + topic + "-" + child);
+      }
+      if (fp.error != 0) {
+        throw new KafkaWire.KafkaError(
+            "Fetch of " + topic + "-" + child + " at offset " + at + " failed", fp.error);
+      }
+      if (!FamilyReader.wholeBatchAt(fp, fp.start)) {
+        return at; // nothing more there: the end is where it is
+      }
+      long cut = FamilyReader.firstWaiting(fp, parentEnd);
+      if (cut != Long.MAX_VALUE) {
+        return Math.max(start, Math.min(end, cut));
+      }
+      long next = FamilyReader.afterWhole(fp);
+      if (next <= at) {
+        throw new IOException("a fetch of " + topic + "-" + child + " at offset " + at
+            + " made no progress");
+      }
+      at = next;
+    }
+    return end;
   }
 
   /** The topic-partitions the options select, checked against the broker. */

@@ -24,7 +24,7 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  */
 final class RangeReader implements PartitionReader<ColumnarBatch> {
   static final int ROWS = 4096;
-  private static final int MAX_FETCH_BYTES = 1 << 30;
+  static final int MAX_FETCH_BYTES = 1 << 30;
   private static final String[] FIELDS = {
     "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"
   };
@@ -52,6 +52,12 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     this.next = range.from;
     this.fetchBytes = opts.fetchMaxBytes;
     vectors = OnHeapColumnVector.allocateColumns(ROWS, readSchema);
+    batch = new ColumnarBatch((ColumnVector[]) vectors);
+    decoder = new RecordDecoder(range.topic, range.partition, byField(readSchema, vectors), true);
+  }
+
+  /** The vectors of the read schema in the decoder's field order; null for a pruned field. */
+  static WritableColumnVector[] byField(StructType readSchema, WritableColumnVector[] vectors) {
     WritableColumnVector[] byField = new WritableColumnVector[FIELDS.length];
     StructField[] fields = readSchema.fields();
     for (int i = 0; i < fields.length; i++) {
@@ -61,8 +67,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         }
       }
     }
-    batch = new ColumnarBatch((ColumnVector[]) vectors);
-    decoder = new RecordDecoder(range.topic, range.partition, byField, true);
+    return byField;
   }
 
   @Override

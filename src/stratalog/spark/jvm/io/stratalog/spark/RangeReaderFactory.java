@@ -7,7 +7,7 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
-/** Sent to the executors: makes a columnar reader per offset range. */
+/** Sent to the executors: makes a columnar reader per offset range or split family. */
 final class RangeReaderFactory implements PartitionReaderFactory {
   private static final long serialVersionUID = 1L;
 
@@ -26,6 +26,9 @@ final class RangeReaderFactory implements PartitionReaderFactory {
 
   @Override
   public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
+    if (partition instanceof FamilyRange) {
+      return new FamilyReader((FamilyRange) partition, opts, readSchema);
+    }
     return new RangeReader((OffsetRange) partition, opts, readSchema);
   }
 

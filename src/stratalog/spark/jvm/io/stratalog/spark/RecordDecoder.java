@@ -25,7 +25,7 @@ final class RecordDecoder {
   private final WritableColumnVector timestamp;
   private final WritableColumnVector timestampType;
   private final WritableColumnVector headers;
-  private final int partition;
+  private int partition;
   private final boolean checkCrc;
   private final CRC32C crc = new CRC32C();
   private int headerRows;
@@ -46,6 +46,14 @@ final class RecordDecoder {
     timestamp = byField[5];
     timestampType = byField[6];
     headers = byField[7];
+  }
+
+  /**
+   * Decodes the next batches as of another partition of the topic (a split family's member):
+   * one decoder per set of vectors, as it counts the header entries written to them.
+   */
+  void partition(int p) {
+    partition = p;
   }
 
   /** Called when the vectors are reset for a new columnar batch. */
