@@ -35,9 +35,9 @@ class Member:
     parent: int | None = None
 
 
-def _cut(data: PartitionData, parent_at: int) -> int | None:
-    """The base offset of the first batch of ``data`` that must wait for the parent (its mark
-    is past ``parent_at``, or it has none); None if all may be taken."""
+def _cut(data: PartitionData, parent_at: int) -> tuple[int, int | None] | None:
+    """(base offset, mark) of the first batch of ``data`` that must wait for the parent (its
+    mark is past ``parent_at``, or it has none: mark None); None if all may be taken."""
     marks = dict(data.order or ())
     mv = memoryview(data.records)
     pos = 0
@@ -45,9 +45,19 @@ def _cut(data: PartitionData, parent_at: int) -> int | None:
         h = parse_header(mv, pos)
         w = marks.get(h.base_offset)
         if w is None or w > parent_at:
-            return h.base_offset
+            return h.base_offset, w
         pos += h.size
     return None
+
+
+def _waits(m: Member, blocked: dict, at: dict, end: dict) -> bool:
+    """Whether child ``m`` still waits for its parent to reach the mark it was cut at."""
+    if m.partition not in blocked or m.parent is None or m.parent not in at:
+        return False
+    if at[m.parent] >= end[m.parent]:
+        return False  # the parent's range is read: nothing to wait for
+    mark = blocked[m.partition]
+    return mark is None or at[m.parent] < mark
 
 
 def read_family(
@@ -68,8 +78,13 @@ def read_family(
     }
     at = {m.partition: m.start for m in members}
     end = {m.partition: m.end for m in members}
+    blocked: dict[int, int | None] = {}  # child -> the mark it waits for (None: the parent's end)
     while True:
-        want = {m.partition: at[m.partition] for m in members if at[m.partition] < end[m.partition]}
+        want = {
+            m.partition: at[m.partition]
+            for m in members
+            if at[m.partition] < end[m.partition] and not _waits(m, blocked, at, end)
+        }
         if not want:
             break
         got = client.fetch(
@@ -98,10 +113,14 @@ def read_family(
                 continue  # (else the answer's byte budget went to the partitions before it)
             limit = end[p]
             parent = m.parent
+            blocked.pop(p, None)
             if parent is not None and parent in at and at[parent] < end[parent]:
                 cut = _cut(data, at[parent])
                 if cut is not None:
-                    limit = min(limit, cut)
+                    limit = min(limit, cut[0])
+                    # Not fetched again before the parent reached that mark: its bytes would
+                    # be sent only to be dropped again.
+                    blocked[p] = cut[1]
             if limit <= at[p]:
                 continue  # waits for its parent
             records, after = committed_batches(data.records, data.aborted)
@@ -135,7 +154,7 @@ def child_end(
             return at  # nothing more there: the end is where it is
         cut = _cut(data, parent_end)
         if cut is not None:
-            return max(start, min(end, cut))
+            return max(start, min(end, cut[0]))
         mv = memoryview(data.records)
         pos = nxt = 0
         while pos + HEADER_SIZE <= len(mv):
