@@ -37,6 +37,9 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
   private final AbortedTransactions aborted = new AbortedTransactions();
   private final long[] at; // each member's read position
   private final long[] end; // each member's end, lowered when its partition holds less
+  // The parent offset each child waits for before it is fetched again (MIN_VALUE: none;
+  // MAX_VALUE: the parent's end, for a batch without a mark).
+  private final long[] waitFor;
   private LeaderMap wire;
   private int fetchBytes;
 
@@ -53,6 +56,8 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
     n = family.partitions.length;
     at = family.from.clone();
     end = family.until.clone();
+    waitFor = new long[n];
+    Arrays.fill(waitFor, Long.MIN_VALUE);
     taken = new KafkaWire.FetchedPartition[n];
     takeFrom = new long[n];
     takeUntil = new long[n];
@@ -120,7 +125,7 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
     Map<Integer, Long> want = new LinkedHashMap<>(); // parents first: the broker fills in order
     for (int i = 0; i < n; i++) {
       taken[i] = null;
-      if (at[i] < end[i]) {
+      if (at[i] < end[i] && !waits(i)) {
         want.put(family.partitions[i], at[i]);
       }
     }
@@ -178,8 +183,15 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
       }
       long limit = end[i];
       int parent = family.parents[i];
+      waitFor[i] = Long.MIN_VALUE;
       if (parent >= 0 && at[parent] < end[parent]) {
-        limit = Math.min(limit, firstWaiting(fp, at[parent]));
+        long first = firstWaiting(fp, at[parent]);
+        limit = Math.min(limit, first);
+        if (first != Long.MAX_VALUE) {
+          // Not fetched again before the parent reached that mark: its bytes would be sent
+          // only to be dropped again.
+          waitFor[i] = markOf(fp, first);
+        }
       }
       if (limit <= at[i]) {
         continue; // its next batch waits for the parent
@@ -223,6 +235,23 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
       }
       if (m >= marks.length || marks[m] != base || marks[m + 1] > parentAt) {
         return base;
+      }
+    }
+    return Long.MAX_VALUE;
+  }
+
+  /** Whether member {@code i} waits for its parent to reach the mark it was cut at. */
+  private boolean waits(int i) {
+    int parent = family.parents[i];
+    return parent >= 0 && at[parent] < end[parent] && at[parent] < waitFor[i];
+  }
+
+  /** The order mark of the batch at {@code base}; {@code Long.MAX_VALUE} when it has none. */
+  static long markOf(KafkaWire.FetchedPartition fp, long base) {
+    long[] marks = fp.marks == null ? new long[0] : fp.marks;
+    for (int m = 0; m + 1 < marks.length; m += 2) {
+      if (marks[m] == base) {
+        return marks[m + 1];
       }
     }
     return Long.MAX_VALUE;
