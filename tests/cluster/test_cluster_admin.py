@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.admin import KafkaAdminClient
 from kafka.structs import TopicPartition as KpTopicPartition
@@ -257,6 +257,44 @@ def test_group_deletions_on_the_coordinator_survive_its_death(cluster):
         cluster.start_broker(victim)
     assert _committed(_coordinator(cluster, gc).bootstrap, gc, topic) == -1
     assert _delete_group(_coordinator(cluster, gb).bootstrap, gb) == GROUP_ID_NOT_FOUND
+
+
+def test_a_classic_group_keeps_its_member_through_its_coordinators_death(cluster):
+    """The group's metadata record (Kafka's format, in __consumer_offsets) reaches the offsets
+    partition's replicas; the new coordinator takes the group back, so a librdkafka consumer
+    heartbeats on with its generation: no revocation, no second assignment."""
+    topic, group = "gm", "group-m"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+    _in_sync(cluster, topic, 1)
+    assigned: list[list[int]] = []
+    revoked: list[list[int]] = []
+    consumer = Consumer({
+        "bootstrap.servers": cluster.bootstrap, "group.id": group, "session.timeout.ms": 30000,
+        "heartbeat.interval.ms": 500, "enable.auto.commit": False,
+    })  # fmt: skip
+    consumer.subscribe(
+        [topic],
+        on_assign=lambda c, ps: assigned.append([p.partition for p in ps]),
+        on_revoke=lambda c, ps: revoked.append([p.partition for p in ps]),
+    )
+    try:
+        until(lambda: consumer.poll(0.2) is None and assigned, "the first assignment", timeout=60)
+        member = consumer.memberid()
+        victim = _coordinator(cluster, group)
+        cluster.stop_broker(victim, signal.SIGKILL)
+        new = until(lambda: (c := _coordinator(cluster, group)) is not victim and c, "a successor")
+        deadline = time.monotonic() + 8  # heartbeats to the successor, well within the session
+        while time.monotonic() < deadline:
+            consumer.poll(0.2)
+        described = wire.call(new.bootstrap, 15, 5, groups=[group],
+                              include_authorized_operations=False)["groups"][0]  # fmt: skip
+        cluster.start_broker(victim)
+    finally:
+        consumer.close()
+    assert (assigned, revoked) == ([[0]], [])
+    assert described["group_state"] == "Stable"
+    assert [m["member_id"] for m in described["members"]] == [member]
 
 
 def _describe(bootstrap: str, topic: str, names: list[str]) -> dict[str, tuple[str, int]]:

@@ -11,7 +11,7 @@ import signal
 import time
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from stratalog.client.family_reader import Member, read_family
 from stratalog.client.wire import WireClient
@@ -114,3 +114,33 @@ def test_a_split_keeps_children_with_their_parents_through_a_failover(cluster):
             parent_so_far += vs
         else:
             assert all(at[v] > at[w] for v in vs for w in parent_so_far)
+
+
+def test_the_leader_splits_a_partition_under_load(cluster):
+    """In a cluster the broker leading a partition measures its rate and asks etcd for the
+    split; every broker then shows the children, led with their parents."""
+    first = cluster.brokers[0].bootstrap
+    admin = AdminClient({"bootstrap.servers": first})
+    configs = {
+        "partition.autoscale.enable": "true",
+        "partition.autoscale.bytes.per.sec": "20000",
+        "partition.autoscale.window.ms": "1000",
+        "partition.autoscale.max.partitions": "2",
+    }
+    admin.create_topics([NewTopic("hot", 1, 2, config=configs)])["hot"].result(timeout=30)
+    _settled(first, "hot", 1, 2)
+    producer = Producer({"bootstrap.servers": first, "acks": "all", "linger.ms": 5})
+    deadline = time.monotonic() + 60
+    while len(_partitions(first, "hot")) < 2 and time.monotonic() < deadline:
+        for _ in range(100):  # about 100 KB/s, five times the bound
+            producer.produce("hot", b"x" * 1000, partition=0)
+        producer.poll(0.1)
+    assert producer.flush(30) == 0
+    for b in cluster.brokers:
+        parts = _settled(b.bootstrap, "hot", 2, 2)
+        assert parts[1]["leader_id"] == parts[0]["leader_id"]
+    res = ConfigResource(ConfigResource.Type.TOPIC, "hot")
+    got = admin.describe_configs([res])[res].result(timeout=15)
+    assert got["partition.split.history"].value == "1,2"
+    time.sleep(2)  # past another window: max.partitions stops a second split
+    assert len(_partitions(first, "hot")) == 2

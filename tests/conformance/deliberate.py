@@ -32,11 +32,6 @@ DELIBERATE: dict[str, str] = {
         "retention.ms, not whole segments: the log start offset moves past expired batches even "
         "when newer batches follow them in the same segment."
     ),
-    "groups.membership-not-persisted": (
-        "Consumer-group membership lives in memory: after a broker restart the group is empty, a "
-        "member's Heartbeat is answered UNKNOWN_MEMBER_ID and it rejoins; committed offsets are "
-        "durable and survive the restart."
-    ),
     "groups.consumer-protocol-without-classic-members": (
         "A group of the consumer protocol (KIP-848) takes no classic members and is not converted "
         "between protocols: a JoinGroup for one with members is answered "

@@ -249,7 +249,7 @@ def membership_across_restart(bs: str, restart: Callable[[], str], name: str) ->
     synced = wire.call(
         bs, 14, 5, group_id=group, generation_id=gen, member_id=member, group_instance_id=None,
         protocol_type="consumer", protocol_name="range",
-        assignments=[{"member_id": member, "assignment": b""}],
+        assignments=[{"member_id": member, "assignment": b"assigned-" + member.encode()[:8]}],
     )  # fmt: skip
     assert synced["error_code"] == 0, synced
     committed = wire.call(
@@ -290,10 +290,13 @@ def membership_across_restart(bs: str, restart: Callable[[], str], name: str) ->
         lambda r: r["groups"][0]["error_code"],
     )  # fmt: skip
     assert described["groups"][0]["error_code"] == 0, described
+    members = described["groups"][0]["members"]
     return {
         "heartbeat": hb,
         "group_state": described["groups"][0]["group_state"],
-        "members": len(described["groups"][0]["members"]),
+        "members": len(members),
+        "same_member": [m["member_id"] == member for m in members],
+        "assignments": [bytes(m["member_assignment"]) for m in members],
         "committed": fetched["groups"][0]["topics"][0]["partitions"][0]["committed_offset"],
     }
 
@@ -323,15 +326,12 @@ def test_group_membership_after_restart(fresh_stratalog, name):
             strat, kafka_obs = fs.result(120), fk.result(120)
     finally:
         kafka.close()
-    check_deliberate(
-        "groups.membership-not-persisted",
-        strat,
-        kafka_obs,
-        documented={
-            "heartbeat": "UNKNOWN_MEMBER_ID", "group_state": "Empty", "members": 0, "committed": 7,
-        },
-    )  # fmt: skip
-    assert kafka_obs == {"heartbeat": "NONE", "group_state": "Stable", "members": 1, "committed": 7}
+    # Both keep the member (its group metadata record in __consumer_offsets), its assignment
+    # and the group's offset.
+    assert kafka_obs["heartbeat"] == "NONE" and kafka_obs["group_state"] == "Stable"
+    assert kafka_obs["same_member"] == [True] and kafka_obs["committed"] == 7
+    assert {**strat, "assignments": None} == {**kafka_obs, "assignments": None}
+    assert [a[:9] for a in strat["assignments"]] == [b"assigned-"]
 
 
 # -- the high watermark under fsync=always --------------------------------------------------------

@@ -24,7 +24,8 @@ from stratalog.broker.consumer_groups import ConsumerGroups
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
 from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
-from stratalog.broker.offset_records import OFFSETS_TOPIC, partition_for
+from stratalog.broker.group_records import GroupKey, GroupRecord
+from stratalog.broker.offset_records import OFFSETS_TOPIC, OffsetRecordError, partition_for
 from stratalog.broker.offset_store import OffsetStore
 from stratalog.broker.quotas import ByteQuotas, QuotaStore, from_json, to_json
 from stratalog.broker.refusals import Refusals
@@ -164,6 +165,7 @@ class BrokerCore:
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             empty_group_ms=config["offsets.retention.check.interval.ms"],
         )
+        self.coordinator.persist = self._persist_group
         self.consumer_groups = ConsumerGroups(
             session_timeout_ms=config["group.consumer.session.timeout.ms"],
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
@@ -360,6 +362,7 @@ class BrokerCore:
             self._tasks.append(asyncio.ensure_future(self.migrator.run()))
         if self.config["log.cleaner.enable"]:
             self._tasks.append(asyncio.ensure_future(self.cleaner.run(self.compaction_policies)))
+        self._restore_groups()  # (their members' session timers need the running loop)
         self.txn.start()  # finishes the transactions found prepared, checks timeouts
 
     async def close(self, bound_s: float = 30.0) -> bool:
@@ -588,8 +591,28 @@ class BrokerCore:
     def _took_lead(self) -> None:
         self.apply_cluster_log_starts()
         self.offsets.load()
+        self._restore_groups()
         self.txn.load()
         self.share_state.load()
+
+    def _restore_groups(self) -> None:
+        """Take back the classic groups whose metadata the offsets partitions led here hold."""
+        taken = self.coordinator.restore(self.offsets.group_records())
+        if taken:
+            log.info("took back %d consumer group(s) from %s", taken, OFFSETS_TOPIC)
+
+    async def _persist_group(self, group: str, record: GroupRecord | None) -> None:
+        """Write a classic group's metadata record (GroupCoordinator.persist). Only its
+        coordinator writes; a failed write is logged: the members then rejoin after a restart,
+        as they did before records were kept."""
+        if self.cluster is not None:
+            here = self.cluster_coordinator(group)
+            if here is None or here[0] != self.node_id:
+                return
+        try:
+            await self.offsets.write([(GroupKey(group), record)])
+        except (StorageFailure, OffsetRecordError) as e:
+            log.warning("group %s: its metadata was not written: %s", group, e)
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
         """Mirror a topic change from etcd: metadata for every topic, storage for the

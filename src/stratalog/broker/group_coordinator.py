@@ -5,6 +5,11 @@ GroupCoordinator. JoinGroup requests park until every known member has rejoined 
 rebalance timeout throws out those that did not); the leader's SyncGroup hands out the
 assignment. Members that stop heartbeating past their session timeout are removed, which starts
 a rebalance for the rest. Outcomes are plain values; the API layer turns them into responses.
+
+A settled generation and an emptied group are written to ``__consumer_offsets`` as Kafka's
+group metadata records (``persist``, group_records.py), before the members learn of a new
+generation; :meth:`GroupCoordinator.restore` takes the groups back after a restart or on a new
+coordinator, so their members go on heartbeating instead of rejoining.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from stratalog.broker.group_records import GroupRecord, MemberRecord
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +121,11 @@ class GroupCoordinator:
         empty_group_ms: int = 600000,
     ) -> None:
         self.groups: dict[str, Group] = {}
+        # Writes a group's metadata record (None: its tombstone) to __consumer_offsets, so a
+        # restarted or new coordinator takes the group back (group_records.py); set by the
+        # broker, None in tests of the coordinator alone.
+        self.persist: Callable[[str, GroupRecord | None], Awaitable[None]] | None = None
+        self._writes: set[asyncio.Task] = set()
         self.min_session_ms = min_session_ms
         self.max_session_ms = max_session_ms
         self.initial_delay_ms = initial_rebalance_delay_ms
@@ -307,6 +319,8 @@ class GroupCoordinator:
             for mid, member in g.members.items():
                 member.assignment = assignments.get(mid, b"")
             g.state = STABLE
+            # As Kafka: the settled generation is stored before the members learn of it.
+            await self._store(g)
             for member in g.members.values():
                 fut = member.sync_future
                 member.sync_future = None
@@ -366,8 +380,7 @@ class GroupCoordinator:
         elif g.state == PREPARING:
             self._maybe_complete_join(g)
 
-    @staticmethod
-    def _emptied(g: Group) -> None:
+    def _emptied(self, g: Group) -> None:
         # Its protocol type stays (Kafka lists and describes an empty group with it) until a
         # first member of any type joins again.
         g.state = EMPTY
@@ -375,6 +388,73 @@ class GroupCoordinator:
         g.protocol_name = None
         g.leader = None
         g.emptied_at = time.monotonic()
+        self._spawn(self._store(g))
+
+    # -- the group's metadata record -----------------------------------------------------------
+    @staticmethod
+    def record_of(g: Group) -> GroupRecord:
+        return GroupRecord(
+            g.protocol_type or "",
+            g.generation,
+            g.protocol_name,
+            g.leader,
+            int(time.time() * 1000),
+            tuple(
+                MemberRecord(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    m.metadata_for(g.protocol_name or ""),
+                    m.assignment,
+                )
+                for m in g.members.values()
+            ),
+        )
+
+    async def _store(self, g: Group) -> None:
+        if self.persist is not None:
+            await self.persist(g.group_id, self.record_of(g))
+
+    def _spawn(self, coro) -> None:
+        if self.persist is None:
+            coro.close()
+            return
+        task = asyncio.ensure_future(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    def restore(self, records: dict[str, GroupRecord]) -> int:
+        """Take back the groups of ``records`` this coordinator does not know (a restart, or
+        the offsets partitions it now leads): their members stay, each with a full session
+        from now to heartbeat in, as Kafka's coordinator loads them. Returns how many."""
+        taken = 0
+        for gid, r in records.items():
+            if gid in self.groups:
+                continue
+            g = Group(gid)
+            g.protocol_type = r.protocol_type or None
+            g.generation = r.generation
+            g.protocol_name = r.protocol
+            g.leader = r.leader
+            for mr in r.members:
+                g.members[mr.member_id] = Member(
+                    mr.member_id, mr.group_instance_id, mr.client_id, mr.client_host,
+                    mr.session_timeout_ms, mr.rebalance_timeout_ms, r.protocol_type,
+                    [(r.protocol or "", mr.subscription)], mr.assignment,
+                )  # fmt: skip
+            if g.members:
+                g.state = STABLE
+                for m in g.members.values():
+                    self._schedule_expiry(g, m)
+            else:
+                g.state = EMPTY
+                g.emptied_at = time.monotonic()
+            self.groups[gid] = g
+            taken += 1
+        return taken
 
     def kept(self, g: Group) -> bool:
         """Whether an empty group without members is still known: one whose members all left
@@ -391,6 +471,8 @@ class GroupCoordinator:
         for gid in [gid for gid, g in self.groups.items() if not self.kept(g)]:
             if not has_offsets(gid):
                 self.forget(gid)
+                if self.persist is not None:
+                    self._spawn(self.persist(gid, None))  # nor taken back at a restart
 
     def _schedule_expiry(self, g: Group, m: Member) -> None:
         self._cancel_expiry(m)
@@ -450,6 +532,8 @@ class GroupCoordinator:
             t.cancel()
 
     def shutdown(self) -> None:
+        for t in self._writes:
+            t.cancel()
         for g in self.groups.values():
             if g.rebalance_timer is not None:
                 g.rebalance_timer.cancel()

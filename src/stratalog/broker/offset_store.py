@@ -26,8 +26,16 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from stratalog.broker.group_records import (
+    GroupKey,
+    GroupRecord,
+    decode_group_key,
+    decode_group_value,
+    encode_group_key,
+    encode_group_value,
+)
 from stratalog.broker.offset_records import (
     CommittedOffset,
     Key,
@@ -50,7 +58,8 @@ __all__ = ["CommittedOffset", "Key", "OffsetStore", "OffsetsHost"]
 
 log = logging.getLogger(__name__)
 
-Entry = tuple[Key, CommittedOffset | None]  # None: delete the key (a tombstone)
+# An offset commit, or a classic group's metadata (group_records.py); None: a tombstone.
+Entry = tuple[Key | GroupKey, CommittedOffset | GroupRecord | None]
 
 COMPACT_SLACK = 1000  # records a partition may hold beyond twice its live keys
 _BATCH_BYTES = 512 * 1024  # records per batch, so no batch nears max.message.bytes
@@ -85,10 +94,16 @@ def _batches(entries: list[Entry], now: int, producer: tuple[int, int] | None = 
     out: list[bytes] = []
     batch: list[tuple[bytes | None, bytes | None, int]] = []
     size = 0
-    for (group, topic, partition), c in entries:
-        key = encode_key(group, topic, partition)
-        value = None if c is None else encode_value(c)
-        batch.append((key, value, now if c is None else c.commit_time))
+    for k, c in entries:
+        if isinstance(k, GroupKey):
+            key = encode_group_key(k.group)
+            value = None if c is None else encode_group_value(c)  # type: ignore[arg-type]
+            stamp = now
+        else:
+            key = encode_key(*k)
+            value = None if c is None else encode_value(c)  # type: ignore[arg-type]
+            stamp = now if c is None else c.commit_time  # type: ignore[union-attr]
+        batch.append((key, value, stamp))
         size += len(key) + len(value or b"")
         if size >= _BATCH_BYTES:
             out.append(build_batch(batch, **txn))
@@ -145,9 +160,11 @@ class OffsetStore:
     def __init__(self, data_dir: Path, host: OffsetsHost) -> None:
         self.legacy_path = Path(data_dir) / "meta" / "offsets.log"
         self.offsets: dict[Key, CommittedOffset] = {}
+        # Classic groups' metadata (membership), as last written: restored by the coordinator.
+        self.group_meta: dict[GroupKey, GroupRecord] = {}
         self._host = host
         # Offsets partition -> the keys whose latest record is there (its live keys).
-        self._keys: dict[int, set[Key]] = {}
+        self._keys: dict[int, set[Key | GroupKey]] = {}
         # Offsets partition -> records from its log start (written ones; for compaction).
         self._records: dict[int, int] = {}
         # Offsets partition -> written appends not durable yet, in log order: a snapshot must
@@ -169,14 +186,14 @@ class OffsetStore:
         n = len(parts)
         # A key is in one partition unless partitions were added to the topic (which moves
         # groups): then the newer record wins, and at equal times the group's partition now.
-        found: dict[Key, tuple[tuple[int, bool], int, CommittedOffset | None]] = {}
+        found: dict[Key | GroupKey, tuple[tuple[int, bool], int, Any]] = {}
         for idx, p in enumerate(parts):
             if p is None:
                 continue  # in a cluster: a partition another broker replicates
-            latest: dict[Key, tuple[int, CommittedOffset | None]] = {}
+            latest: dict[Key | GroupKey, tuple[int, CommittedOffset | GroupRecord | None]] = {}
             count = 0
             # Transactional commits wait for their marker: producer id -> (key, time, value).
-            pending: dict[int, list[tuple[Key, int, CommittedOffset | None]]] = {}
+            pending: dict[int, list[tuple[Key | GroupKey, int, Any]]] = {}
             for h, batch in _read_batches(p):
                 if h.is_control:
                     settled = pending.pop(h.producer_id, [])
@@ -190,10 +207,13 @@ class OffsetStore:
                         continue
                     count += 1
                     try:
-                        key = decode_key(rec.key)
-                        if key is None:
-                            continue  # another record type (Kafka's group metadata)
-                        value = decode_value(rec.value)
+                        key: Key | GroupKey | None = decode_key(rec.key)
+                        if key is not None:
+                            value: CommittedOffset | GroupRecord | None = decode_value(rec.value)
+                        elif (group := decode_group_key(rec.key)) is not None:
+                            key, value = GroupKey(group), decode_group_value(rec.value)
+                        else:
+                            continue  # another record type (consumer or share groups')
                     except OffsetRecordError as e:
                         log.warning(
                             "%s-%d offset %d: not an offset commit: %s", p.topic, idx, rec.offset, e
@@ -387,13 +407,16 @@ class OffsetStore:
         p.when_durable(res.lsn, done)
         return fut
 
-    def _apply(self, idx: int, key: Key, c: CommittedOffset | None) -> None:
+    def _apply(
+        self, idx: int, key: Key | GroupKey, c: CommittedOffset | GroupRecord | None
+    ) -> None:
+        table: dict = self.group_meta if isinstance(key, GroupKey) else self.offsets
         if c is None:
-            self.offsets.pop(key, None)
+            table.pop(key, None)
             for keys in self._keys.values():
                 keys.discard(key)
             return
-        self.offsets[key] = c
+        table[key] = c
         here = self._keys.setdefault(idx, set())
         if key not in here:
             for keys in self._keys.values():  # (moved: partitions were added to the topic)
@@ -413,6 +436,7 @@ class OffsetStore:
     def reset(self) -> None:
         """The offsets topic was deleted: every committed offset went with it (as in Kafka)."""
         self.offsets.clear()
+        self.group_meta.clear()
         self._keys.clear()
         self._records.clear()
         self._unsynced.clear()
@@ -443,8 +467,9 @@ class OffsetStore:
         """Append the partition's live values as one snapshot; once it is durable, move the log
         start to it."""
         try:
-            snapshot: dict[Key, CommittedOffset | None] = {
-                k: self.offsets[k] for k in self._keys.get(idx, ())
+            snapshot: dict[Key | GroupKey, CommittedOffset | GroupRecord | None] = {
+                k: self.group_meta[k] if isinstance(k, GroupKey) else self.offsets[k]
+                for k in self._keys.get(idx, ())
             }
             for items in self._unsynced.get(idx, {}).values():
                 snapshot.update(items)
@@ -493,6 +518,19 @@ class OffsetStore:
 
     def group_offsets(self, group: str) -> dict[tuple[str, int], CommittedOffset]:
         return {(t, p): c for (g, t, p), c in self.offsets.items() if g == group}
+
+    def group_records(self) -> dict[str, GroupRecord]:
+        """The classic groups' metadata of the offsets partitions this broker leads (in a
+        cluster, a backup's copy is not its to restore)."""
+        parts = self._host.offsets_partitions(False)
+        led = {i for i, p in enumerate(parts) if p is not None and p.leading}
+        return {
+            k.group: self.group_meta[k]
+            for i, keys in self._keys.items()
+            if i in led
+            for k in keys
+            if isinstance(k, GroupKey) and k in self.group_meta
+        }
 
     def groups(self) -> set[str]:
         return {g for g, _, _ in self.offsets}

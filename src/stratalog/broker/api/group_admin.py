@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import struct
 
+from stratalog.broker.group_records import GroupKey
 from stratalog.broker.offset_records import OFFSETS_TOPIC, OffsetRecordError, partition_for
 from stratalog.protocol.connection import Request
 from stratalog.storage.journal import StorageFailure
@@ -76,7 +77,9 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
             elif not _exists(core, gid):
                 error = "GROUP_ID_NOT_FOUND"
         if error is None:
-            keys = [(gid, t, p) for (t, p) in sorted(core.offsets.group_offsets(gid))]
+            keys: list = [(gid, t, p) for (t, p) in sorted(core.offsets.group_offsets(gid))]
+            if GroupKey(gid) in core.offsets.group_meta:
+                keys.append(GroupKey(gid))  # its metadata too: not taken back at a restart
             try:
                 await core.offsets.write([(k, None) for k in keys])
                 # A share group's durable share-partition state goes too (tombstones), so that
