@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer
 
 from stratalog import Broker
+from stratalog.broker.group_records import decode_group_key, decode_group_value
 from stratalog.broker.offset_records import decode_key, decode_value
 from stratalog.broker.topic_config import TOPIC_SETTINGS
 from stratalog.peers.kafka import KafkaBroker
@@ -196,12 +197,17 @@ def offsets_topic_records(bs: str, name: str) -> dict[str, Any]:
     reader = _pattern_reader(bs, f"{name}-reader", False)
     records: list[tuple] = []
     versions: list[tuple[int, int | None]] = []  # (key type, value version) as written
+    groups: list[tuple] = []  # the reader group's own metadata records (its membership)
+    group_versions: list[int | None] = []
 
     def read(count: int) -> None:
         deadline = time.monotonic() + clients.TIMEOUT
         while len(records) < count and time.monotonic() < deadline:
             for tp, msgs in reader.poll(timeout_ms=200, max_records=1000).items():
                 for m in msgs:
+                    if decode_group_key(m.key) == f"{name}-reader":
+                        groups.append((tp.partition, _group_fields(m.value)))
+                        group_versions.append(None if m.value is None else _i16(m.value))
                     key = decode_key(m.key)
                     if key is None or key[0] != name:
                         continue  # other record types, the reader group's own records
@@ -224,7 +230,23 @@ def offsets_topic_records(bs: str, name: str) -> dict[str, Any]:
     finally:
         reader.close()
     out["versions"] = versions
+    out["reader-group-records"] = groups
+    out["group-versions"] = group_versions
     return out
+
+
+def _group_fields(value: bytes | None) -> tuple | None:
+    """A group metadata value as both brokers must agree on it: member ids are random, so the
+    leader is told by its place among the members."""
+    g = decode_group_value(value)
+    if g is None:
+        return None
+    ids = [m.member_id for m in g.members]
+    return (
+        g.protocol_type, g.generation, g.protocol, ids.index(g.leader) if g.leader in ids else None,
+        [(m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
+          m.session_timeout_ms, m.subscription, m.assignment) for m in g.members],
+    )  # fmt: skip
 
 
 def _i16(raw: bytes) -> int:
@@ -233,8 +255,9 @@ def _i16(raw: bytes) -> int:
 
 def test_offsets_topic_records_decode_identically(fresh_pair, name):
     """Kafka's own record formats: the same group, topic, partition, offset, leader epoch and
-    metadata in the same offsets-topic partition (Kafka's hash of the group), and the same
-    tombstones once the committed topic is deleted."""
+    metadata in the same offsets-topic partition (Kafka's hash of the group), the same
+    tombstones once the committed topic is deleted, and the same group metadata records of the
+    reading group (its members, their subscriptions and assignments)."""
     strat, kafka = both(fresh_pair, offsets_topic_records, name)
     check_deliberate(
         "offsets.commit-value-version-3",
@@ -242,6 +265,13 @@ def test_offsets_topic_records_decode_identically(fresh_pair, name):
         kafka.pop("versions"),
         documented=[(1, 3)] * 3 + [(1, None)] * 2,
     )
+    # The reader group's membership as records of the same version: the new group (empty),
+    # then its first generation, member by member (the comparison below).
+    assert strat.pop("group-versions") == kafka.pop("group-versions") == [3, 3]
+    assert [g[1][:3] for g in kafka["reader-group-records"]] == [
+        ("", 0, None),
+        ("consumer", 1, "range"),
+    ]
     assert strat == kafka, wire.differences(strat, kafka)
     assert kafka["excluded-subscription"] == []
     assert kafka["subscription"] == [OFFSETS]

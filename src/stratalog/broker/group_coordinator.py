@@ -157,6 +157,7 @@ class GroupCoordinator:
         g = self.groups.get(group_id)
         if g is None:
             g = self.groups[group_id] = Group(group_id)
+            self._store_later(g)  # as Kafka: a new group's (empty) metadata comes first
         if not g.supports(protocol_type, protocols):
             return JoinResult("INCONSISTENT_GROUP_PROTOCOL", member_id=member_id)
         loop = asyncio.get_running_loop()
@@ -388,7 +389,7 @@ class GroupCoordinator:
         g.protocol_name = None
         g.leader = None
         g.emptied_at = time.monotonic()
-        self._spawn(self._store(g))
+        self._store_later(g)
 
     # -- the group's metadata record -----------------------------------------------------------
     @staticmethod
@@ -417,6 +418,11 @@ class GroupCoordinator:
     async def _store(self, g: Group) -> None:
         if self.persist is not None:
             await self.persist(g.group_id, self.record_of(g))
+
+    def _store_later(self, g: Group) -> None:
+        """Write the group's record as it is now, without waiting for it."""
+        if self.persist is not None:
+            self._spawn(self.persist(g.group_id, self.record_of(g)))
 
     def _spawn(self, coro) -> None:
         if self.persist is None:
