@@ -613,6 +613,8 @@ class BrokerCore:
             await self.offsets.write([(GroupKey(group), record)])
         except (StorageFailure, OffsetRecordError) as e:
             log.warning("group %s: its metadata was not written: %s", group, e)
+        except Exception:  # (never the group's SyncGroup answer: it is only not kept)
+            log.exception("group %s: its metadata was not written", group)
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
         """Mirror a topic change from etcd: metadata for every topic, storage for the
