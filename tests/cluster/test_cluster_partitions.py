@@ -96,14 +96,17 @@ def test_a_split_keeps_children_with_their_parents_through_a_failover(cluster):
         ids = {p["leader_id"] for p in ps}
         return ps if len(ids) == 1 and ids - {-1, leader.node_id} else None
 
-    until(moved, "a new leader for the family", timeout=60)
-    with WireClient(alive) as client:
-        got = until(lambda: client.fetch("splitting", {1: 0}, max_bytes=1 << 20)[1], "a fetch")
-        assert got.order == order
-        ends = {p: o for p, (o, _) in client.list_offsets("splitting", [0, 1], -1).items()}
-        batches = list(read_family(client, "splitting",
-                                   [Member(0, 0, ends[0]), Member(1, 0, ends[1], 0)],
-                                   fetch_bytes=256))  # fmt: skip
+    try:
+        until(moved, "a new leader for the family", timeout=60)
+        with WireClient(alive) as client:
+            got = until(lambda: client.fetch("splitting", {1: 0}, max_bytes=1 << 20)[1], "a fetch")
+            assert got.order == order
+            ends = {p: o for p, (o, _) in client.list_offsets("splitting", [0, 1], -1).items()}
+            batches = list(read_family(client, "splitting",
+                                       [Member(0, 0, ends[0]), Member(1, 0, ends[1], 0)],
+                                       fetch_bytes=256))  # fmt: skip
+    finally:
+        cluster.start_broker(leader)  # (the module's other tests use all three)
     values = [v for b in batches for v in b.column("value").to_pylist()]
     assert sorted(values) == sorted(v for _, vs in written for v in vs)
     # Each child record after every parent record acknowledged before it.
@@ -119,7 +122,7 @@ def test_a_split_keeps_children_with_their_parents_through_a_failover(cluster):
 def test_the_leader_splits_a_partition_under_load(cluster):
     """In a cluster the broker leading a partition measures its rate and asks etcd for the
     split; every broker then shows the children, led with their parents."""
-    first = cluster.brokers[0].bootstrap
+    first = cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": first})
     configs = {
         "partition.autoscale.enable": "true",
@@ -128,10 +131,10 @@ def test_the_leader_splits_a_partition_under_load(cluster):
         "partition.autoscale.max.partitions": "2",
     }
     admin.create_topics([NewTopic("hot", 1, 2, config=configs)])["hot"].result(timeout=30)
-    _settled(first, "hot", 1, 2)
+    _settled(cluster.brokers[0].bootstrap, "hot", 1, 2)
     producer = Producer({"bootstrap.servers": first, "acks": "all", "linger.ms": 5})
     deadline = time.monotonic() + 60
-    while len(_partitions(first, "hot")) < 2 and time.monotonic() < deadline:
+    while len(_partitions(cluster.brokers[0].bootstrap, "hot")) < 2 and time.monotonic() < deadline:
         for _ in range(100):  # about 100 KB/s, five times the bound
             producer.produce("hot", b"x" * 1000, partition=0)
         producer.poll(0.1)
@@ -143,4 +146,4 @@ def test_the_leader_splits_a_partition_under_load(cluster):
     got = admin.describe_configs([res])[res].result(timeout=15)
     assert got["partition.split.history"].value == "1,2"
     time.sleep(2)  # past another window: max.partitions stops a second split
-    assert len(_partitions(first, "hot")) == 2
+    assert len(_partitions(cluster.brokers[0].bootstrap, "hot")) == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -75,17 +76,6 @@ def _hot_segments(c: LocalCluster, node: int, vlog: str) -> set[str]:
     return {p.name for p in d.glob("*.log")}
 
 
-def _hot_log_bytes(c: LocalCluster, node: int, vlog: str) -> int:
-    d = c.brokers[node - 1].data_dir / "logs" / vlog
-    total = 0
-    for p in d.glob("*.log"):
-        try:
-            total += p.stat().st_size
-        except FileNotFoundError:  # migrated between the listing and the stat
-            pass
-    return total
-
-
 def _cold_ranges(cold: Path) -> dict[str, list[tuple[int, int]]] | None:
     """Each partition's cold segments by its manifest, once the directory holds exactly what
     the manifests name (a second upload of a range would be files more); else None (an upload
@@ -134,30 +124,37 @@ def test_only_the_primary_migrates_and_a_new_primary_serves_all_history(tiered):
     vlog = next(p.name for p in (c.brokers[primary - 1].data_dir / "logs").iterdir() if p.is_dir())
     backups = [b.node_id for b in c.brokers if b.node_id != primary]
 
-    def migrated_everywhere() -> bool:
+    def read_logs() -> dict[int, list[str]]:
+        return {b.node_id: b.log_path.read_text(errors="replace").splitlines() for b in c.brokers}
+
+    def copies_in(logs: dict[int, list[str]], n: int) -> list[str]:
+        return [line for line in logs[n] if "to the cold tier" in line and "migrated" in line]
+
+    def state():
         ranges = [_cold_ranges(d) for d in colds]
         hot = [_hot_segments(c, n, vlog) for n in (primary, *backups)]
-        # The primary is done once its hot tier is down to the threshold (a slow machine sees
-        # segment 0 gone while the next ones are still on their way).
-        settled = _hot_log_bytes(c, primary, vlog) <= 2 * SEGMENT
         # Segment 0 is cold, and every backup dropped exactly the segments its primary did
         # (and, each with a tier of its own, copied exactly the same ranges).
-        return (
-            settled
-            and all(ranges)
+        done = (
+            all(ranges)
             and all(r == ranges[0] for r in ranges)
             and "00000000000000000000.log" not in hot[0]
             and all(h == hot[0] for h in hot)
         )
+        return (ranges, hot, len(copies_in(read_logs(), primary))) if done else None
 
-    until(migrated_everywhere, "migration on the primary and its backups", timeout=60)
+    def quiet():
+        # The same state two seconds apart (ten migration intervals): no migration under way.
+        # (A slow machine shows segment 0 gone while the next ones are still on their way.)
+        first = state()
+        time.sleep(2)
+        return first if first is not None and state() == first else None
+
+    until(quiet, "migration on the primary and its backups", timeout=90)
     (ranges,) = until(lambda: _cold_ranges(colds[0]), "no upload under way").values()
     # One upload per range and tier: contiguous from offset 0, no overlap.
     assert ranges[0][0] == 0
     assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(ranges))
-
-    def read_logs() -> dict[int, list[str]]:
-        return {b.node_id: b.log_path.read_text(errors="replace").splitlines() for b in c.brokers}
 
     def logs_once_taken() -> dict[int, list[str]] | None:
         # A range uploaded after the wait above reaches the backups a moment later.
@@ -169,7 +166,7 @@ def test_only_the_primary_migrates_and_a_new_primary_serves_all_history(tiered):
     logs = until(logs_once_taken, "the backups took every range", timeout=30)
 
     def copies(n: int) -> list[str]:
-        return [line for line in logs[n] if "to the cold tier" in line and "migrated" in line]
+        return copies_in(logs, n)
 
     assert len(copies(primary)) == len(ranges)
     for n in backups:
