@@ -251,3 +251,32 @@ def test_marks_of_a_child_in_the_cold_tier_keep_the_order(tmp_path):
             parent += vs
         else:
             assert all(at[v] > at[w] for v in vs for w in parent)
+
+
+def test_a_split_survives_kill9_with_its_marks(broker_process):
+    """After kill -9 and a restart: the history, the children and their marks are as they were
+    (every write acknowledged before the kill, acks=all)."""
+    bs = broker_process.start().bootstrap
+    create_topic(bs, "kept", 1, **SPLITTABLE)
+    expected: list[tuple[int, int]] = []
+    parent_end = 0
+    with WireClient(bs) as client:
+        for i in range(10):
+            _append(client, "kept", 0, [(b"k", b"a%d" % i, 0)] * 2)
+            parent_end += 2
+        _split(bs, "kept", 2)
+        client.metadata(["kept"])
+        for i in range(30):
+            p = (0, 1, 1)[i % 3]
+            base = _append(client, "kept", p, [(b"k", b"b%d" % i, 0)] * 2)
+            if p == 1:
+                expected.append((base, parent_end))
+            else:
+                parent_end += 2
+    broker_process.kill()
+    bs = broker_process.start().bootstrap
+    assert _history(bs, "kept") == ("1,2", True)
+    with WireClient(bs) as client:
+        got = client.fetch("kept", {0: 0, 1: 0}, max_bytes=1 << 20, partition_max_bytes=1 << 20)
+    assert got[1].order == expected
+    assert got[0].order is None

@@ -760,12 +760,12 @@ class BrokerCore:
         current = len(t.partitions)
         history = self.check_split(t, total) if self.splits(t) else None
         parents = [self.store.log_of(uid) for uid in t.partitions]
-        new = self.metadata.add_partitions(name, total)
+        configs = {splits.SPLIT_HISTORY: history} if history is not None else None
+        new = self.metadata.add_partitions(name, total, configs)
         for i, uid in enumerate(new):
             log_name = parents[i] if history is not None else None
             self.store.add_partition(name, current + i, uid, log_name=log_name)
         if history is not None:
-            self.metadata.set_configs(name, {splits.SPLIT_HISTORY: history})
             log.info("split topic %s: %d partitions to %d (%s)", name, current, total, history)
 
     async def add_partitions_in_cluster(self, name: str, total: int) -> None:

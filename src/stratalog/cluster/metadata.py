@@ -157,7 +157,11 @@ class MetadataStore:
             self._save()
             return t
 
-    def add_partitions(self, name: str, total: int) -> list[int]:
+    def add_partitions(
+        self, name: str, total: int, configs: dict[str, str] | None = None
+    ) -> list[int]:
+        """Grow ``name`` to ``total`` partitions (and set ``configs`` with them, in the same
+        write: a split's history never disagrees with the count after a crash); their uids."""
         with self._lock:
             t = self.topics.get(name)
             if t is None:
@@ -171,6 +175,7 @@ class MetadataStore:
             new = list(range(self.next_uid, self.next_uid + total - len(t.partitions)))
             self.next_uid += len(new)
             t.partitions.extend(new)
+            t.configs.update(configs or {})
             self._save()
             return new
 
