@@ -159,3 +159,33 @@ def charts(run: dict[str, Any], out_dir: Path) -> list[Path]:
     if features is not None:
         made.append(features)
     return made
+
+
+def bar_pair(
+    path: Path,
+    labels: list[str],
+    colors: list[str],
+    left: tuple[str, list[float], str],
+    right: tuple[str, list[float], str],
+    right_goal: float | None = None,
+) -> None:
+    """Two bar charts side by side, (y label, values, title) each, over the same ``labels``
+    (the small benches' figure: a rate, and the broker's CPU meanwhile); ``right_goal`` draws
+    a goal line on the right one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (ylabel, values, title) in zip(axes, (left, right), strict=True):
+        ax.bar(labels, values, color=colors)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=20)
+    if right_goal is not None:
+        axes[1].axhline(right_goal, color="red", linestyle="--", label="goal")
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stratalog.bench.charts import bar_pair
 from stratalog.bench.targets import start_serve
 
 MB = 1_000_000
@@ -251,27 +252,15 @@ def _markdown(results: dict) -> str:
 
 
 def _chart(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     med = results["medians"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    colors = ["#888888", "#2a7ab9", "#888888", "#2a7ab9"]
-    a.bar(MODES, [med[m]["mb_per_s"] for m in MODES], color=colors)
-    a.set_ylabel("MB/s of record batches")
-    a.set_title("one reader, one partition")
-    b.bar(MODES, [100 * med[m]["broker_cpu"] for m in MODES], color=colors)
-    b.axhline(100 * GOAL_BROKER_CPU, color="red", linestyle="--", label="goal")
-    b.set_ylabel("broker CPU, % of a core")
-    b.set_title("the broker meanwhile")
-    b.legend()
-    for ax in (a, b):
-        ax.tick_params(axis="x", rotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bar_pair(
+        path, list(MODES), ["#888888", "#2a7ab9", "#888888", "#2a7ab9"],
+        ("MB/s of record batches", [med[m]["mb_per_s"] for m in MODES],
+         "one reader, one partition"),
+        ("broker CPU, % of a core", [100 * med[m]["broker_cpu"] for m in MODES],
+         "the broker meanwhile"),
+        right_goal=100 * GOAL_BROKER_CPU,
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stratalog.bench.charts import bar_pair
 from stratalog.bench.colocated_read import _proc_cpu, _self_cpu, _start_broker
 
 MB = 1_000_000
@@ -173,25 +174,14 @@ def _markdown(results: dict) -> str:
 
 
 def _chart(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     med = results["medians"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    colors = ["#888888", "#888888", "#2a7ab9"]
-    a.bar(MODES, [med[m]["mb_per_s"] for m in MODES], color=colors)
-    a.set_ylabel("MB/s of record values")
-    a.set_title("one reader, 4 partitions, into Arrow")
-    b.bar(MODES, [100 * med[m]["broker_cpu"] for m in MODES], color=colors)
-    b.set_ylabel("broker CPU, % of a core")
-    b.set_title("the broker meanwhile")
-    for ax in (a, b):
-        ax.tick_params(axis="x", rotation=15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    bar_pair(
+        path, list(MODES), ["#888888", "#888888", "#2a7ab9"],
+        ("MB/s of record values", [med[m]["mb_per_s"] for m in MODES],
+         "one reader, 4 partitions, into Arrow"),
+        ("broker CPU, % of a core", [100 * med[m]["broker_cpu"] for m in MODES],
+         "the broker meanwhile"),
+    )  # fmt: skip
 
 
 def main() -> None:
