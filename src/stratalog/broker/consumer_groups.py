@@ -21,8 +21,9 @@ The rules are KIP-848's, as Kafka's group coordinator applies them:
   past the session timeout, or one not revoking within its rebalance timeout, is removed, and
   its partitions are free.
 
-Membership lives in memory only (as the classic groups'); committed offsets are the offset
-store's.
+Membership lives in memory only (the classic groups' is written to ``__consumer_offsets`` as
+Kafka's group metadata records; this protocol's records, Kafka's types 3 to 8, are not written
+yet); committed offsets are the offset store's.
 """
 
 from __future__ import annotations
