@@ -376,3 +376,39 @@ def test_a_group_its_members_left_is_dropped_at_the_clean_up_interval(tmp_path, 
         leave(bs, idle, again)
     finally:
         b.kill()
+
+
+def test_emptied_groups_survive_a_restart_with_their_protocol_type(tmp_path, name):
+    """Stratalog alone (the restart of Kafka is test_deliberate's): a group its member left,
+    and one whose member committed and left, come back from their records in
+    __consumer_offsets as they were listed and described before, Empty with their protocol
+    type; a group with offsets only (never joined) keeps none."""
+    b = BrokerProcess(tmp_path / "data").start()
+    try:
+        bs = b.bootstrap
+        topic, idle, kept = f"{name}-t", f"{name}-idle", f"{name}-kept"
+        done = f"{name}-done"
+        assert wire.create_topic(bs, topic, 1) == 0
+        member, _ = join(bs, idle, subscription(topic))
+        leave(bs, idle, member)
+        commit(bs, kept, {(topic, 0): 1})
+        member, gen = join(bs, done, subscription(topic))
+        commit(bs, done, {(topic, 0): 2}, member, gen)
+        leave(bs, done, member)
+        before = listed(bs, name)
+        described = describe(bs, idle)
+        time.sleep(0.5)  # (an emptied group's record is written without holding up LeaveGroup)
+        b.stop()
+        bs = b.start().bootstrap
+        assert (
+            listed(bs, name)
+            == before
+            == [
+                (done, "Empty", "consumer", "classic"),
+                (idle, "Empty", "consumer", "classic"),
+                (kept, "Empty", "", "classic"),
+            ]
+        )
+        assert describe(bs, idle) == described == ("none", "Empty", 0, "consumer")
+    finally:
+        b.kill()
