@@ -208,7 +208,10 @@ def test_kafka_reassign_partitions_execute_then_verify(cluster, tmp_path):
     ids = sorted(b.node_id for b in cluster.brokers)
     _create(first, "tool-moved", 1, 2)
     (p,) = _settled(first, "tool-moved", 1, 2)
-    for _ in range(20):
+    # The leader learns of the topic from its own watch of etcd, a moment after `first` did.
+    until(lambda: wire.produce(p_leader(cluster, p), "tool-moved", 0, _record())["error_code"]
+          == 0, "the leader to take writes")  # fmt: skip
+    for _ in range(19):
         assert wire.produce(p_leader(cluster, p), "tool-moved", 0, _record())["error_code"] == 0
     stored = wire.stored_batches(p_leader(cluster, p), "tool-moved", 0)
     target = [_other_than(p["replica_nodes"], ids), p["replica_nodes"][0]]
