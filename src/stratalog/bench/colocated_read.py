@@ -55,6 +55,31 @@ def _self_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def timed_read(broker_pid: int, read, nbytes: int) -> dict:
+    """Run ``read()``; its wall time, rate (``nbytes`` in MB/s) and the broker's and this
+    process's CPU meanwhile, as shares of a core."""
+    b0, s0, t0 = _proc_cpu(broker_pid), _self_cpu(), time.perf_counter()
+    read()
+    wall = time.perf_counter() - t0
+    return {
+        "seconds": wall,
+        "mb_per_s": nbytes / MB / wall,
+        "broker_cpu": (_proc_cpu(broker_pid) - b0) / wall,
+        "reader_cpu": (_self_cpu() - s0) / wall,
+    }
+
+
+def medians(runs: list[dict], modes) -> dict:
+    """Each mode's median of each figure over the runs."""
+    return {
+        mode: {
+            k: statistics.median(run[mode][k] for run in runs)
+            for k in ("mb_per_s", "broker_cpu", "reader_cpu", "seconds")
+        }
+        for mode in modes
+    }
+
+
 def _start_broker(data_dir: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "stratalog.cli", "serve", "--data-dir", str(data_dir)]
     cmd += ["--port", "0", "--log-level", "WARNING"]
@@ -183,35 +208,22 @@ def run(gb: float, runs: int, out: Path) -> dict:
                         row = {}
                         for mode in order:
                             bar.update(reads, description=f"run {r + 1}: {mode}")
-                            b0, s0, t0 = _proc_cpu(proc.pid), _self_cpu(), time.perf_counter()
-                            if mode == "fetch-raw":
-                                _read_raw_fetch(client, end)
-                            elif mode == "direct-raw":
-                                _read_raw_direct(local, end)
-                            else:
+                            read = {
+                                "fetch-raw": lambda: _read_raw_fetch(client, end),
+                                "direct-raw": lambda: _read_raw_direct(local, end),
                                 # As the Spark source reads: it finds the files (and reads
                                 # ahead while decoding) by itself.
-                                _read_arrow(client, end, mode == "direct-arrow")
-                            wall = time.perf_counter() - t0
-                            row[mode] = {
-                                "seconds": wall,
-                                "mb_per_s": batch_bytes / MB / wall,
-                                "broker_cpu": (_proc_cpu(proc.pid) - b0) / wall,
-                                "reader_cpu": (_self_cpu() - s0) / wall,
-                            }
+                                "fetch-arrow": lambda: _read_arrow(client, end, False),
+                                "direct-arrow": lambda: _read_arrow(client, end, True),
+                            }[mode]
+                            row[mode] = timed_read(proc.pid, read, batch_bytes)
                             bar.advance(reads)
                         results["runs"].append(row)
                     local.close()
         finally:
             proc.terminate()
             proc.wait(60)
-    results["medians"] = {
-        mode: {
-            k: statistics.median(run[mode][k] for run in results["runs"])
-            for k in ("mb_per_s", "broker_cpu", "reader_cpu", "seconds")
-        }
-        for mode in MODES
-    }
+    results["medians"] = medians(results["runs"], MODES)
     med = results["medians"]
     results["ratio_raw"] = med["direct-raw"]["mb_per_s"] / med["fetch-raw"]["mb_per_s"]
     results["ratio_arrow"] = med["direct-arrow"]["mb_per_s"] / med["fetch-arrow"]["mb_per_s"]

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from stratalog.bench.charts import bar_pair
-from stratalog.bench.colocated_read import _proc_cpu, _self_cpu, _start_broker
+from stratalog.bench.colocated_read import _start_broker, medians, timed_read
 
 MB = 1_000_000
 RECORD = 1024
@@ -127,27 +126,15 @@ def run(gb: float, runs: int, out: Path) -> dict:
                         row = {}
                         for mode in MODES[r % 3 :] + MODES[: r % 3]:
                             bar.update(reads, description=f"run {r + 1}: {mode}")
-                            b0, s0, t0 = _proc_cpu(proc.pid), _self_cpu(), time.perf_counter()
-                            _read(client, mode, ends)
-                            wall = time.perf_counter() - t0
-                            row[mode] = {
-                                "seconds": wall,
-                                "mb_per_s": n * RECORD / MB / wall,
-                                "broker_cpu": (_proc_cpu(proc.pid) - b0) / wall,
-                                "reader_cpu": (_self_cpu() - s0) / wall,
-                            }
+                            row[mode] = timed_read(
+                                proc.pid, lambda m=mode: _read(client, m, ends), n * RECORD
+                            )
                             bar.advance(reads)
                         results["runs"].append(row)
         finally:
             proc.terminate()
             proc.wait(60)
-    results["medians"] = {
-        mode: {
-            k: statistics.median(run[mode][k] for run in results["runs"])
-            for k in ("mb_per_s", "broker_cpu", "reader_cpu", "seconds")
-        }
-        for mode in MODES
-    }
+    results["medians"] = medians(results["runs"], MODES)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(_markdown(results))
     _chart(results, out / "split-read.png")

@@ -45,10 +45,11 @@ class Autoscaler:
         core = self.core
         done = []
         for name, t in list(core.metadata.topics.items()):
-            view = core.topic_config(t)
-            if view.get(splits.AUTOSCALE_ENABLE) != "true":
+            # (Its default is false: an override only; the view below for those that split.)
+            if t.configs.get(splits.AUTOSCALE_ENABLE) != "true":
                 self._samples.pop(name, None)
                 continue
+            view = core.topic_config(t)
             parts = [core.store.partitions.get(uid) for uid in t.partitions]
             counts = [p.appended_bytes if p is not None else 0 for p in parts]
             window = view.get_int(splits.AUTOSCALE_WINDOW) / 1000
