@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Three brokers and their etcd for the whole module (`stratalog cluster up`'s), stopped by
     PID at its end; a module that needs other settings defines its own."""
     c = LocalCluster(tmp_path_factory.mktemp("cluster") / "c", brokers=3)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def short_lag_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """Three brokers of one test's own, dropping a backup from the in-sync set 3 s behind."""
+    c = LocalCluster(tmp_path / "c", brokers=3, settings={"replica.lag.time.max.ms": "3000"})
     c.start()
     try:
         yield c

@@ -25,13 +25,8 @@ PARTITIONS = 6
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    c = LocalCluster(tmp_path / "c", brokers=3, settings={"replica.lag.time.max.ms": "3000"})
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
+def cluster(short_lag_cluster):
+    return short_lag_cluster
 
 
 def _metadata(bootstrap: str, name: str) -> dict:

@@ -24,6 +24,7 @@ import ssl
 import time
 from collections.abc import Callable
 
+from stratalog.cluster.damage_repair import DamageRepair
 from stratalog.cluster.node import ClusterNode
 from stratalog.cluster.placement import VirtualLogState
 from stratalog.protocol.replication import (
@@ -496,6 +497,7 @@ class Replicator:
         # Called with (log name, first hot seq) when a primary says where its hot tier begins.
         self.on_cold: Callable[[str, int], None] | None = None
         self._tasks: set[asyncio.Future] = set()
+        self.repair = DamageRepair(node, store)
 
     async def start(self, host: str, port: int = 0) -> int:
         """Listen for primaries on ``host``:``port`` (0: a free port); returns the port."""
@@ -534,6 +536,8 @@ class Replicator:
                 log.info("%s: no longer primary (epoch %d)", current.vlog.name, st.epoch)
                 current.close(fail_waiters=True)
                 del self.primaries[vid]
+            if st.primary != me and me in st.replicas:
+                self.repair.check(st, self.reconcile)
 
     def leads(self, vid: int, epoch: int) -> bool:
         """Whether this broker runs the primary of ``vid`` at ``epoch`` now: etcd naming it is
@@ -695,6 +699,12 @@ class Replicator:
                     log.error("%s: cannot cut where the primary says: %s", name, e)
                     peer.send(Refused(name, msg.epoch, REFUSED_CORRUPT))
                     return
+        if not self.repair.cut_at_fence(name, msg.epoch):
+            # Damaged and still named in sync: no Fence completes (so nothing is acknowledged)
+            # until it has left the in-sync set; the primary tries again.
+            self.repair.check_log(name, self.reconcile)
+            peer.send(Refused(name, msg.epoch, REFUSED_CORRUPT))
+            return
         peer.send(FenceAck(name, msg.epoch, *vlog.end, vlog.epoch_history))
 
     def _on_commit(self, peer: _BackupConnection, msg: Commit) -> None:

@@ -703,11 +703,12 @@ class LogStore:
             if p.vlog is vlog:
                 p.chunks.unseal_from(seq)  # read while the sealed indexes are there
         self._sealing.get(name, {}).clear()
+        lost = vlog.lost_from(seq, position)  # before the cut forgets the damaged ranges
         vlog.truncate_to(seq, position)
         live = self._live[name]
         for p in self.partitions.values():
             if p.vlog is vlog:
-                for s, n in p.truncate_to(seq, position).items():
+                for s, n in p.truncate_to(seq, position, lost.get(p.uid)).items():
                     live[s] = live.get(s, 0) - n
         cut = (seq, position + FRAME_SIZE)
         for uid in list(self._orphans):

@@ -498,19 +498,24 @@ class PartitionLog:
         floor = [e for e, _ in cache if e <= epoch]
         return (floor[-1] if floor else epoch), higher
 
-    def truncate_to(self, seq: int, position: int) -> dict[int, int]:
+    def truncate_to(self, seq: int, position: int, lost_from: int | None = None) -> dict[int, int]:
         """Forget the hot chunks whose frames lie at or past (seq, position) of the log (its
-        truncation): next offset, high watermark and producer state go back with them. Returns
-        the cut chunks' counts per segment."""
+        truncation): next offset, high watermark and producer state go back with them.
+        ``lost_from``: the first offset that damaged bytes in the cut had lost (they are
+        written again from there). Returns the cut chunks' counts per segment."""
         chunks = self.chunks
         keep = chunks.count_before_location(seq, position + FRAME_SIZE)
-        if keep >= len(chunks):
+        first_cut = chunks.base_of(keep) if keep < len(chunks) else None
+        if lost_from is not None and lost_from < self.next_offset:
+            first_cut = lost_from if first_cut is None else min(first_cut, lost_from)
+        if first_cut is None:
             return {}
-        first_cut = chunks.base_of(keep)
-        counts = chunks.count_by_segment_from(keep)
-        self._tail.drop_many(self.uid, chunks.bases_from(keep))
-        self.size_bytes -= chunks.bytes_from(keep)
-        chunks.drop_back(keep)
+        counts: dict[int, int] = {}
+        if keep < len(chunks):
+            counts = chunks.count_by_segment_from(keep)
+            self._tail.drop_many(self.uid, chunks.bases_from(keep))
+            self.size_bytes -= chunks.bytes_from(keep)
+            chunks.drop_back(keep)
         self.lost = [r for r in self.lost if r[0] < first_cut]  # cut with the log
         self.next_offset = first_cut
         self.high_watermark = min(self.high_watermark, first_cut)

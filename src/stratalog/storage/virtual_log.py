@@ -931,6 +931,10 @@ class VirtualLog:
         first_cut: dict[int, int] = {}
         for e in cut:
             first_cut.setdefault(e.uid, e.base_offset)
+        # What damaged bytes in the cut held is written again from there (no index entry
+        # names it): a partition continues at the first offset lost in the cut.
+        for uid, first in self.lost_from(seq, position).items():
+            first_cut[uid] = min(first_cut.get(uid, first), first)
         left = self._uids_left(seq, kept, set(first_cut))
         nxt = self._next_offsets
         for uid, base in first_cut.items():
@@ -1000,6 +1004,32 @@ class VirtualLog:
         log.warning("%s: truncated to (%d, %d): %d frames cut", self.name, seq, position, len(cut))
         for _lsn, callback in failed:
             callback(False)
+
+    def lost_from(self, seq: int, position: int) -> dict[int, int]:
+        """Partition uid -> the first offset the damaged ranges at or past (seq, position)
+        lost (for those whose loss is known)."""
+        out: dict[int, int] = {}
+        for r in self.damaged:
+            if (r.seq, r.start) >= (seq, position):
+                for uid, (first, _last) in r.lost.items():
+                    out[uid] = min(out.get(uid, first), first)
+        return out
+
+    def first_damage(self) -> tuple[int, int] | None:
+        """Where to cut this log so that every damaged range of its hot segments goes with the
+        cut (a replica then has the bytes from there sent again): the start of the first
+        damaged range; for a range of no bytes (frames missing before a valid one: an earlier
+        segment was cut short), the start of the hot segment before it."""
+        cuts = []
+        for r in self.damaged:
+            if r.seq not in self.segments:
+                continue  # gone from the hot tier: nothing here to write again
+            if r.start < r.end:
+                cuts.append((r.seq, r.start))
+            else:
+                before = [s for s in self.segments if s < r.seq]
+                cuts.append((max(before), 0) if before else (r.seq, 0))
+        return min(cuts) if cuts else None
 
     def _uids_left(self, seq: int, kept: list[IndexEntry], uids: set[int]) -> set[int]:
         """Which of ``uids`` have frames before a cut in segment ``seq`` (``kept``: its entries
