@@ -455,6 +455,45 @@ def test_a_bench_stopped_by_sigterm_stops_its_brokers_and_load_processes(tmp_pat
     assert not left, left
 
 
+def _raise_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # as the bench's SIGTERM handler does (stratalog.cli)
+
+
+def test_sigterm_while_a_load_process_starts_waits_until_it_has_started(monkeypatch):
+    """The window behind the test above's leftovers: the child runs before its parent has its
+    pid. SIGTERM there used to leave a load process the harness could not join or kill (and,
+    with it, the forkserver and resource tracker); now it acts once the start is complete."""
+    import multiprocessing
+    from multiprocessing.context import SpawnProcess
+
+    from stratalog.bench.load import interrupts_held, start_process
+
+    real = SpawnProcess._Popen
+
+    def popen_then_sigterm(process_obj):
+        popen = real(process_obj)
+        signal.raise_signal(signal.SIGTERM)  # child started, its Process not yet told
+        return popen
+
+    monkeypatch.setattr(SpawnProcess, "_Popen", staticmethod(popen_then_sigterm))
+    p = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,), daemon=True)
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_process(p)
+        assert signal.getsignal(signal.SIGTERM) is _raise_interrupt
+        reached = False
+        with pytest.raises(KeyboardInterrupt), interrupts_held():
+            signal.raise_signal(signal.SIGTERM)
+            reached = True
+        assert reached
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert p.pid is not None  # so run_load's finally joins it
+    p.join(30)
+    assert p.exitcode == 0
+
+
 def _alive(pids: set[int]) -> list[tuple[int, bytes]]:
     """Those of ``pids`` still running (not zombies), with their command lines."""
     out = []

@@ -23,7 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 from stratalog.bench import hist
-from stratalog.bench.load import LoadResult, Progress, load_context, topic_names
+from stratalog.bench.load import (
+    LoadResult,
+    Progress,
+    load_context,
+    start_process,
+    topic_names,
+)
 from stratalog.bench.phases import fixed_rate, steady_phase
 from stratalog.bench.results import CaseResult, result_from_load
 from stratalog.bench.secure_targets import PLAIN_USER, SCRAM_USER, Credentials, _Secure
@@ -128,7 +134,7 @@ def run_auth_storm(
         args=(creds, w.failed_logins, w.failed_login_concurrency, go, done, result_q),
         daemon=True,
     )
-    attacker.start()
+    start_process(attacker)
     samples: list[tuple[float, float]] = []
     label = f"{w.name} · {target.name} · failed logins"
     state: dict[str, float] = {}

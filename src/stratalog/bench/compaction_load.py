@@ -27,7 +27,13 @@ import urllib.request
 from typing import Any
 
 from stratalog.bench import hist
-from stratalog.bench.load import LoadResult, Progress, load_context, topic_names
+from stratalog.bench.load import (
+    LoadResult,
+    Progress,
+    load_context,
+    start_process,
+    topic_names,
+)
 from stratalog.bench.phases import fixed_rate, steady_phase
 from stratalog.bench.results import CaseResult, median_of, result_from_load
 from stratalog.bench.targets import StratalogTarget, Target
@@ -92,7 +98,7 @@ def fill(w: Workload, target: Target, topic: str, progress: Progress) -> dict[st
     t0 = time.monotonic()
     try:
         for p in procs:
-            p.start()
+            start_process(p)
         while any(p.is_alive() for p in procs):
             progress(label, sum(v.value for v in done), 0, n)
             if time.monotonic() - t0 > 1800:
@@ -100,6 +106,8 @@ def fill(w: Workload, target: Target, topic: str, progress: Progress) -> dict[st
             time.sleep(0.25)
     finally:
         for p in procs:
+            if p.pid is None:
+                continue  # never started (interrupted while starting the others)
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()

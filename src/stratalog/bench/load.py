@@ -8,9 +8,12 @@ returns what each process measured with the server's CPU time over the phase (``
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,39 @@ def load_context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["confluent_kafka", "stratalog.bench.clients"])
     return ctx
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (which the bench turns into Ctrl-C) wait until the block is done, then
+    act as they would have: the block cannot be cut short."""
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.getsignal(s) for s in sigs}
+    if threading.current_thread() is not threading.main_thread() or None in old.values():
+        yield  # only the main thread sets handlers (None: one set outside Python, kept)
+        return
+    got: list[int] = []
+    for s in sigs:
+        signal.signal(s, lambda signum, _frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if got:
+            signal.raise_signal(got[0])  # now, to the handler it was meant for
+
+
+def start_process(p: mp.process.BaseProcess) -> None:
+    """Start ``p`` whole, or not at all, whatever signal arrives meanwhile.
+
+    A forkserver child is forked, and runs, before its parent has read back its pid. Ctrl-C or
+    SIGTERM in between left a load process the harness had no handle on (``p.pid`` None, so
+    neither joined nor killed), running on after the bench (its client waits up to 30 s for a
+    broker already stopped); and with it the forkserver and the resource tracker, which stay
+    until every process they serve is gone."""
+    with interrupts_held():
+        p.start()
 
 
 @dataclass
@@ -142,7 +178,7 @@ def run_load(
     counted = cons_progress[: counted_consumers if counted_consumers is not None else None]
     try:
         for p in procs:
-            p.start()
+            start_process(p)
         ready = drain(ready_q, len(procs), timeout=180)
         failed = [msg for _role, _i, msg in ready if msg]
         if len(ready) < len(procs) or failed:
