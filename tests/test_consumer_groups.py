@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from stratalog.broker import consumer_group_records as cg
 from stratalog.broker.assignors import range_, uniform
 from stratalog.broker.consumer_groups import (
     ASSIGNING,
@@ -108,8 +109,8 @@ def test_member_epoch_fencing_and_unknown_members() -> None:
     join(groups, topics, "a")
     assert error_of(lambda: beat(groups, topics, "a", 7)) == "FENCED_MEMBER_EPOCH"
     assert error_of(lambda: beat(groups, topics, "nobody", 1)) == "UNKNOWN_MEMBER_ID"
-    # A group the broker does not know (after a restart): the member is told to rejoin.
-    assert error_of(lambda: beat(groups, topics, "a", 1, group="other")) == "UNKNOWN_MEMBER_ID"
+    # A group the broker does not know (its records outlive restarts): as Kafka answers.
+    assert error_of(lambda: beat(groups, topics, "a", 1, group="other")) == "GROUP_ID_NOT_FOUND"
     assert groups.group("other") is None
     # The previous epoch is accepted while the member owns only partitions still its own (the
     # answer that moved it on may have been lost); owning more is fenced.
@@ -284,3 +285,74 @@ def test_commit_and_fetch_validation() -> None:
     assert groups.validate_fetch("g", "x", 1) == "UNKNOWN_MEMBER_ID"
     groups.heartbeat(Heartbeat("g", "a", -1), topics, 0)
     assert groups.validate_commit("g", "", -1, 9) == "NONE"  # empty: commits from outside
+
+
+# -- durability: Kafka's records of the group (consumer_group_records.py) ---------------------
+def _stored(groups: ConsumerGroups, group: str, table: dict) -> None:
+    """What the broker would write (the changes, each encoded and decoded as a record)."""
+    for k, v in groups.changes(group):
+        raw_key = cg.encode_key(k)
+        key = cg.decode_key(raw_key)
+        assert key == k
+        table[key] = cg.decode_value(key, None if v is None else cg.encode_value(key, v))
+        if table[key] is None:
+            del table[key]
+
+
+def test_a_group_mid_reconciliation_comes_back_from_its_records() -> None:
+    groups, topics = ConsumerGroups(session_timeout_ms=1000), Topics(t1=4, t2=1)
+    table: dict = {}
+    join(groups, topics, "a", names=("t1", "t2"), assignor="range")
+    _stored(groups, "g", table)
+    assert {(k.kind, k.member) for k in table} == {(3, ""), (6, ""), (5, "a"), (7, "a"), (8, "a")}
+    b = join(groups, topics, "b")
+    a = beat(groups, topics, "a", 1, owned={T1: frozenset(range(4)), T2: frozenset({0})})
+    _stored(groups, "g", table)
+    before = groups.group("g")
+    assert before.state == RECONCILING and before.members["a"].pending_revocation
+
+    # A new coordinator (or a restart) loads the records: the same group, members and epochs.
+    again = ConsumerGroups(session_timeout_ms=1000)
+    assert again.restore(table, topics, now=5000) == 1
+    g = again.group("g")
+    assert (g.group_epoch, g.assignment_epoch, g.target) == (
+        before.group_epoch, before.assignment_epoch, before.target
+    )  # fmt: skip
+    for mid, m in before.members.items():
+        n = g.members[mid]
+        assert (n.epoch, n.previous_epoch, n.state, n.assigned, n.pending_revocation) == (
+            m.epoch, m.previous_epoch, m.state, m.assigned, m.pending_revocation
+        )  # fmt: skip
+        assert (n.subscribed_topic_names, n.server_assignor, n.rebalance_timeout_ms) == (
+            m.subscribed_topic_names, m.server_assignor, m.rebalance_timeout_ms
+        )  # fmt: skip
+        assert n.session_deadline == 6000  # a new session from the load
+    assert again.changes("g") == []  # nothing to write again
+    # The members go on from where they were: a revokes, b gets what a gave up.
+    kept = frozenset(parts(a.assignment))
+    a2 = again.heartbeat(
+        Heartbeat("g", "a", a.member_epoch, owned={T1: kept, T2: frozenset({0})}), topics, 5000
+    )
+    assert a2.member_epoch == g.assignment_epoch
+    b2 = again.heartbeat(Heartbeat("g", "b", b.member_epoch), topics, 5000)
+    assert parts(b2.assignment) == parts(g.target["b"]) and b2.member_epoch == g.assignment_epoch
+
+
+def test_members_that_leave_and_a_deleted_group_leave_tombstones() -> None:
+    groups, topics = ConsumerGroups(), Topics(t1=2)
+    table: dict = {}
+    join(groups, topics, "a")
+    join(groups, topics, "b")
+    _stored(groups, "g", table)
+    beat(groups, topics, "b", -1)  # leaves
+    changes = dict(groups.changes("g"))
+    assert {k.member for k, v in changes.items() if v is None} == {"b"}
+    assert {k.kind for k, v in changes.items() if v is None} == {5, 7, 8}
+    beat(groups, topics, "a", -1)
+    groups.changes("g")
+    groups.forget("g")  # DeleteGroups
+    gone = groups.changes("g")
+    assert gone and all(v is None for _k, v in gone)
+    assert {k.kind for k, _v in gone} == {3, 6}
+    again = ConsumerGroups()
+    assert again.restore({}, topics, now=0) == 0

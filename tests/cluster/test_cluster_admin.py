@@ -259,20 +259,23 @@ def test_group_deletions_on_the_coordinator_survive_its_death(cluster):
     assert _delete_group(_coordinator(cluster, gb).bootstrap, gb) == GROUP_ID_NOT_FOUND
 
 
-def test_a_classic_group_keeps_its_member_through_its_coordinators_death(cluster):
-    """The group's metadata record (Kafka's format, in __consumer_offsets) reaches the offsets
-    partition's replicas; the new coordinator takes the group back, so a librdkafka consumer
-    heartbeats on with its generation: no revocation, no second assignment."""
-    topic, group = "gm", "group-m"
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_group_keeps_its_member_through_its_coordinators_death(cluster, protocol):
+    """The group's records (Kafka's formats, in __consumer_offsets: a classic group's metadata
+    record, a KIP-848 group's records of types 3 and 5-8) reach the offsets partition's
+    replicas; the new coordinator takes the group back, so a librdkafka consumer heartbeats on
+    with its generation or member epoch: no revocation, no second assignment."""
+    topic, group = f"gm-{protocol}", f"group-m-{protocol}"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
     _in_sync(cluster, topic, 1)
     assigned: list[list[int]] = []
     revoked: list[list[int]] = []
-    consumer = Consumer({
-        "bootstrap.servers": cluster.bootstrap, "group.id": group, "session.timeout.ms": 30000,
-        "heartbeat.interval.ms": 500, "enable.auto.commit": False,
-    })  # fmt: skip
+    config = {"bootstrap.servers": cluster.bootstrap, "group.id": group,
+              "enable.auto.commit": False, "group.protocol": protocol}  # fmt: skip
+    if protocol == "classic":  # (the consumer protocol's timeouts are the broker's)
+        config |= {"session.timeout.ms": 30000, "heartbeat.interval.ms": 500}
+    consumer = Consumer(config)
     consumer.subscribe(
         [topic],
         on_assign=lambda c, ps: assigned.append([p.partition for p in ps]),
@@ -282,20 +285,32 @@ def test_a_classic_group_keeps_its_member_through_its_coordinators_death(cluster
         until(lambda: consumer.poll(0.2) is None and assigned, "the first assignment", timeout=60)
         member = consumer.memberid()
         victim = _coordinator(cluster, group)
+        before = _described(victim.bootstrap, group, protocol)[1]
         cluster.stop_broker(victim, signal.SIGKILL)
         new = until(lambda: (c := _coordinator(cluster, group)) is not victim and c, "a successor")
         deadline = time.monotonic() + 8  # heartbeats to the successor, well within the session
         while time.monotonic() < deadline:
             consumer.poll(0.2)
-        described = wire.call(new.bootstrap, 15, 5, groups=[group],
-                              include_authorized_operations=False)["groups"][0]  # fmt: skip
+        state, after = _described(new.bootstrap, group, protocol)
         seen = (list(assigned), list(revoked))  # (closing the consumer revokes)
         cluster.start_broker(victim)
     finally:
         consumer.close()
     assert seen == ([[0]], [])
-    assert described["group_state"] == "Stable"
-    assert [m["member_id"] for m in described["members"]] == [member]
+    assert state == "Stable"
+    assert [m[0] for m in after] == [member]
+    assert after == before  # the same member, at the same epoch (KIP-848)
+
+
+def _described(bootstrap: str, group: str, protocol: str) -> tuple[str, list[tuple[str, int]]]:
+    """The group's state and its (member id, member epoch) pairs (-1: classic, no epoch)."""
+    if protocol == "classic":
+        g = wire.call(bootstrap, 15, 5, groups=[group],
+                      include_authorized_operations=False)["groups"][0]  # fmt: skip
+        return g["group_state"], [(m["member_id"], -1) for m in g["members"]]
+    g = wire.call(bootstrap, 69, 1, group_ids=[group],
+                  include_authorized_operations=False)["groups"][0]  # fmt: skip
+    return g["group_state"], [(m["member_id"], m["member_epoch"]) for m in g["members"]]
 
 
 def _describe(bootstrap: str, topic: str, names: list[str]) -> dict[str, tuple[str, int]]:

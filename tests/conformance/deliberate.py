@@ -40,12 +40,6 @@ DELIBERATE: dict[str, str] = {
         "lets classic members join a consumer group and converts a group between the protocols "
         "as its members move."
     ),
-    "groups.consumer-protocol-unknown-group-rejoins": (
-        "A ConsumerGroupHeartbeat of a member (epoch above 0) of a group the broker does not know "
-        "is answered UNKNOWN_MEMBER_ID, so the member rejoins: membership lives in memory, and "
-        "after a restart (or a new coordinator in a cluster) the group is gone. Kafka, which "
-        "never loses a group, answers GROUP_ID_NOT_FOUND, which its clients take as fatal."
-    ),
     "share.unknown-group-rejoins": (
         "A ShareGroupHeartbeat of a member (epoch above 0) of a share group the broker does not "
         "know is answered UNKNOWN_MEMBER_ID, so the member rejoins: share-group membership "

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +29,7 @@ from stratalog.records import build_batch
 from . import wire
 from .conftest import KAFKA_PROPERTIES, both, start_kafka, warm_up
 from .deliberate import DELIBERATE, check_deliberate
+from .test_consumer_group_protocol import _group_view, _hb, _heartbeat_until_settled
 
 pytestmark = pytest.mark.kafka
 
@@ -259,6 +261,13 @@ def membership_across_restart(bs: str, restart: Callable[[], str], name: str) ->
                  "committed_leader_epoch": -1, "committed_metadata": ""}]}],
     )  # fmt: skip
     assert committed["topics"][0]["partitions"][0]["error_code"] == 0
+    # A member of the consumer protocol (KIP-848) too, settled on the topic's partition.
+    kip848, member2 = f"{name}-kip848", str(uuid.uuid4())
+    r = _hb(bs, group_id=kip848, member_id=member2, member_epoch=0, rebalance_timeout=30000,
+            subscribed_topic_names=[topic], topic_partitions=[])  # fmt: skip
+    assert r["error_code"] == 0, r
+    owned: dict[str, list[int]] = {}
+    epoch = _heartbeat_until_settled(bs, kip848, member2, r, {(wire.topic_id(bs, topic), 0)}, owned)
 
     bs = restart()
 
@@ -291,7 +300,15 @@ def membership_across_restart(bs: str, restart: Callable[[], str], name: str) ->
     )  # fmt: skip
     assert described["groups"][0]["error_code"] == 0, described
     members = described["groups"][0]["members"]
+    report = [{"topic_id": uuid.UUID(str(t)), "partitions": ps} for t, ps in owned.items()]
+    beat = settled(
+        lambda: _hb(bs, group_id=kip848, member_id=member2, member_epoch=epoch,
+                    topic_partitions=report),
+        lambda r: r["error_code"],
+    )  # fmt: skip
     return {
+        "kip848_heartbeat": (err(beat["error_code"]), beat["member_epoch"] == epoch),
+        "kip848_group": _group_view(bs, kip848),
         "heartbeat": hb,
         "group_state": described["groups"][0]["group_state"],
         "members": len(members),
@@ -327,8 +344,11 @@ def test_group_membership_after_restart(fresh_stratalog, name):
     finally:
         kafka.close()
     # Both keep the member (its group metadata record in __consumer_offsets), its assignment
-    # and the group's offset.
+    # and the group's offset; and the consumer-protocol member with its epoch and assignment
+    # (the group's records, types 3 and 5 to 8).
     assert kafka_obs["heartbeat"] == "NONE" and kafka_obs["group_state"] == "Stable"
+    assert kafka_obs["kip848_heartbeat"] == ("NONE", True)
+    assert kafka_obs["kip848_group"]["state"] == "Stable"
     assert kafka_obs["same_member"] == [True] and kafka_obs["committed"] == 7
     assert {**strat, "assignments": None} == {**kafka_obs, "assignments": None}
     assert [a[:9] for a in strat["assignments"]] == [b"assigned-"]

@@ -15,27 +15,32 @@ The rules are KIP-848's, as Kafka's group coordinator applies them:
   holds it). A member whose current assignment is its target is at the assignment epoch.
 * A heartbeat with another epoch than the member's is FENCED_MEMBER_EPOCH (the previous epoch is
   accepted while the member only owns partitions still assigned to it: the answer that bumped
-  it may have been lost); an unknown member is UNKNOWN_MEMBER_ID, and so is a member of a group
-  the broker does not know (membership is not persisted: after a restart members rejoin).
+  it may have been lost); an unknown member is UNKNOWN_MEMBER_ID; a member of a group the broker
+  does not know is GROUP_ID_NOT_FOUND, as in Kafka.
   Epoch -1 leaves (-2: a static member leaves for now; here it leaves as well). A member silent
   past the session timeout, or one not revoking within its rebalance timeout, is removed, and
   its partitions are free.
 
-Membership lives in memory only (the classic groups' is written to ``__consumer_offsets`` as
-Kafka's group metadata records; this protocol's records, Kafka's types 3 to 8, are not written
-yet); committed offsets are the offset store's.
+Membership is durable as Kafka keeps it: :meth:`ConsumerGroups.changes` gives the records
+(``consumer_group_records.py``, Kafka's types 3 and 5 to 8) that changed since the last call,
+for the API layer to write to ``__consumer_offsets`` before it answers, and
+:meth:`ConsumerGroups.restore` takes groups back from them (a restart, a new coordinator);
+committed offsets are the offset store's.
 """
 
 from __future__ import annotations
 
 import re
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from stratalog.broker import assignors
+from stratalog.broker import consumer_group_records as cg
 from stratalog.broker.assignors import Assignment
+from stratalog.broker.consumer_group_records import ConsumerGroupKey, frozen, thawed
 from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.reconciliation import M_STABLE, Member, Owned, reconcile, within
 
@@ -64,6 +69,27 @@ class Topics(Protocol):
 
     def names(self) -> Iterable[str]:
         """Every topic a regular expression may match (internal topics left out)."""
+
+
+def clock_ms() -> int:
+    """The time the callers give (monotonic milliseconds): deadlines are compared with it."""
+    return int(time.monotonic() * 1000)
+
+
+class TopicTable:
+    """The broker's topics (name -> metadata with ``topic_id`` and ``partitions``) as a group
+    sees them; ``internal`` names the topics a regular expression never matches."""
+
+    def __init__(self, topics: Mapping[str, Any], internal: Callable[[str], bool]) -> None:
+        self.topics = topics
+        self.internal = internal
+
+    def by_name(self, name: str) -> tuple[uuid.UUID, int] | None:
+        t = self.topics.get(name)
+        return (t.topic_id, len(t.partitions)) if t is not None else None
+
+    def names(self) -> Iterable[str]:
+        return (n for n in self.topics if not self.internal(n))
 
 
 @dataclass(frozen=True)
@@ -140,6 +166,8 @@ class ConsumerGroups:
         max_size: int = 2**31 - 1,
     ) -> None:
         self.groups: dict[str, ConsumerGroup] = {}
+        # group -> its records as last handed out by changes() (what __consumer_offsets holds)
+        self._written: dict[str, dict[ConsumerGroupKey, cg.Value]] = {}
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_size = max_size
@@ -160,14 +188,9 @@ class ConsumerGroups:
         g = self.groups.get(hb.group_id)
         if g is None:
             if not joining:
-                # Kafka says GROUP_ID_NOT_FOUND, which its clients take as fatal; a group only
-                # disappears under a member here when the broker restarted (or a new
-                # coordinator took over) without it, so the member is told to rejoin.
-                raise GroupError(
-                    "UNKNOWN_MEMBER_ID",
-                    f"Member {hb.member_id} is not a member of group {hb.group_id}: the "
-                    f"coordinator does not know the group.",
-                )
+                # Kafka's answer (its clients take it as fatal): the group's records outlive a
+                # restart or a new coordinator, so a member never sees its group vanish.
+                raise GroupError("GROUP_ID_NOT_FOUND", f"Group {hb.group_id} not found.")
             g = ConsumerGroup(hb.group_id)
         member = self._member(g, hb, topics)
         self.groups[g.group_id] = g
@@ -331,6 +354,83 @@ class ConsumerGroups:
         if m is None:
             return "UNKNOWN_MEMBER_ID"
         return "NONE" if member_epoch == m.epoch else "STALE_MEMBER_EPOCH"
+
+    # -- durability (consumer_group_records.py) --------------------------------------------------
+    @staticmethod
+    def records(g: ConsumerGroup) -> dict[ConsumerGroupKey, cg.Value]:
+        """The records that describe ``g`` (Kafka's types 3, 5, 6, 7 and 8)."""
+        gid = g.group_id
+        out: dict[ConsumerGroupKey, cg.Value] = {
+            ConsumerGroupKey(gid, cg.METADATA): g.group_epoch,
+            ConsumerGroupKey(gid, cg.TARGET_METADATA): g.assignment_epoch,
+        }
+        for mid, m in g.members.items():
+            out[ConsumerGroupKey(gid, cg.MEMBER, mid)] = cg.MemberMetadata(
+                m.instance_id, m.rack_id, m.client_id, m.client_host, m.subscribed_topic_names,
+                m.subscribed_topic_regex, m.rebalance_timeout_ms, m.server_assignor,
+            )  # fmt: skip
+            out[ConsumerGroupKey(gid, cg.CURRENT, mid)] = cg.CurrentAssignment(
+                m.epoch, m.previous_epoch, m.state, frozen(m.assigned),
+                frozen(m.pending_revocation),
+            )  # fmt: skip
+        for mid, a in g.target.items():
+            out[ConsumerGroupKey(gid, cg.TARGET_MEMBER, mid)] = frozen(a)
+        return out
+
+    def changes(self, group_id: str) -> list[tuple[ConsumerGroupKey, cg.Value]]:
+        """The group's records that changed since the last call (tombstones, None, for those
+        gone: a member that left, a deleted group); from then on they count as written."""
+        g = self.groups.get(group_id)
+        now = {} if g is None else self.records(g)
+        before = self._written.get(group_id, {})
+        out = [(k, v) for k, v in now.items() if before.get(k) != v]
+        out += [(k, None) for k in before if k not in now]
+        if now:
+            self._written[group_id] = now
+        else:
+            self._written.pop(group_id, None)
+        return out
+
+    def restore(self, records: dict[ConsumerGroupKey, cg.Value], topics: Topics, now: int) -> int:
+        """Take back the groups ``records`` describe (as a coordinator loading the offsets
+        topic does), each member with a new session; returns how many groups."""
+        by_group: dict[str, dict[ConsumerGroupKey, cg.Value]] = {}
+        for k, v in records.items():
+            by_group.setdefault(k.group, {})[k] = v
+        taken = 0
+        for gid, recs in by_group.items():
+            epoch = recs.get(ConsumerGroupKey(gid, cg.METADATA))
+            if not isinstance(epoch, int) or self.has_members(gid):
+                continue  # deleted (or half written), or live here already
+            assignment_epoch = recs.get(ConsumerGroupKey(gid, cg.TARGET_METADATA))
+            g = ConsumerGroup(gid, epoch, assignment_epoch if isinstance(assignment_epoch, int)
+                              else 0)  # fmt: skip
+            for k, v in sorted(recs.items()):
+                if k.kind == cg.MEMBER and isinstance(v, cg.MemberMetadata):
+                    g.members[k.member] = Member(
+                        k.member, v.instance_id, v.rack_id, v.client_id, v.client_host,
+                        v.rebalance_timeout_ms, v.subscribed_topic_names,
+                        v.subscribed_topic_regex, v.server_assignor,
+                    )  # fmt: skip
+            for k, v in recs.items():
+                m = g.members.get(k.member)
+                if k.kind == cg.TARGET_MEMBER and m is not None and isinstance(v, tuple):
+                    g.target[k.member] = thawed(v)
+                elif k.kind == cg.CURRENT and m is not None and isinstance(v, cg.CurrentAssignment):
+                    m.epoch, m.previous_epoch, m.state = v.epoch, v.previous_epoch, v.state
+                    m.assigned = thawed(v.assigned)
+                    m.pending_revocation = thawed(v.pending_revocation)
+            for m in g.members.values():
+                m.session_deadline = now + self.session_timeout_ms
+                if m.pending_revocation:
+                    m.rebalance_deadline = now + m.rebalance_timeout_ms
+            # The topics as they are now: a change while no coordinator ran is noticed at the
+            # next change of them, not at the first heartbeat.
+            g.subscribed = subscribed_topics(g, topics)
+            self.groups[gid] = g
+            self._written[gid] = self.records(g)
+            taken += 1
+        return taken
 
     def forget(self, group_id: str) -> None:
         """Drop a group without members (DeleteGroups, or a classic group taking the id)."""

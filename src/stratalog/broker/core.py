@@ -20,7 +20,7 @@ from stratalog import splits
 from stratalog.broker import metrics
 from stratalog.broker.autoscaler import Autoscaler
 from stratalog.broker.backlog_sender import BacklogSender
-from stratalog.broker.consumer_groups import ConsumerGroups
+from stratalog.broker.consumer_groups import ConsumerGroups, TopicTable, clock_ms
 from stratalog.broker.cpu_isolation import JournalThreads, broker_cpus, parse_cpus, pin_this_thread
 from stratalog.broker.disk_guard import DiskGuard
 from stratalog.broker.group_coordinator import GroupCoordinator
@@ -37,7 +37,13 @@ from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.broker.txn_coordinator import TransactionCoordinator
 from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC
-from stratalog.cluster.metadata import INTERNAL_TOPICS, MetadataError, MetadataStore, TopicMeta
+from stratalog.cluster.metadata import (
+    INTERNAL_TOPICS,
+    MetadataError,
+    MetadataStore,
+    TopicMeta,
+    is_internal,
+)
 from stratalog.config import BrokerConfig
 from stratalog.security.acl_store import AclStore
 from stratalog.security.authorizer import Authorizer, parse_super_users
@@ -78,6 +84,7 @@ def _raise_fd_limit() -> None:
 DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
 LOOP_LAG_PROBE_S = 0.01  # the event-loop lag probe's timer (stratalog_event_loop_lag_seconds)
 SLOT_REFRESH_S = 1.0  # read slots published again (leadership changes have no storage event)
+CONSUMER_GROUP_EXPIRY_S = 1.0  # how often consumer-protocol session timeouts are checked
 # Kafka's topic configs of __consumer_offsets (DescribeConfigs shows the same).
 OFFSETS_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -170,7 +177,9 @@ class BrokerCore:
             session_timeout_ms=config["group.consumer.session.timeout.ms"],
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
         )
-        self.consumer_group_timer: asyncio.TimerHandle | None = None  # expiry (api/consumer_groups)
+        self.consumer_group_timer: asyncio.TimerHandle | None = None  # keep_expiring_...()
+        self._group_writes: set[asyncio.Future] = set()  # records of expired members
+        self._unsettled_logs: set[str] = set()  # led, but their tail not committed yet
         self.share_groups = ShareGroups(
             session_timeout_ms=config["group.share.session.timeout.ms"],
             heartbeat_interval_ms=config["group.share.heartbeat.interval.ms"],
@@ -588,29 +597,75 @@ class BrokerCore:
         self.quotas.replace(from_json(node.quotas), save=False)
         log.info("node %d joined cluster %s (%s)", self.node_id, cid, ", ".join(endpoints))
 
-    def _took_lead(self) -> None:
+    def _took_lead(self, log_name: str, settled: bool) -> None:
+        # Until what a new primary's log held is committed, its tail is not readable: groups
+        # loaded from it may miss their last records (coordinator_error: LOAD_IN_PROGRESS).
+        if settled:
+            self._unsettled_logs.discard(log_name)
+        else:
+            self._unsettled_logs.add(log_name)
         self.apply_cluster_log_starts()
         self.offsets.load()
-        self._restore_groups()
+        if not self._loading_logs():
+            self._restore_groups()  # from all of it: a group is taken back once, whole
         self.txn.load()
         self.share_state.load()
 
     def _restore_groups(self) -> None:
-        """Take back the classic groups whose metadata the offsets partitions led here hold."""
+        """Take back the groups whose records the offsets partitions led here hold: classic
+        groups' metadata, and consumer-protocol groups' records."""
         taken = self.coordinator.restore(self.offsets.group_records())
+        taken += self.consumer_groups.restore(
+            self.offsets.consumer_group_records(), self.group_topics(), clock_ms()
+        )
         if taken:
             log.info("took back %d consumer group(s) from %s", taken, OFFSETS_TOPIC)
+        if any(g.members for g in self.consumer_groups.groups.values()):
+            self.keep_expiring_consumer_groups()  # restored members expire if they never return
+
+    def group_topics(self) -> TopicTable:
+        """The topics as the group state machines see them."""
+        return TopicTable(self.metadata.topics, is_internal)
+
+    def keep_expiring_consumer_groups(self) -> None:
+        """While a consumer-protocol group has members, look for expired ones every second
+        (and write the records their removal changed)."""
+        if self.consumer_group_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            self.consumer_group_timer = None
+            gone = self.consumer_groups.expire(clock_ms(), self.group_topics())
+            for gid in dict.fromkeys(g for g, _member in gone):
+                task = asyncio.ensure_future(self.persist_consumer_group(gid))
+                self._group_writes.add(task)
+                task.add_done_callback(self._group_writes.discard)
+            if self.consumer_groups.next_deadline() is not None:
+                self.consumer_group_timer = loop.call_later(CONSUMER_GROUP_EXPIRY_S, tick)
+
+        self.consumer_group_timer = loop.call_later(CONSUMER_GROUP_EXPIRY_S, tick)
+
+    async def persist_consumer_group(self, group: str) -> None:
+        """Write the records of a consumer-protocol group that changed (ConsumerGroups.changes),
+        before its member is answered, as Kafka's coordinator does."""
+        entries = self.consumer_groups.changes(group)
+        if entries:
+            await self._write_group_records(group, entries)
 
     async def _persist_group(self, group: str, record: GroupRecord | None) -> None:
-        """Write a classic group's metadata record (GroupCoordinator.persist). Only its
-        coordinator writes; a failed write is logged: the members then rejoin after a restart,
-        as they did before records were kept."""
+        """Write a classic group's metadata record (GroupCoordinator.persist)."""
+        await self._write_group_records(group, [(GroupKey(group), record)])
+
+    async def _write_group_records(self, group: str, entries: list) -> None:
+        """Only the group's coordinator writes; a failed write is logged: the members then
+        rejoin after a restart, as they did before records were kept."""
         if self.cluster is not None:
             here = self.cluster_coordinator(group)
             if here is None or here[0] != self.node_id:
                 return
         try:
-            await self.offsets.write([(GroupKey(group), record)])
+            await self.offsets.write(entries)
         except (StorageFailure, OffsetRecordError) as e:
             log.warning("group %s: its metadata was not written: %s", group, e)
         except Exception:  # (never the group's SyncGroup answer: it is only not kept)
@@ -655,6 +710,24 @@ class BrokerCore:
         a coordinator or share-partition leader reads its state again when it changes."""
         v = self.cluster.vlog_of(topic, index) if self.cluster is not None else None
         return v.epoch if v is not None else 0
+
+    def loading(self, topic: str, index: int) -> bool:
+        """Whether this broker just began leading ``topic``-``index`` and has not read all of
+        it yet (a coordinator then answers COORDINATOR_LOAD_IN_PROGRESS, as Kafka's does)."""
+        v = self.cluster.vlog_of(topic, index) if self.cluster is not None else None
+        return v is not None and v.log_name in self._loading_logs()
+
+    def _loading_logs(self) -> set[str]:
+        """The logs led here whose tail is not committed yet (one led no longer is dropped:
+        its settling will never be told)."""
+        if self._unsettled_logs and self.cluster is not None and self.replicator is not None:
+            led = {
+                v.log_name
+                for v in self.cluster.vlogs.values()
+                if self.replicator.leads(v.vid, v.epoch)
+            }
+            self._unsettled_logs &= led
+        return self._unsettled_logs
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""

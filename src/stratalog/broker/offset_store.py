@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from stratalog.broker import consumer_group_records as cg
+from stratalog.broker.consumer_group_records import ConsumerGroupKey
 from stratalog.broker.group_records import (
     GroupKey,
     GroupRecord,
@@ -59,7 +61,8 @@ __all__ = ["CommittedOffset", "Key", "OffsetStore", "OffsetsHost"]
 log = logging.getLogger(__name__)
 
 # An offset commit, or a classic group's metadata (group_records.py); None: a tombstone.
-Entry = tuple[Key | GroupKey, CommittedOffset | GroupRecord | None]
+MetaKey = GroupKey | ConsumerGroupKey  # a group's own records (not an offset commit)
+Entry = tuple[Key | MetaKey, Any]
 
 COMPACT_SLACK = 1000  # records a partition may hold beyond twice its live keys
 _BATCH_BYTES = 512 * 1024  # records per batch, so no batch nears max.message.bytes
@@ -98,6 +101,10 @@ def _batches(entries: list[Entry], now: int, producer: tuple[int, int] | None = 
         if isinstance(k, GroupKey):
             key = encode_group_key(k.group)
             value = None if c is None else encode_group_value(c)  # type: ignore[arg-type]
+            stamp = now
+        elif isinstance(k, ConsumerGroupKey):
+            key = cg.encode_key(k)
+            value = None if c is None else cg.encode_value(k, c)
             stamp = now
         else:
             key = encode_key(*k)
@@ -160,11 +167,12 @@ class OffsetStore:
     def __init__(self, data_dir: Path, host: OffsetsHost) -> None:
         self.legacy_path = Path(data_dir) / "meta" / "offsets.log"
         self.offsets: dict[Key, CommittedOffset] = {}
-        # Classic groups' metadata (membership), as last written: restored by the coordinator.
-        self.group_meta: dict[GroupKey, GroupRecord] = {}
+        # Groups' own records, as last written: classic groups' metadata (membership) and
+        # consumer-protocol groups' records; the coordinators restore them.
+        self.group_meta: dict[MetaKey, Any] = {}
         self._host = host
         # Offsets partition -> the keys whose latest record is there (its live keys).
-        self._keys: dict[int, set[Key | GroupKey]] = {}
+        self._keys: dict[int, set[Key | MetaKey]] = {}
         # Offsets partition -> records from its log start (written ones; for compaction).
         self._records: dict[int, int] = {}
         # Offsets partition -> written appends not durable yet, in log order: a snapshot must
@@ -186,14 +194,14 @@ class OffsetStore:
         n = len(parts)
         # A key is in one partition unless partitions were added to the topic (which moves
         # groups): then the newer record wins, and at equal times the group's partition now.
-        found: dict[Key | GroupKey, tuple[tuple[int, bool], int, Any]] = {}
+        found: dict[Key | MetaKey, tuple[tuple[int, bool], int, Any]] = {}
         for idx, p in enumerate(parts):
             if p is None:
                 continue  # in a cluster: a partition another broker replicates
-            latest: dict[Key | GroupKey, tuple[int, CommittedOffset | GroupRecord | None]] = {}
+            latest: dict[Key | MetaKey, tuple[int, Any]] = {}
             count = 0
             # Transactional commits wait for their marker: producer id -> (key, time, value).
-            pending: dict[int, list[tuple[Key | GroupKey, int, Any]]] = {}
+            pending: dict[int, list[tuple[Key | MetaKey, int, Any]]] = {}
             for h, batch in _read_batches(p):
                 if h.is_control:
                     settled = pending.pop(h.producer_id, [])
@@ -207,13 +215,15 @@ class OffsetStore:
                         continue
                     count += 1
                     try:
-                        key: Key | GroupKey | None = decode_key(rec.key)
+                        key: Key | MetaKey | None = decode_key(rec.key)
                         if key is not None:
-                            value: CommittedOffset | GroupRecord | None = decode_value(rec.value)
+                            value: Any = decode_value(rec.value)
                         elif (group := decode_group_key(rec.key)) is not None:
                             key, value = GroupKey(group), decode_group_value(rec.value)
+                        elif (ck := cg.decode_key(rec.key)) is not None:
+                            key, value = ck, cg.decode_value(ck, rec.value)
                         else:
-                            continue  # another record type (consumer or share groups')
+                            continue  # another record type (share groups')
                     except OffsetRecordError as e:
                         log.warning(
                             "%s-%d offset %d: not an offset commit: %s", p.topic, idx, rec.offset, e
@@ -407,10 +417,8 @@ class OffsetStore:
         p.when_durable(res.lsn, done)
         return fut
 
-    def _apply(
-        self, idx: int, key: Key | GroupKey, c: CommittedOffset | GroupRecord | None
-    ) -> None:
-        table: dict = self.group_meta if isinstance(key, GroupKey) else self.offsets
+    def _apply(self, idx: int, key: Key | MetaKey, c: Any) -> None:
+        table: dict = self.group_meta if isinstance(key, MetaKey) else self.offsets
         if c is None:
             table.pop(key, None)
             for keys in self._keys.values():
@@ -467,8 +475,8 @@ class OffsetStore:
         """Append the partition's live values as one snapshot; once it is durable, move the log
         start to it."""
         try:
-            snapshot: dict[Key | GroupKey, CommittedOffset | GroupRecord | None] = {
-                k: self.group_meta[k] if isinstance(k, GroupKey) else self.offsets[k]
+            snapshot: dict[Key | MetaKey, Any] = {
+                k: self.group_meta[k] if isinstance(k, MetaKey) else self.offsets[k]
                 for k in self._keys.get(idx, ())
             }
             for items in self._unsynced.get(idx, {}).values():
@@ -530,6 +538,18 @@ class OffsetStore:
             if i in led
             for k in keys
             if isinstance(k, GroupKey) and k in self.group_meta
+        }
+
+    def consumer_group_records(self) -> dict[ConsumerGroupKey, Any]:
+        """The consumer-protocol groups' records of the offsets partitions led here."""
+        parts = self._host.offsets_partitions(False)
+        led = {i for i, p in enumerate(parts) if p is not None and p.leading}
+        return {
+            k: self.group_meta[k]
+            for i, keys in self._keys.items()
+            if i in led
+            for k in keys
+            if isinstance(k, ConsumerGroupKey) and k in self.group_meta
         }
 
     def groups(self) -> set[str]:

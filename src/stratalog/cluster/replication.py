@@ -491,9 +491,10 @@ class Replicator:
         self._peers: set[_BackupConnection] = set()
         self._closing = False
         self._restarting: set[int] = set()
-        # Called after this broker starts leading a log (the offsets table reloads then),
-        # and again once what the log held then is committed.
-        self.on_lead: Callable[[], None] | None = None
+        # Called with (log name, settled) after this broker starts leading a log (the offsets
+        # table reloads then), settled once what the log held then is committed (at once if
+        # it was), when it is called again.
+        self.on_lead: Callable[[str, bool], None] | None = None
         # Called with (log name, first hot seq) when a primary says where its hot tier begins.
         self.on_cold: Callable[[str, int], None] | None = None
         self._tasks: set[asyncio.Future] = set()
@@ -602,15 +603,16 @@ class Replicator:
                     end_lsn, lambda ok, p=p, n=nxt: ok and p.advance_high_watermark(n)
                 )
         log.info("%s: primary at epoch %d, in sync %s", vlog.name, st.epoch, st.isr)
-        self._led(vlog.name)
-        if vlog.committed < end_lsn:
+        settled = vlog.committed >= end_lsn
+        self._led(vlog.name, settled)
+        if not settled:
             # Records past the commit point it knew become visible only now: read them too.
-            vlog.when_durable(end_lsn, lambda ok: ok and self._led(vlog.name))
+            vlog.when_durable(end_lsn, lambda ok: ok and self._led(vlog.name, True))
 
-    def _led(self, name: str) -> None:
+    def _led(self, name: str, settled: bool) -> None:
         if self.on_lead is not None:
             try:
-                self.on_lead()
+                self.on_lead(name, settled)
             except Exception:
                 log.exception("%s: reacting to the new leadership failed", name)
 

@@ -4,42 +4,22 @@ module decodes, answers, and keeps the timer that expires silent members."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import Iterable
 
 from stratalog.broker.assignors import Assignment
-from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat
+from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat, clock_ms
 from stratalog.broker.reconciliation import Member
-from stratalog.cluster.metadata import is_internal
 from stratalog.protocol.connection import Request
 
 from .common import AUTHORIZED_OPS_OMITTED, NONE, authorized, err, reply, sub
 from .group_admin import coordinator_error
 
-EXPIRY_CHECK_S = 1.0  # how often session and rebalance timeouts are looked at
 # What Kafka 4.4 reports allowed on a group without an authorizer: READ, DELETE, DESCRIBE, and
 # DESCRIBE_CONFIGS and ALTER_CONFIGS (groups have configs since KIP-848).
 CONSUMER_GROUP_OPERATIONS = 3400
 
 
-class BrokerTopics:
-    """The broker's topics as the group state machine asks for them."""
-
-    def __init__(self, core) -> None:
-        self.topics = core.metadata.topics
-
-    def by_name(self, name: str) -> tuple[uuid.UUID, int] | None:
-        t = self.topics.get(name)
-        return (t.topic_id, len(t.partitions)) if t is not None else None
-
-    def names(self) -> Iterable[str]:
-        return (n for n in self.topics if not is_internal(n))
-
-
-def _now() -> int:
-    return int(time.monotonic() * 1000)
+_now = clock_ms
 
 
 def _owned(body) -> dict[uuid.UUID, frozenset[int]] | None:
@@ -48,7 +28,7 @@ def _owned(body) -> dict[uuid.UUID, frozenset[int]] | None:
     return {tp.topic_id: frozenset(tp.partitions) for tp in body.topic_partitions}
 
 
-def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
+async def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
     b = req.body
     groups = core.consumer_groups
     hb = Heartbeat(
@@ -80,10 +60,14 @@ def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
                     "GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a consumer group."
                 )
             core.coordinator.forget(b.group_id)  # an empty classic group gives way
-        answer = groups.heartbeat(hb, BrokerTopics(core), _now())
+        answer = groups.heartbeat(hb, core.group_topics(), _now())
     except GroupError as e:
+        await core.persist_consumer_group(b.group_id)  # (a refused rejoin may remove a member)
         return heartbeat_refusal(req, e)
-    _keep_expiring(core)
+    core.keep_expiring_consumer_groups()
+    # Written before the member learns of it, as Kafka's coordinator does: a new coordinator
+    # then knows the epoch and assignment the member has.
+    await core.persist_consumer_group(b.group_id)
     return heartbeat_reply(req, answer)
 
 
@@ -120,21 +104,6 @@ def heartbeat_refusal(req: Request, e: GroupError) -> bytes:
         heartbeat_interval=0,
         assignment=None,
     )
-
-
-def _keep_expiring(core) -> None:
-    """While any consumer group has members, look for expired ones every second."""
-    if core.consumer_group_timer is not None:
-        return
-    loop = asyncio.get_running_loop()
-
-    def tick() -> None:
-        core.consumer_group_timer = None
-        core.consumer_groups.expire(_now(), BrokerTopics(core))
-        if core.consumer_groups.next_deadline() is not None:
-            core.consumer_group_timer = loop.call_later(EXPIRY_CHECK_S, tick)
-
-    core.consumer_group_timer = loop.call_later(EXPIRY_CHECK_S, tick)
 
 
 def handle_consumer_group_describe(core, req: Request, conn) -> bytes:

@@ -39,14 +39,18 @@ _I32 = struct.Struct(">i")
 
 
 def coordinator_error(core, group_id: str) -> str | None:
-    """In a cluster, NOT_COORDINATOR unless this broker leads the group's offsets partition."""
+    """In a cluster, NOT_COORDINATOR unless this broker leads the group's offsets partition,
+    COORDINATOR_LOAD_IN_PROGRESS while it has not read all of it yet."""
     if core.cluster is None:
         return None
     t = core.metadata.topics.get(OFFSETS_TOPIC)
     if t is None:
         return "COORDINATOR_NOT_AVAILABLE"
-    if core.leader_error(OFFSETS_TOPIC, partition_for(group_id, len(t.partitions))) is not None:
+    index = partition_for(group_id, len(t.partitions))
+    if core.leader_error(OFFSETS_TOPIC, index) is not None:
         return "NOT_COORDINATOR"
+    if core.loading(OFFSETS_TOPIC, index):
+        return "COORDINATOR_LOAD_IN_PROGRESS"
     return None
 
 
@@ -87,6 +91,7 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
                 await core.share_state.write([(k, None) for k in core.share_state.keys_of(gid)])
                 core.coordinator.forget(gid)
                 core.consumer_groups.forget(gid)
+                await core.persist_consumer_group(gid)  # tombstones: not taken back at a restart
                 core.share_groups.forget(gid)  # its share-partitions' state too
             except (StorageFailure, OffsetRecordError) as e:
                 error = _failed_write(e)

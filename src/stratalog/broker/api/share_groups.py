@@ -15,7 +15,6 @@ from stratalog.storage.journal import StorageFailure
 
 from .common import NONE, err, reply, sub
 from .consumer_groups import (
-    BrokerTopics,
     _now,
     describe_groups,
     described_assignment,
@@ -52,7 +51,7 @@ def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
             raise GroupError(not_here)
         if b.group_id and other_group_type(core, b.group_id):
             raise GroupError("GROUP_ID_NOT_FOUND", f"Group {b.group_id} is not a share group.")
-        answer = core.share_groups.heartbeat(hb, BrokerTopics(core), _now())
+        answer = core.share_groups.heartbeat(hb, core.group_topics(), _now())
     except GroupError as e:
         return heartbeat_refusal(req, e)
     try:
@@ -81,7 +80,7 @@ def keep_expiring(core) -> None:
 
     def tick() -> None:
         core.share_group_timer = None
-        core.share_groups.expire(_now(), BrokerTopics(core))
+        core.share_groups.expire(_now(), core.group_topics())
         wake_share_fetches(core)
         keep_expiring(core)
 
