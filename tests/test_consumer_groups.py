@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from stratalog.broker import consumer_group_records as cg
+from stratalog.broker import modern_group_records as cg
 from stratalog.broker.assignors import range_, uniform
 from stratalog.broker.consumer_groups import (
     ASSIGNING,
@@ -287,27 +287,43 @@ def test_commit_and_fetch_validation() -> None:
     assert groups.validate_commit("g", "", -1, 9) == "NONE"  # empty: commits from outside
 
 
-# -- durability: Kafka's records of the group (consumer_group_records.py) ---------------------
-def _stored(groups: ConsumerGroups, group: str, table: dict) -> None:
-    """What the broker would write (the changes, each encoded and decoded as a record)."""
-    for k, v in groups.changes(group):
-        raw_key = cg.encode_key(k)
-        key = cg.decode_key(raw_key)
+# -- durability: Kafka's records of the group (modern_group_records.py) ---------------------
+def stored(groups, group: str, table: dict) -> list:
+    """Put what the broker would write (``groups.changes``, each encoded and decoded as a
+    record) into ``table`` as __consumer_offsets would hold it; the changes."""
+    changes = groups.changes(group)
+    for k, v in changes:
+        key = cg.decode_key(cg.encode_key(k))
         assert key == k
-        table[key] = cg.decode_value(key, None if v is None else cg.encode_value(key, v))
-        if table[key] is None:
-            del table[key]
+        value = cg.decode_value(key, None if v is None else cg.encode_value(key, v))
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return changes
+
+
+def assert_restored(before, g, fields: tuple[str, ...]) -> None:
+    """``g``, restored from records, is ``before``: its epochs, targets, and each member's
+    ``fields``."""
+    assert (g.group_epoch, g.assignment_epoch, g.target) == (
+        before.group_epoch, before.assignment_epoch, before.target
+    )  # fmt: skip
+    assert set(g.members) == set(before.members)
+    for mid, m in before.members.items():
+        n = g.members[mid]
+        assert [getattr(n, f) for f in fields] == [getattr(m, f) for f in fields], mid
 
 
 def test_a_group_mid_reconciliation_comes_back_from_its_records() -> None:
     groups, topics = ConsumerGroups(session_timeout_ms=1000), Topics(t1=4, t2=1)
     table: dict = {}
     join(groups, topics, "a", names=("t1", "t2"), assignor="range")
-    _stored(groups, "g", table)
+    stored(groups, "g", table)
     assert {(k.kind, k.member) for k in table} == {(3, ""), (6, ""), (5, "a"), (7, "a"), (8, "a")}
     b = join(groups, topics, "b")
     a = beat(groups, topics, "a", 1, owned={T1: frozenset(range(4)), T2: frozenset({0})})
-    _stored(groups, "g", table)
+    stored(groups, "g", table)
     before = groups.group("g")
     assert before.state == RECONCILING and before.members["a"].pending_revocation
 
@@ -315,18 +331,10 @@ def test_a_group_mid_reconciliation_comes_back_from_its_records() -> None:
     again = ConsumerGroups(session_timeout_ms=1000)
     assert again.restore(table, topics, now=5000) == 1
     g = again.group("g")
-    assert (g.group_epoch, g.assignment_epoch, g.target) == (
-        before.group_epoch, before.assignment_epoch, before.target
-    )  # fmt: skip
-    for mid, m in before.members.items():
-        n = g.members[mid]
-        assert (n.epoch, n.previous_epoch, n.state, n.assigned, n.pending_revocation) == (
-            m.epoch, m.previous_epoch, m.state, m.assigned, m.pending_revocation
-        )  # fmt: skip
-        assert (n.subscribed_topic_names, n.server_assignor, n.rebalance_timeout_ms) == (
-            m.subscribed_topic_names, m.server_assignor, m.rebalance_timeout_ms
-        )  # fmt: skip
-        assert n.session_deadline == 6000  # a new session from the load
+    assert_restored(before, g, ("epoch", "previous_epoch", "state", "assigned",
+                                "pending_revocation", "subscribed_topic_names", "server_assignor",
+                                "rebalance_timeout_ms"))  # fmt: skip
+    assert {m.session_deadline for m in g.members.values()} == {6000}  # new sessions from now
     assert again.changes("g") == []  # nothing to write again
     # The members go on from where they were: a revokes, b gets what a gave up.
     kept = frozenset(parts(a.assignment))
@@ -343,7 +351,7 @@ def test_members_that_leave_and_a_deleted_group_leave_tombstones() -> None:
     table: dict = {}
     join(groups, topics, "a")
     join(groups, topics, "b")
-    _stored(groups, "g", table)
+    stored(groups, "g", table)
     beat(groups, topics, "b", -1)  # leaves
     changes = dict(groups.changes("g"))
     assert {k.member for k, v in changes.items() if v is None} == {"b"}

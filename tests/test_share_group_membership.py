@@ -12,6 +12,8 @@ from stratalog.broker.group_coordinator import GroupError
 from stratalog.broker.share_groups import ShareGroups, ShareHeartbeat
 from stratalog.broker.share_partition import SharePartition
 
+from .test_consumer_groups import assert_restored, stored
+
 T = uuid.UUID(int=1)
 
 
@@ -89,3 +91,30 @@ def test_the_simple_assignor_gives_every_member_partitions():
         "b": {T: frozenset({1})},
         "c": {T: frozenset({0})},
     }
+
+
+def test_membership_comes_back_from_its_records_and_leaves_tombstones():
+    """Kafka's records of types 10 to 14, encoded and decoded as __consumer_offsets holds them."""
+    groups, topics = ShareGroups(session_timeout_ms=1000), Topics(3)
+    table: dict = {}
+
+    groups.heartbeat(ShareHeartbeat("g", "a", 0, rack_id="r1", subscribed_topic_names=("t",),
+                                    client_id="c-a"), topics, now=0)  # fmt: skip
+    groups.heartbeat(_hb("b", 0, ("t",)), topics, now=0)
+    groups.heartbeat(_hb("a", 1), topics, now=1)
+    stored(groups, "g", table)
+    assert {k.kind for k in table} == {10, 11, 12, 13, 14}
+    before = groups.group("g")
+
+    again = ShareGroups(session_timeout_ms=1000)
+    assert again.restore(table, topics, now=500) == 1
+    g = again.group("g")
+    assert_restored(before, g, ("epoch", "previous_epoch", "assigned", "rack_id", "client_id",
+                                "subscribed_topic_names"))  # fmt: skip
+    assert {m.session_deadline for m in g.members.values()} == {1500}  # new sessions from now
+    assert again.changes("g") == []
+    assert again.heartbeat(_hb("a", before.members["a"].epoch), topics, now=600).assignment is None
+
+    groups.heartbeat(_hb("b", -1), topics, now=2)
+    gone = [k for k, v in stored(groups, "g", table) if v is None]
+    assert {(k.kind, k.member) for k in gone} == {(10, "b"), (13, "b"), (14, "b")}

@@ -40,15 +40,6 @@ DELIBERATE: dict[str, str] = {
         "lets classic members join a consumer group and converts a group between the protocols "
         "as its members move."
     ),
-    "share.unknown-group-rejoins": (
-        "A ShareGroupHeartbeat of a member (epoch above 0) of a share group the broker does not "
-        "know is answered UNKNOWN_MEMBER_ID, so the member rejoins: share-group membership "
-        "lives in memory, and after a restart (or a new coordinator in a cluster) the group's "
-        "members are gone. Kafka, which never loses a group, answers GROUP_ID_NOT_FOUND, which "
-        "its share consumers take as fatal. The share-partitions' state (start offset, "
-        "acknowledged and archived records, delivery counts) is durable in "
-        "`__share_group_state`, as in Kafka, and survives both."
-    ),
     "share.start-offset-current": (
         "DescribeShareGroupOffsets reports a share-partition's start offset as it is once the "
         "acknowledgements it answered took effect. Kafka 4.4 reports the start offset its share "

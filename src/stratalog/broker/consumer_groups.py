@@ -22,7 +22,7 @@ The rules are KIP-848's, as Kafka's group coordinator applies them:
   its partitions are free.
 
 Membership is durable as Kafka keeps it: :meth:`ConsumerGroups.changes` gives the records
-(``consumer_group_records.py``, Kafka's types 3 and 5 to 8) that changed since the last call,
+(``modern_group_records.py``, Kafka's types 3 and 5 to 8) that changed since the last call,
 for the API layer to write to ``__consumer_offsets`` before it answers, and
 :meth:`ConsumerGroups.restore` takes groups back from them (a restart, a new coordinator);
 committed offsets are the offset store's.
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stratalog.broker import assignors
-from stratalog.broker import consumer_group_records as cg
+from stratalog.broker import modern_group_records as cg
 from stratalog.broker.assignors import Assignment
-from stratalog.broker.consumer_group_records import ConsumerGroupKey, frozen, thawed
 from stratalog.broker.group_coordinator import GroupError
+from stratalog.broker.modern_group_records import ModernGroupKey, frozen, thawed
 from stratalog.broker.reconciliation import M_STABLE, Member, Owned, reconcile, within
 
 JOIN_EPOCH = 0
@@ -166,8 +166,7 @@ class ConsumerGroups:
         max_size: int = 2**31 - 1,
     ) -> None:
         self.groups: dict[str, ConsumerGroup] = {}
-        # group -> its records as last handed out by changes() (what __consumer_offsets holds)
-        self._written: dict[str, dict[ConsumerGroupKey, cg.Value]] = {}
+        self._written = cg.Written()  # the groups' records as __consumer_offsets holds them
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_size = max_size
@@ -355,54 +354,43 @@ class ConsumerGroups:
             return "UNKNOWN_MEMBER_ID"
         return "NONE" if member_epoch == m.epoch else "STALE_MEMBER_EPOCH"
 
-    # -- durability (consumer_group_records.py) --------------------------------------------------
+    # -- durability (modern_group_records.py) --------------------------------------------------
     @staticmethod
-    def records(g: ConsumerGroup) -> dict[ConsumerGroupKey, cg.Value]:
+    def records(g: ConsumerGroup) -> dict[ModernGroupKey, cg.Value]:
         """The records that describe ``g`` (Kafka's types 3, 5, 6, 7 and 8)."""
         gid = g.group_id
-        out: dict[ConsumerGroupKey, cg.Value] = {
-            ConsumerGroupKey(gid, cg.METADATA): g.group_epoch,
-            ConsumerGroupKey(gid, cg.TARGET_METADATA): g.assignment_epoch,
+        out: dict[ModernGroupKey, cg.Value] = {
+            ModernGroupKey(gid, cg.METADATA): g.group_epoch,
+            ModernGroupKey(gid, cg.TARGET_METADATA): g.assignment_epoch,
         }
         for mid, m in g.members.items():
-            out[ConsumerGroupKey(gid, cg.MEMBER, mid)] = cg.MemberMetadata(
+            out[ModernGroupKey(gid, cg.MEMBER, mid)] = cg.MemberMetadata(
                 m.instance_id, m.rack_id, m.client_id, m.client_host, m.subscribed_topic_names,
                 m.subscribed_topic_regex, m.rebalance_timeout_ms, m.server_assignor,
             )  # fmt: skip
-            out[ConsumerGroupKey(gid, cg.CURRENT, mid)] = cg.CurrentAssignment(
+            out[ModernGroupKey(gid, cg.CURRENT, mid)] = cg.CurrentAssignment(
                 m.epoch, m.previous_epoch, m.state, frozen(m.assigned),
                 frozen(m.pending_revocation),
             )  # fmt: skip
         for mid, a in g.target.items():
-            out[ConsumerGroupKey(gid, cg.TARGET_MEMBER, mid)] = frozen(a)
+            out[ModernGroupKey(gid, cg.TARGET_MEMBER, mid)] = frozen(a)
         return out
 
-    def changes(self, group_id: str) -> list[tuple[ConsumerGroupKey, cg.Value]]:
+    def changes(self, group_id: str) -> list[tuple[ModernGroupKey, cg.Value]]:
         """The group's records that changed since the last call (tombstones, None, for those
         gone: a member that left, a deleted group); from then on they count as written."""
         g = self.groups.get(group_id)
-        now = {} if g is None else self.records(g)
-        before = self._written.get(group_id, {})
-        out = [(k, v) for k, v in now.items() if before.get(k) != v]
-        out += [(k, None) for k in before if k not in now]
-        if now:
-            self._written[group_id] = now
-        else:
-            self._written.pop(group_id, None)
-        return out
+        return self._written.changes(group_id, {} if g is None else self.records(g))
 
-    def restore(self, records: dict[ConsumerGroupKey, cg.Value], topics: Topics, now: int) -> int:
+    def restore(self, records: dict[ModernGroupKey, cg.Value], topics: Topics, now: int) -> int:
         """Take back the groups ``records`` describe (as a coordinator loading the offsets
         topic does), each member with a new session; returns how many groups."""
-        by_group: dict[str, dict[ConsumerGroupKey, cg.Value]] = {}
-        for k, v in records.items():
-            by_group.setdefault(k.group, {})[k] = v
         taken = 0
-        for gid, recs in by_group.items():
-            epoch = recs.get(ConsumerGroupKey(gid, cg.METADATA))
+        for gid, recs in cg.by_group(records).items():
+            epoch = recs.get(ModernGroupKey(gid, cg.METADATA))
             if not isinstance(epoch, int) or self.has_members(gid):
                 continue  # deleted (or half written), or live here already
-            assignment_epoch = recs.get(ConsumerGroupKey(gid, cg.TARGET_METADATA))
+            assignment_epoch = recs.get(ModernGroupKey(gid, cg.TARGET_METADATA))
             g = ConsumerGroup(gid, epoch, assignment_epoch if isinstance(assignment_epoch, int)
                               else 0)  # fmt: skip
             for k, v in sorted(recs.items()):
@@ -428,7 +416,7 @@ class ConsumerGroups:
             # next change of them, not at the first heartbeat.
             g.subscribed = subscribed_topics(g, topics)
             self.groups[gid] = g
-            self._written[gid] = self.records(g)
+            self._written.settle(gid, self.records(g))
             taken += 1
         return taken
 

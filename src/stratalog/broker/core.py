@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratalog import splits
-from stratalog.broker import metrics
+from stratalog.broker import group_timers, metrics
 from stratalog.broker.autoscaler import Autoscaler
 from stratalog.broker.backlog_sender import BacklogSender
 from stratalog.broker.consumer_groups import ConsumerGroups, TopicTable, clock_ms
@@ -84,7 +84,6 @@ def _raise_fd_limit() -> None:
 DIRECT_IO_TAIL_CACHE = 512 * 1024 * 1024
 LOOP_LAG_PROBE_S = 0.01  # the event-loop lag probe's timer (stratalog_event_loop_lag_seconds)
 SLOT_REFRESH_S = 1.0  # read slots published again (leadership changes have no storage event)
-CONSUMER_GROUP_EXPIRY_S = 1.0  # how often consumer-protocol session timeouts are checked
 # Kafka's topic configs of __consumer_offsets (DescribeConfigs shows the same).
 OFFSETS_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -177,8 +176,8 @@ class BrokerCore:
             session_timeout_ms=config["group.consumer.session.timeout.ms"],
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
         )
-        self.consumer_group_timer: asyncio.TimerHandle | None = None  # keep_expiring_...()
-        self._group_writes: set[asyncio.Future] = set()  # records of expired members
+        self.consumer_group_timer: asyncio.TimerHandle | None = None  # group_timers.py
+        self.group_writes: set[asyncio.Future] = set()  # records of expired members
         self._unsettled_logs: set[str] = set()  # led, but their tail not committed yet
         self.share_groups = ShareGroups(
             session_timeout_ms=config["group.share.session.timeout.ms"],
@@ -613,43 +612,28 @@ class BrokerCore:
 
     def _restore_groups(self) -> None:
         """Take back the groups whose records the offsets partitions led here hold: classic
-        groups' metadata, and consumer-protocol groups' records."""
+        groups' metadata, consumer-protocol and share groups' records."""
         taken = self.coordinator.restore(self.offsets.group_records())
         taken += self.consumer_groups.restore(
-            self.offsets.consumer_group_records(), self.group_topics(), clock_ms()
+            self.offsets.modern_group_records(), self.group_topics(), clock_ms()
+        )
+        taken += self.share_groups.restore(
+            self.offsets.modern_group_records(), self.group_topics(), clock_ms()
         )
         if taken:
-            log.info("took back %d consumer group(s) from %s", taken, OFFSETS_TOPIC)
-        if any(g.members for g in self.consumer_groups.groups.values()):
-            self.keep_expiring_consumer_groups()  # restored members expire if they never return
+            log.info("took back %d group(s) from %s", taken, OFFSETS_TOPIC)
+        # Restored members expire if they never come back.
+        group_timers.keep_expiring_consumer_groups(self)
+        group_timers.keep_expiring_share_groups(self)
 
     def group_topics(self) -> TopicTable:
         """The topics as the group state machines see them."""
         return TopicTable(self.metadata.topics, is_internal)
 
-    def keep_expiring_consumer_groups(self) -> None:
-        """While a consumer-protocol group has members, look for expired ones every second
-        (and write the records their removal changed)."""
-        if self.consumer_group_timer is not None:
-            return
-        loop = asyncio.get_running_loop()
-
-        def tick() -> None:
-            self.consumer_group_timer = None
-            gone = self.consumer_groups.expire(clock_ms(), self.group_topics())
-            for gid in dict.fromkeys(g for g, _member in gone):
-                task = asyncio.ensure_future(self.persist_consumer_group(gid))
-                self._group_writes.add(task)
-                task.add_done_callback(self._group_writes.discard)
-            if self.consumer_groups.next_deadline() is not None:
-                self.consumer_group_timer = loop.call_later(CONSUMER_GROUP_EXPIRY_S, tick)
-
-        self.consumer_group_timer = loop.call_later(CONSUMER_GROUP_EXPIRY_S, tick)
-
-    async def persist_consumer_group(self, group: str) -> None:
-        """Write the records of a consumer-protocol group that changed (ConsumerGroups.changes),
-        before its member is answered, as Kafka's coordinator does."""
-        entries = self.consumer_groups.changes(group)
+    async def persist_group_records(self, group: str) -> None:
+        """Write the records of a consumer-protocol or share group that changed (their
+        ``changes``), before its member is answered, as Kafka's coordinator does."""
+        entries = self.consumer_groups.changes(group) + self.share_groups.changes(group)
         if entries:
             await self._write_group_records(group, entries)
 

@@ -28,8 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from stratalog.broker import consumer_group_records as cg
-from stratalog.broker.consumer_group_records import ConsumerGroupKey
+from stratalog.broker import modern_group_records as cg
 from stratalog.broker.group_records import (
     GroupKey,
     GroupRecord,
@@ -38,6 +37,7 @@ from stratalog.broker.group_records import (
     encode_group_key,
     encode_group_value,
 )
+from stratalog.broker.modern_group_records import ModernGroupKey
 from stratalog.broker.offset_records import (
     CommittedOffset,
     Key,
@@ -61,7 +61,7 @@ __all__ = ["CommittedOffset", "Key", "OffsetStore", "OffsetsHost"]
 log = logging.getLogger(__name__)
 
 # An offset commit, or a classic group's metadata (group_records.py); None: a tombstone.
-MetaKey = GroupKey | ConsumerGroupKey  # a group's own records (not an offset commit)
+MetaKey = GroupKey | ModernGroupKey  # a group's own records (not an offset commit)
 Entry = tuple[Key | MetaKey, Any]
 
 COMPACT_SLACK = 1000  # records a partition may hold beyond twice its live keys
@@ -102,7 +102,7 @@ def _batches(entries: list[Entry], now: int, producer: tuple[int, int] | None = 
             key = encode_group_key(k.group)
             value = None if c is None else encode_group_value(c)  # type: ignore[arg-type]
             stamp = now
-        elif isinstance(k, ConsumerGroupKey):
+        elif isinstance(k, ModernGroupKey):
             key = cg.encode_key(k)
             value = None if c is None else cg.encode_value(k, c)
             stamp = now
@@ -540,7 +540,7 @@ class OffsetStore:
             if isinstance(k, GroupKey) and k in self.group_meta
         }
 
-    def consumer_group_records(self) -> dict[ConsumerGroupKey, Any]:
+    def modern_group_records(self) -> dict[ModernGroupKey, Any]:
         """The consumer-protocol groups' records of the offsets partitions led here."""
         parts = self._host.offsets_partitions(False)
         led = {i for i, p in enumerate(parts) if p is not None and p.leading}
@@ -549,7 +549,7 @@ class OffsetStore:
             for i, keys in self._keys.items()
             if i in led
             for k in keys
-            if isinstance(k, ConsumerGroupKey) and k in self.group_meta
+            if isinstance(k, ModernGroupKey) and k in self.group_meta
         }
 
     def groups(self) -> set[str]:

@@ -13,9 +13,11 @@ epoch -1 leaves. A member silent for the session timeout is removed. The records
 are not released when it leaves: its share session (``share_sessions.py``) closing releases
 them, or their locks running out.
 
-Membership lives in memory: after a restart members rejoin. The share-partitions' state is
-durable in ``__share_group_state`` (``share_state.py``); a share-partition never written starts
-where ``share.auto.offset.reset`` says.
+Membership is durable as Kafka keeps it (``modern_group_records.py``, types 10 to 14, in
+``__consumer_offsets``): :meth:`ShareGroups.changes` gives what changed, written before the
+member is answered, and :meth:`ShareGroups.restore` takes the groups back. The share-partitions'
+state is durable in ``__share_group_state`` (``share_state.py``); a share-partition never
+written starts where ``share.auto.offset.reset`` says.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from stratalog.broker import modern_group_records as mg
 from stratalog.broker.assignors import SIMPLE, Assignment, simple
 from stratalog.broker.consumer_groups import (
     JOIN_EPOCH,
@@ -35,6 +38,8 @@ from stratalog.broker.consumer_groups import (
     subscribed_topics,
 )
 from stratalog.broker.group_coordinator import GroupError
+from stratalog.broker.modern_group_records import ModernGroupKey, frozen, thawed
+from stratalog.broker.reconciliation import M_STABLE
 from stratalog.broker.share_partition import SharePartition
 
 EMPTY = "Empty"
@@ -106,6 +111,7 @@ class ShareGroups:
         max_size: int = 200,
     ) -> None:
         self.groups: dict[str, ShareGroup] = {}
+        self._written = mg.Written()  # the groups' records as __consumer_offsets holds them
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_size = max_size
@@ -131,10 +137,8 @@ class ShareGroups:
             return ShareAnswer(hb.member_id, LEAVE_EPOCH, 0)
         joining = hb.member_epoch == JOIN_EPOCH
         if g is None:
-            if not joining:
-                # A group lost with a restart: the member is told to rejoin (see
-                # consumer_groups.py for why not GROUP_ID_NOT_FOUND).
-                raise _unknown(hb.member_id, hb.group_id)
+            if not joining:  # (its records outlive restarts: it never was, or was deleted)
+                raise GroupError("GROUP_ID_NOT_FOUND", f"Group {hb.group_id} not found.")
             g = ShareGroup(hb.group_id)
         m = g.members.get(hb.member_id)
         if m is None:
@@ -228,6 +232,65 @@ class ShareGroups:
         for g in self.groups.values():
             for tp, sp in g.partitions.items():
                 yield g, tp, sp
+
+    # -- durability (modern_group_records.py) ----------------------------------------------------
+    @staticmethod
+    def records(g: ShareGroup) -> dict[ModernGroupKey, mg.Value]:
+        """The records that describe ``g``'s membership (Kafka's types 10 to 14)."""
+        gid = g.group_id
+        out: dict[ModernGroupKey, mg.Value] = {
+            ModernGroupKey(gid, mg.SHARE_METADATA): g.group_epoch,
+            ModernGroupKey(gid, mg.SHARE_TARGET_METADATA): g.assignment_epoch,
+        }
+        for mid, m in g.members.items():
+            out[ModernGroupKey(gid, mg.SHARE_MEMBER, mid)] = mg.ShareMemberMetadata(
+                m.rack_id, m.client_id, m.client_host, m.subscribed_topic_names
+            )
+            out[ModernGroupKey(gid, mg.SHARE_CURRENT, mid)] = mg.CurrentAssignment(
+                m.epoch, m.previous_epoch, M_STABLE, frozen(m.assigned), ()
+            )
+        for mid, a in g.target.items():
+            out[ModernGroupKey(gid, mg.SHARE_TARGET_MEMBER, mid)] = frozen(a)
+        return out
+
+    def changes(self, group_id: str) -> list[tuple[ModernGroupKey, mg.Value]]:
+        """The group's records that changed since the last call (None: deleted)."""
+        g = self.groups.get(group_id)
+        return self._written.changes(group_id, {} if g is None else self.records(g))
+
+    def restore(self, records: dict[ModernGroupKey, mg.Value], topics: Topics, now: int) -> int:
+        """Take back the share groups ``records`` describe, each member with a new session
+        (their share-partitions load from ``__share_group_state`` when fetched); returns how
+        many groups."""
+        taken = 0
+        for gid, recs in mg.by_group(records).items():
+            epoch = recs.get(ModernGroupKey(gid, mg.SHARE_METADATA))
+            live = self.groups.get(gid)
+            if not isinstance(epoch, int) or (live is not None and live.members):
+                continue
+            assignment_epoch = recs.get(ModernGroupKey(gid, mg.SHARE_TARGET_METADATA))
+            g = live or ShareGroup(gid)
+            g.group_epoch = epoch
+            g.assignment_epoch = assignment_epoch if isinstance(assignment_epoch, int) else 0
+            for k, v in recs.items():
+                if k.kind == mg.SHARE_MEMBER and isinstance(v, mg.ShareMemberMetadata):
+                    g.members[k.member] = ShareMember(
+                        k.member, v.rack_id, v.client_id, v.client_host, v.subscribed_topic_names,
+                        session_deadline=now + self.session_timeout_ms,
+                    )  # fmt: skip
+            for k, v in recs.items():
+                m = g.members.get(k.member)
+                if k.kind == mg.SHARE_TARGET_MEMBER and m is not None and isinstance(v, tuple):
+                    g.target[k.member] = thawed(v)
+                elif k.kind == mg.SHARE_CURRENT and m is not None:
+                    assert isinstance(v, mg.CurrentAssignment)
+                    m.epoch, m.previous_epoch = v.epoch, v.previous_epoch
+                    m.assigned = thawed(v.assigned)
+            g.subscribed = subscribed_topics(g, topics)
+            self.groups[gid] = g
+            self._written.settle(gid, self.records(g))
+            taken += 1
+        return taken
 
     def forget(self, group_id: str) -> None:
         """Drop a group without members (DeleteGroups)."""

@@ -8,6 +8,7 @@ import uuid
 
 from stratalog.broker.assignors import Assignment
 from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat, clock_ms
+from stratalog.broker.group_timers import keep_expiring_consumer_groups
 from stratalog.broker.reconciliation import Member
 from stratalog.protocol.connection import Request
 
@@ -62,12 +63,12 @@ async def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
             core.coordinator.forget(b.group_id)  # an empty classic group gives way
         answer = groups.heartbeat(hb, core.group_topics(), _now())
     except GroupError as e:
-        await core.persist_consumer_group(b.group_id)  # (a refused rejoin may remove a member)
+        await core.persist_group_records(b.group_id)  # (a refused rejoin may remove a member)
         return heartbeat_refusal(req, e)
-    core.keep_expiring_consumer_groups()
+    keep_expiring_consumer_groups(core)
     # Written before the member learns of it, as Kafka's coordinator does: a new coordinator
     # then knows the epoch and assignment the member has.
-    await core.persist_consumer_group(b.group_id)
+    await core.persist_group_records(b.group_id)
     return heartbeat_reply(req, answer)
 
 

@@ -91,8 +91,8 @@ async def handle_delete_groups(core, req: Request, conn) -> bytes:
                 await core.share_state.write([(k, None) for k in core.share_state.keys_of(gid)])
                 core.coordinator.forget(gid)
                 core.consumer_groups.forget(gid)
-                await core.persist_consumer_group(gid)  # tombstones: not taken back at a restart
                 core.share_groups.forget(gid)  # its share-partitions' state too
+                await core.persist_group_records(gid)  # tombstones: not taken back at a restart
             except (StorageFailure, OffsetRecordError) as e:
                 error = _failed_write(e)
         results[gid] = error or "NONE"

@@ -90,7 +90,7 @@ async def handle_join_group(core, req: Request, conn) -> bytes:
         # share group (KIP-932).
         return _join_refused(req, "INCONSISTENT_GROUP_PROTOCOL")
     core.consumer_groups.forget(b.group_id)  # an empty one gives the id to the classic group
-    await core.persist_consumer_group(b.group_id)  # (its records deleted)
+    await core.persist_group_records(b.group_id)  # (its records deleted)
     res = await core.coordinator.join(
         b.group_id,
         b.member_id,

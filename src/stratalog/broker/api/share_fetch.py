@@ -21,6 +21,7 @@ import time
 import uuid
 
 from stratalog.broker.group_coordinator import GroupError
+from stratalog.broker.group_timers import keep_expiring_share_groups, wake_share_fetches
 from stratalog.broker.share_groups import ShareGroup
 from stratalog.broker.share_partition import Acquired, ShareError, SharePartition
 from stratalog.broker.share_sessions import FINAL_EPOCH, OPEN_EPOCH, ShareSession
@@ -32,7 +33,6 @@ from stratalog.storage.partition import FileSlice, ReadResult
 from . import leader_hints
 from .common import NONE, err, reply, sub
 from .consumer_groups import _now
-from .share_groups import keep_expiring, wake_share_fetches
 
 TopicPartition = tuple[uuid.UUID, int]
 
@@ -267,7 +267,7 @@ async def handle_share_fetch(core, req: Request, conn) -> bytes:
             wake_share_fetches(core)
     else:
         await _fetch(core, req, g, session, out, acked)
-    keep_expiring(core)
+    keep_expiring_share_groups(core)
     return _answer(core, req, out, lock_ms)
 
 
@@ -452,7 +452,7 @@ async def handle_share_acknowledge(core, req: Request, conn) -> bytes:
         released |= _release_member(g, b.member_id)
     if released:
         wake_share_fetches(core)
-    keep_expiring(core)
+    keep_expiring_share_groups(core)
     for o in out.values():
         # ShareAcknowledge has one error per partition: the acknowledgement's.
         o.error, o.message = o.ack_error, o.ack_message

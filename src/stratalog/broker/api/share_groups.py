@@ -4,10 +4,10 @@ timer that expires silent members and records whose acquisition lock ran out."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 from stratalog.broker.group_coordinator import GroupError
+from stratalog.broker.group_timers import keep_expiring_share_groups
 from stratalog.broker.share_groups import ShareGroup, ShareHeartbeat, ShareMember
 from stratalog.broker.share_partition import ACKNOWLEDGED, ARCHIVED
 from stratalog.protocol.connection import Request
@@ -34,7 +34,7 @@ def other_group_type(core, group_id: str) -> bool:
     )
 
 
-def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
+async def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
     b = req.body
     hb = ShareHeartbeat(
         group_id=b.group_id,
@@ -54,45 +54,15 @@ def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
         answer = core.share_groups.heartbeat(hb, core.group_topics(), _now())
     except GroupError as e:
         return heartbeat_refusal(req, e)
+    await core.persist_group_records(b.group_id)  # before the member learns of it, as Kafka
     try:
         # The state topic exists before the group's first ShareFetch needs it (in a cluster
         # it is created through etcd, which takes a moment).
         core.share_state_partitions(True)
     except StorageFailure:
         pass
-    keep_expiring(core)
+    keep_expiring_share_groups(core)
     return heartbeat_reply(req, answer)
-
-
-def keep_expiring(core) -> None:
-    """Keep a timer at the next deadline of any share group (a member's session, a record's
-    lock); when it fires, expire what is due and wake share fetches waiting for records."""
-    deadline = core.share_groups.next_deadline()
-    timer = core.share_group_timer
-    if deadline is None:
-        return
-    loop = asyncio.get_running_loop()
-    when = deadline / 1000
-    if timer is not None:
-        if timer.when() <= when:
-            return
-        timer.cancel()
-
-    def tick() -> None:
-        core.share_group_timer = None
-        core.share_groups.expire(_now(), core.group_topics())
-        wake_share_fetches(core)
-        keep_expiring(core)
-
-    core.share_group_timer = loop.call_at(when, tick)
-
-
-def wake_share_fetches(core) -> None:
-    """Records may have become acquirable (released, or a lock ran out)."""
-    waiters, core.share_waiters = core.share_waiters, []
-    for w in waiters:
-        if not w.done():
-            w.set_result(None)
 
 
 def handle_share_group_describe(core, req: Request, conn) -> bytes:
