@@ -280,7 +280,8 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
     int p = family.partitions[i];
     long earliest = wire.listOffsets(topic, List.of(p), KafkaWire.EARLIEST).get(p);
     if (at[i] < earliest) {
-      checkLoss(i, at[i], Math.min(earliest, end[i]), "the log now starts at " + earliest);
+      opts.checkLoss(topic, p, at[i], Math.min(earliest, end[i]),
+          "the log now starts at " + earliest);
       at[i] = earliest;
       return;
     }
@@ -291,17 +292,8 @@ final class FamilyReader implements PartitionReader<ColumnarBatch> {
 
   /** The rest of the member's range is gone: fail, or end it when allowed. */
   private void lost(int i, String why) throws IOException {
-    checkLoss(i, at[i], end[i], why);
+    opts.checkLoss(family.topic, family.partitions[i], at[i], end[i], why);
     end[i] = at[i];
-  }
-
-  /** Records {@code [from, to)} of a member are gone: fail unless failOnDataLoss=false. */
-  private void checkLoss(int i, long from, long to, String why) throws IOException {
-    if (opts.failOnDataLoss) {
-      throw new IOException("records " + from + " to " + (to - 1) + " of " + family.topic + "-"
-          + family.partitions[i] + " are gone (" + why + "); some data may have been lost. Set "
-          + "failOnDataLoss=false to skip them");
-    }
   }
 
   @Override

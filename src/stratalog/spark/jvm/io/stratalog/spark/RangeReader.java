@@ -185,7 +185,8 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     long earliest = wire.listOffsets(range.topic, p, KafkaWire.EARLIEST).get(range.partition);
     fetched = null;
     if (next < earliest) {
-      checkLoss(next, Math.min(earliest, range.until), "the log now starts at " + earliest);
+      opts.checkLoss(range.topic, range.partition, next, Math.min(earliest, range.until),
+          "the log now starts at " + earliest);
       next = earliest;
       return next < range.until && fetch();
     }
@@ -196,19 +197,10 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
 
   /** The rest of the range is gone: fail, or end the range when allowed. */
   private boolean lost(long from, long to, String why) throws IOException {
-    checkLoss(from, to, why);
+    opts.checkLoss(range.topic, range.partition, from, to, why);
     next = range.until;
     fetched = null;
     return false;
-  }
-
-  /** Records {@code [from, to)} of the range are gone: fail unless failOnDataLoss=false. */
-  private void checkLoss(long from, long to, String why) throws IOException {
-    if (opts.failOnDataLoss) {
-      throw new IOException("records " + from + " to " + (to - 1) + " of " + range.topic + "-"
-          + range.partition + " are gone (" + why + "); some data may have been lost. Set "
-          + "failOnDataLoss=false to skip them");
-    }
   }
 
   @Override

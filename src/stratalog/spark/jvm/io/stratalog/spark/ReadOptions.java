@@ -366,4 +366,14 @@ final class ReadOptions implements Serializable {
     }
     return w.equals("true");
   }
+
+  /** Records {@code [from, to)} of a partition are gone: fail unless failOnDataLoss=false. */
+  void checkLoss(String topic, int partition, long from, long to, String why)
+      throws java.io.IOException {
+    if (failOnDataLoss) {
+      throw new java.io.IOException("records " + from + " to " + (to - 1) + " of " + topic + "-"
+          + partition + " are gone (" + why + "); some data may have been lost. Set "
+          + "failOnDataLoss=false to skip them");
+    }
+  }
 }
