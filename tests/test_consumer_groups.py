@@ -364,3 +364,21 @@ def test_members_that_leave_and_a_deleted_group_leave_tombstones() -> None:
     assert {k.kind for k, _v in gone} == {3, 6}
     again = ConsumerGroups()
     assert again.restore({}, topics, now=0) == 0
+
+
+def test_records_whose_write_failed_are_written_again_with_the_next_change() -> None:
+    groups, topics = ConsumerGroups(), Topics(t1=2)
+    join(groups, topics, "a")
+    first = groups.changes("g")
+    groups.unwritten("g", first)  # (the broker's write of them failed)
+    assert groups.changes("g") == first  # nothing changed, but none of it is in the log
+    join(groups, topics, "b")
+    groups.changes("g")
+    beat(groups, topics, "b", -1)
+    beat(groups, topics, "a", -1)
+    groups.forget("g")
+    tombstones = groups.changes("g")
+    groups.unwritten("g", tombstones)
+    assert groups.changes("g") == tombstones  # deleting it is tried again too
+    assert all(v is None for _k, v in tombstones)
+    assert {(k.kind, k.member) for k, _v in tombstones} >= {(5, "b"), (7, "b"), (8, "b"), (3, "")}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import time
 import uuid
@@ -129,10 +130,54 @@ def _damaged_store(path: Path) -> LogStore:
         await store.close()
 
     asyncio.run(write())
+    (seg,) = (path / "logs").glob("g7/*.log")
+    shutil.copy(seg, path.parent / "primary.log")  # the bytes as the primary has them
     assert len(_damage(path / "logs")) == 1
     store = LogStore(StorageConfig(path, verify_on_open=True, **config))
     store.open(parts)
     return store
+
+
+def test_a_cut_through_damage_that_a_crash_interrupted_is_finished_at_the_next_one(tmp_path):
+    """kill -9 after the segment was cut back to its first damaged range but before the damage
+    record was rewritten: the record then names a range at the log's very end. The next cut
+    (at the next Fence) finds nothing to truncate, yet must drop the range and set the
+    partition back to the first offset it lost, or the primary's frames are refused forever."""
+    store = _damaged_store(tmp_path / "b")
+    vlog = store.logs["g7"]
+    (r,) = vlog.damaged
+    ((uid, (lost_first, _)),) = r.lost.items()
+    forget = type(vlog)._forget_damage_from
+    type(vlog)._forget_damage_from = lambda *a: None  # the crash: the record is not rewritten
+    try:
+        store.truncate_log("g7", r.seq, r.start)
+    finally:
+        type(vlog)._forget_damage_from = forget
+    store.abandon()
+    config = dict(fsync=FsyncPolicy.parse("always"), replicated=True, io_threads=2)
+    store = LogStore(StorageConfig(tmp_path / "b", verify_on_open=True, **config))
+    store.open([("t", i, u, "g7") for i, u in enumerate((11, 12, 13))])
+    vlog = store.logs["g7"]
+    assert vlog.end == (r.seq, r.start) and [(d.seq, d.start) for d in vlog.damaged] == [
+        (r.seq, r.start)
+    ]
+
+    async def repair() -> None:
+        cut = vlog.first_damage()
+        assert cut == vlog.end
+        store.truncate_log("g7", *cut)
+        assert vlog.damaged == [] and store.partitions[uid].next_offset == lost_first
+        primary = (tmp_path / "primary.log").read_bytes()
+        lsn = vlog.append_replica(r.seq, r.start, primary[r.start :], epoch=1)
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        vlog.when_durable(lsn, done.set_result)
+        assert await done
+        assert store.partitions[uid].lost == []
+        await store.close()
+
+    asyncio.run(repair())
+    (seg,) = (tmp_path / "b" / "logs" / "g7").glob("*.log")
+    assert seg.read_bytes() == (tmp_path / "primary.log").read_bytes()  # repaired, byte for byte
 
 
 def test_a_damaged_copy_named_in_sync_leaves_the_set_at_a_new_epoch_before_it_is_cut(
@@ -207,9 +252,10 @@ def test_a_damaged_copy_stays_in_sync_with_no_other_replica_registered(etcd: Etc
             while 7 not in me.vlogs:
                 await asyncio.sleep(0.05)
             repair = DamageRepair(me, store)
-            done = asyncio.Event()
-            repair.check(me.vlogs[7], done.set)
-            await asyncio.wait_for(done.wait(), 10)
+            called = []
+            repair.check(me.vlogs[7], lambda: called.append(1))
+            await asyncio.wait_for(asyncio.gather(*repair._tasks), 10)
+            assert called == []  # (nothing changed: no reconcile, which would only ask again)
             got = await me.store.get(me.keys.vlog(7))
             assert got is not None and json.loads(got[0]) == st.to_json()
             assert not repair.cut_at_fence("g7", 3)

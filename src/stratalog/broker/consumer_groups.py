@@ -386,7 +386,7 @@ class ConsumerGroups:
         """Take back the groups ``records`` describe (as a coordinator loading the offsets
         topic does), each member with a new session; returns how many groups."""
         taken = 0
-        for gid, recs in cg.by_group(records).items():
+        for gid, recs in cg.by_group(records, cg.CONSUMER_KINDS).items():
             epoch = recs.get(ModernGroupKey(gid, cg.METADATA))
             if not isinstance(epoch, int) or self.has_members(gid):
                 continue  # deleted (or half written), or live here already
@@ -416,9 +416,21 @@ class ConsumerGroups:
             # next change of them, not at the first heartbeat.
             g.subscribed = subscribed_topics(g, topics)
             self.groups[gid] = g
-            self._written.settle(gid, self.records(g))
+            # What the log holds, not what was rebuilt of it: the next change writes the
+            # difference (a member's missing record, records of members no longer there).
+            self._written.settle(gid, recs)
             taken += 1
         return taken
+
+    def unwritten(self, group_id: str, changes: list[tuple[ModernGroupKey, cg.Value]]) -> None:
+        """Their write failed: written again with the group's next change."""
+        self._written.unwritten(group_id, changes)
+
+    def drop(self, group_id: str) -> None:
+        """Forget the group as this coordinator knew it (another one led its partition since:
+        it is restored from the records)."""
+        self.groups.pop(group_id, None)
+        self._written.drop(group_id)
 
     def forget(self, group_id: str) -> None:
         """Drop a group without members (DeleteGroups, or a classic group taking the id)."""

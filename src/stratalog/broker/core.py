@@ -178,7 +178,9 @@ class BrokerCore:
         )
         self.consumer_group_timer: asyncio.TimerHandle | None = None  # group_timers.py
         self.group_writes: set[asyncio.Future] = set()  # records of expired members
-        self._unsettled_logs: set[str] = set()  # led, but their tail not committed yet
+        self._group_writes_pending: dict[str, asyncio.Future] = {}  # group -> its last write
+        # Logs led here whose tail is not committed yet, with the primary that leads them.
+        self._unsettled_logs: dict[str, object] = {}
         self.share_groups = ShareGroups(
             session_timeout_ms=config["group.share.session.timeout.ms"],
             heartbeat_interval_ms=config["group.share.heartbeat.interval.ms"],
@@ -600,26 +602,53 @@ class BrokerCore:
         # Until what a new primary's log held is committed, its tail is not readable: groups
         # loaded from it may miss their last records (coordinator_error: LOAD_IN_PROGRESS).
         if settled:
-            self._unsettled_logs.discard(log_name)
-        else:
-            self._unsettled_logs.add(log_name)
+            self._unsettled_logs.pop(log_name, None)
+        elif self.replicator is not None:
+            self._unsettled_logs[log_name] = self.replicator.primary_of(log_name)
+        self._drop_groups_of(log_name)
         self.apply_cluster_log_starts()
         self.offsets.load()
-        if not self._loading_logs():
-            self._restore_groups()  # from all of it: a group is taken back once, whole
+        self._restore_groups()
         self.txn.load()
         self.share_state.load()
 
+    def _offsets_partitions_in(self, log_name: str) -> set[int]:
+        t = self.metadata.topics.get(OFFSETS_TOPIC)
+        if t is None or self.cluster is None:
+            return set()
+        return {
+            i
+            for i in range(len(t.partitions))
+            if (v := self.cluster.vlog_of(OFFSETS_TOPIC, i)) is not None and v.log_name == log_name
+        }
+
+    def _drop_groups_of(self, log_name: str) -> None:
+        """This broker leads ``log_name`` anew: what it knew of the modern groups of the offsets
+        partitions in it may be stale (another coordinator led them meanwhile); they are taken
+        back from the records once the log's tail is committed."""
+        parts = self._offsets_partitions_in(log_name)
+        if not parts:
+            return
+        n = len(self.metadata.topics[OFFSETS_TOPIC].partitions)
+        for gid in [g for g in self.consumer_groups.groups if partition_for(g, n) in parts]:
+            self.consumer_groups.drop(gid)
+        for gid in [g for g in self.share_groups.groups if partition_for(g, n) in parts]:
+            self.share_groups.drop_membership(gid)
+
     def _restore_groups(self) -> None:
         """Take back the groups whose records the offsets partitions led here hold: classic
-        groups' metadata, consumer-protocol and share groups' records."""
-        taken = self.coordinator.restore(self.offsets.group_records())
-        taken += self.consumer_groups.restore(
-            self.offsets.modern_group_records(), self.group_topics(), clock_ms()
-        )
-        taken += self.share_groups.restore(
-            self.offsets.modern_group_records(), self.group_topics(), clock_ms()
-        )
+        groups' metadata, consumer-protocol and share groups' records (not yet for a partition
+        whose tail is not committed: coordinator_error answers LOAD_IN_PROGRESS for it)."""
+        t = self.metadata.topics.get(OFFSETS_TOPIC)
+        n = len(t.partitions) if t is not None else 0
+        loading = {i for i in range(n) if self.loading(OFFSETS_TOPIC, i)}
+        classic = {g: r for g, r in self.offsets.group_records().items()
+                   if partition_for(g, n) not in loading}  # fmt: skip
+        modern = {k: v for k, v in self.offsets.modern_group_records().items()
+                  if partition_for(k.group, n) not in loading}  # fmt: skip
+        taken = self.coordinator.restore(classic)
+        taken += self.consumer_groups.restore(modern, self.group_topics(), clock_ms())
+        taken += self.share_groups.restore(modern, self.group_topics(), clock_ms())
         if taken:
             log.info("took back %d group(s) from %s", taken, OFFSETS_TOPIC)
         # Restored members expire if they never come back.
@@ -632,28 +661,47 @@ class BrokerCore:
 
     async def persist_group_records(self, group: str) -> None:
         """Write the records of a consumer-protocol or share group that changed (their
-        ``changes``), before its member is answered, as Kafka's coordinator does."""
-        entries = self.consumer_groups.changes(group) + self.share_groups.changes(group)
-        if entries:
-            await self._write_group_records(group, entries)
+        ``changes``), before its member is answered, as Kafka's coordinator does. With no
+        change, wait for the group's write in flight (what the answer tells may be its). Raises
+        StorageFailure or OffsetRecordError if they were not written: they are written again
+        with the group's next change."""
+        consumer = self.consumer_groups.changes(group)
+        share = self.share_groups.changes(group)
+        if not consumer and not share:
+            pending = self._group_writes_pending.get(group)
+            if pending is not None:
+                await asyncio.shield(pending)
+            return
+        write = asyncio.ensure_future(self._write_group_records(group, consumer + share))
+        self._group_writes_pending[group] = write
+
+        def done(f: asyncio.Future) -> None:
+            if self._group_writes_pending.get(group) is f:
+                del self._group_writes_pending[group]
+            if f.cancelled() or f.exception() is not None:
+                self.consumer_groups.unwritten(group, consumer)
+                self.share_groups.unwritten(group, share)
+
+        write.add_done_callback(done)
+        await asyncio.shield(write)
 
     async def _persist_group(self, group: str, record: GroupRecord | None) -> None:
-        """Write a classic group's metadata record (GroupCoordinator.persist)."""
-        await self._write_group_records(group, [(GroupKey(group), record)])
-
-    async def _write_group_records(self, group: str, entries: list) -> None:
-        """Only the group's coordinator writes; a failed write is logged: the members then
-        rejoin after a restart, as they did before records were kept."""
-        if self.cluster is not None:
-            here = self.cluster_coordinator(group)
-            if here is None or here[0] != self.node_id:
-                return
+        """Write a classic group's metadata record (GroupCoordinator.persist). A failed write
+        is logged: the members then rejoin after a restart, as before records were kept."""
         try:
-            await self.offsets.write(entries)
+            await self._write_group_records(group, [(GroupKey(group), record)])
         except (StorageFailure, OffsetRecordError) as e:
             log.warning("group %s: its metadata was not written: %s", group, e)
         except Exception:  # (never the group's SyncGroup answer: it is only not kept)
             log.exception("group %s: its metadata was not written", group)
+
+    async def _write_group_records(self, group: str, entries: list) -> None:
+        """Only the group's coordinator writes (StorageFailure if this broker no longer is)."""
+        if self.cluster is not None:
+            here = self.cluster_coordinator(group)
+            if here is None or here[0] != self.node_id:
+                raise StorageFailure(f"group {group}: this broker is not its coordinator")
+        await self.offsets.write(entries)
 
     def _cluster_topic(self, node: ClusterNode, name: str, topic: ClusterTopic | None) -> None:
         """Mirror a topic change from etcd: metadata for every topic, storage for the
@@ -702,16 +750,13 @@ class BrokerCore:
         return v is not None and v.log_name in self._loading_logs()
 
     def _loading_logs(self) -> set[str]:
-        """The logs led here whose tail is not committed yet (one led no longer is dropped:
-        its settling will never be told)."""
-        if self._unsettled_logs and self.cluster is not None and self.replicator is not None:
-            led = {
-                v.log_name
-                for v in self.cluster.vlogs.values()
-                if self.replicator.leads(v.vid, v.epoch)
-            }
-            self._unsettled_logs &= led
-        return self._unsettled_logs
+        """The logs led here whose tail is not committed yet (one whose primary was closed or
+        replaced since is dropped: its settling will never be told)."""
+        if self.replicator is not None:
+            for name, primary in list(self._unsettled_logs.items()):
+                if self.replicator.primary_of(name) is not primary:
+                    del self._unsettled_logs[name]
+        return set(self._unsettled_logs)
 
     def leader_error(self, topic: str, index: int) -> str | None:
         """Why this broker may not lead ``topic``-``index`` now (None: it may)."""

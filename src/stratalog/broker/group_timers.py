@@ -9,8 +9,11 @@ writes); they are started by a heartbeat, a share fetch, or a restore that broug
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from stratalog.broker.consumer_groups import clock_ms
+
+log = logging.getLogger(__name__)
 
 CONSUMER_GROUP_EXPIRY_S = 1.0  # how often consumer-protocol session timeouts are checked
 
@@ -18,9 +21,16 @@ CONSUMER_GROUP_EXPIRY_S = 1.0  # how often consumer-protocol session timeouts ar
 def _write_soon(core, groups: list[tuple[str, str]]) -> None:
     """Write what removing these (group, member)s changed, in the background."""
     for gid in dict.fromkeys(g for g, _member in groups):
-        task = asyncio.ensure_future(core.persist_group_records(gid))
+        task = asyncio.ensure_future(_write(core, gid))
         core.group_writes.add(task)
         task.add_done_callback(core.group_writes.discard)
+
+
+async def _write(core, group: str) -> None:
+    try:
+        await core.persist_group_records(group)
+    except Exception as e:  # (written again with the group's next change)
+        log.warning("group %s: the removal of expired members was not written: %s", group, e)
 
 
 def keep_expiring_consumer_groups(core) -> None:

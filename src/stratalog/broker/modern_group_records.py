@@ -36,7 +36,7 @@ from __future__ import annotations
 import struct
 import uuid
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from stratalog.broker.assignors import Assignment
 from stratalog.broker.offset_records import OffsetRecordError, _Reader, _string
@@ -57,6 +57,9 @@ _PER_MEMBER = (MEMBER, TARGET_MEMBER, CURRENT, SHARE_MEMBER, SHARE_TARGET_MEMBER
 # 4 and 15: read for their keys, their values skipped
 TYPES = (METADATA, 4, MEMBER, TARGET_METADATA, TARGET_MEMBER, CURRENT, *range(10, 16))
 _EPOCHS = (METADATA, TARGET_METADATA, SHARE_TARGET_METADATA)
+CONSUMER_KINDS = frozenset({METADATA, 4, MEMBER, TARGET_METADATA, TARGET_MEMBER, CURRENT})
+SHARE_KINDS = frozenset(range(10, 16))
+_UNWRITTEN = object()  # no record's value: such a key is written again (or deleted) next time
 
 _STATES = {M_STABLE: 0, M_UNREVOKED: 1, M_UNRELEASED: 2}
 _STATE_NAMES = {v: k for k, v in _STATES.items()}
@@ -125,7 +128,7 @@ class Written:
     holds), to tell what a change of the group changed."""
 
     def __init__(self) -> None:
-        self._by_group: dict[str, dict[ModernGroupKey, Value]] = {}
+        self._by_group: dict[str, dict[ModernGroupKey, Any]] = {}
 
     def changes(
         self, group_id: str, now: dict[ModernGroupKey, Value]
@@ -138,7 +141,18 @@ class Written:
         self.settle(group_id, now)
         return out
 
-    def settle(self, group_id: str, now: dict[ModernGroupKey, Value]) -> None:
+    def unwritten(self, group_id: str, changes: list[tuple[ModernGroupKey, Value]]) -> None:
+        """The write of ``changes`` failed: each of their keys is written again, or deleted, at
+        the next change, whatever the log holds of it now."""
+        held = self._by_group.setdefault(group_id, {})
+        for k, _v in changes:
+            held[k] = _UNWRITTEN
+
+    def drop(self, group_id: str) -> None:
+        """Forget the group (another coordinator wrote it since: loaded again when needed)."""
+        self._by_group.pop(group_id, None)
+
+    def settle(self, group_id: str, now: dict[ModernGroupKey, Any]) -> None:
         """``now`` is what the offsets topic holds of the group (as loaded)."""
         if now:
             self._by_group[group_id] = now
@@ -146,10 +160,14 @@ class Written:
             self._by_group.pop(group_id, None)
 
 
-def by_group(records: dict[ModernGroupKey, Value]) -> dict[str, dict[ModernGroupKey, Value]]:
+def by_group(
+    records: dict[ModernGroupKey, Value], kinds: frozenset[int]
+) -> dict[str, dict[ModernGroupKey, Value]]:
+    """The records of ``kinds`` (one type of group), by group."""
     out: dict[str, dict[ModernGroupKey, Value]] = {}
     for k, v in records.items():
-        out.setdefault(k.group, {})[k] = v
+        if k.kind in kinds:
+            out.setdefault(k.group, {})[k] = v
     return out
 
 

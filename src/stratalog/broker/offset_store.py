@@ -241,6 +241,12 @@ class OffsetStore:
                 old = found.get(key)
                 if old is None or rank >= old[0]:
                     found[key] = (rank, idx, value)
+        # What the partitions read hold replaces what was known of them (another coordinator
+        # may have deleted keys meanwhile, and compacted their tombstones away).
+        for idx, p in enumerate(parts):
+            if p is not None:
+                for key in self._keys.pop(idx, set()):
+                    (self.group_meta if isinstance(key, MetaKey) else self.offsets).pop(key, None)
         for key, (_rank, idx, value) in found.items():
             self._apply(idx, key, value)
         if n:

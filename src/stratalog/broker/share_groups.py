@@ -263,13 +263,15 @@ class ShareGroups:
         (their share-partitions load from ``__share_group_state`` when fetched); returns how
         many groups."""
         taken = 0
-        for gid, recs in mg.by_group(records).items():
+        for gid, recs in mg.by_group(records, mg.SHARE_KINDS).items():
             epoch = recs.get(ModernGroupKey(gid, mg.SHARE_METADATA))
             live = self.groups.get(gid)
             if not isinstance(epoch, int) or (live is not None and live.members):
                 continue
             assignment_epoch = recs.get(ModernGroupKey(gid, mg.SHARE_TARGET_METADATA))
-            g = live or ShareGroup(gid)
+            g = ShareGroup(gid)
+            if live is not None:
+                g.partitions = live.partitions  # the share-partitions led here, as they are
             g.group_epoch = epoch
             g.assignment_epoch = assignment_epoch if isinstance(assignment_epoch, int) else 0
             for k, v in recs.items():
@@ -288,9 +290,22 @@ class ShareGroups:
                     m.assigned = thawed(v.assigned)
             g.subscribed = subscribed_topics(g, topics)
             self.groups[gid] = g
-            self._written.settle(gid, self.records(g))
+            self._written.settle(gid, recs)  # (what the log holds: see ConsumerGroups)
             taken += 1
         return taken
+
+    def unwritten(self, group_id: str, changes: list[tuple[ModernGroupKey, mg.Value]]) -> None:
+        """Their write failed: written again with the group's next change."""
+        self._written.unwritten(group_id, changes)
+
+    def drop_membership(self, group_id: str) -> None:
+        """Forget the members as this coordinator knew them (another one led the group's
+        partition since: they are restored from the records); the share-partitions led here
+        stay."""
+        g = self.groups.get(group_id)
+        if g is not None:
+            self.groups[group_id] = ShareGroup(group_id, partitions=g.partitions)
+        self._written.drop(group_id)
 
     def forget(self, group_id: str) -> None:
         """Drop a group without members (DeleteGroups)."""

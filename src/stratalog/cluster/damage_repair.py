@@ -73,11 +73,11 @@ class DamageRepair:
                         new.epoch,
                         new.primary,
                     )
+                    then()  # (only then: a refusal waits for etcd to change, not a loop)
             except Exception as e:
                 log.warning("%s: cannot leave the in-sync set: %s", st.log_name, e)
             finally:
                 self._leaving.discard(st.vid)
-                then()
 
         task = asyncio.ensure_future(run())
         self._tasks.add(task)

@@ -675,6 +675,11 @@ class Replicator:
     def _leads(self, name: str) -> bool:
         return self._leading(name) is not None
 
+    def primary_of(self, name: str) -> object | None:
+        """This broker's primary of log ``name`` (an identity: a new one starts a new
+        leadership), None if it leads it no longer (paused still leads)."""
+        return self._leading(name)
+
     def _on_fence(self, peer: _BackupConnection, msg: Fence) -> None:
         name = msg.vlog
         vlog = self.store.open_log(name)

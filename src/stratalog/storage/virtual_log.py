@@ -909,6 +909,12 @@ class VirtualLog:
         if self._batched is not None:
             raise RuntimeError(f"{self.name}: truncate_to during a WriteBatch")
         if (seq, position) >= self.end:
+            # Nothing to cut; but damaged ranges recorded from here (a cut through them that a
+            # crash interrupted after the truncation) go, and what they lost is written again.
+            for uid, first in self.lost_from(seq, position).items():
+                if uid in self._next_offsets:
+                    self._next_offsets[uid] = min(self._next_offsets[uid], first)
+            self._forget_damage_from(seq, position)
             return
         seg = self.segments.get(seq)
         kept: list[IndexEntry] = []
@@ -985,14 +991,7 @@ class VirtualLog:
         self._commit_waiters = deque(w for w in self._commit_waiters if w[0] <= (seq, position))
         self.primary_commit = min(self.primary_commit, (seq, position))
 
-        # Damaged ranges in the cut go with it: the offsets they lost may be written again.
-        kept_damage = [r for r in self.damaged if (r.seq, r.start) < (seq, position)]
-        if kept_damage != self.damaged:
-            self.damaged = kept_damage
-            if kept_damage:
-                damage.save(self.directory, kept_damage)
-            else:
-                (self.directory / damage.DAMAGE_FILE).unlink(missing_ok=True)
+        self._forget_damage_from(seq, position)
         # The checkpoint must not vouch for index entries the cut removed.
         ckpt = read_checkpoint(self.directory)
         if ckpt is None or ckpt > end:
@@ -1004,6 +1003,16 @@ class VirtualLog:
         log.warning("%s: truncated to (%d, %d): %d frames cut", self.name, seq, position, len(cut))
         for _lsn, callback in failed:
             callback(False)
+
+    def _forget_damage_from(self, seq: int, position: int) -> None:
+        """Damaged ranges in a cut go with it: the offsets they lost may be written again."""
+        kept = [r for r in self.damaged if (r.seq, r.start) < (seq, position)]
+        if kept != self.damaged:
+            self.damaged = kept
+            if kept:
+                damage.save(self.directory, kept)
+            else:
+                (self.directory / damage.DAMAGE_FILE).unlink(missing_ok=True)
 
     def lost_from(self, seq: int, position: int) -> dict[int, int]:
         """Partition uid -> the first offset the damaged ranges at or past (seq, position)
@@ -1018,18 +1027,14 @@ class VirtualLog:
     def first_damage(self) -> tuple[int, int] | None:
         """Where to cut this log so that every damaged range of its hot segments goes with the
         cut (a replica then has the bytes from there sent again): the start of the first
-        damaged range; for a range of no bytes (frames missing before a valid one: an earlier
-        segment was cut short), the start of the hot segment before it."""
-        cuts = []
-        for r in self.damaged:
-            if r.seq not in self.segments:
-                continue  # gone from the hot tier: nothing here to write again
-            if r.start < r.end:
-                cuts.append((r.seq, r.start))
-            else:
-                before = [s for s in self.segments if s < r.seq]
-                cuts.append((max(before), 0) if before else (r.seq, 0))
-        return min(cuts) if cuts else None
+        damaged range. None if there is none, or if one has no bytes (frames found missing
+        before a valid one, an earlier segment cut short where no index told by how much):
+        where those frames were is not known, so no cut is known to bring them back, and the
+        log keeps its ranges fenced."""
+        hot = [r for r in self.damaged if r.seq in self.segments]  # (the rest left the tier)
+        if not hot or any(r.start >= r.end for r in hot):
+            return None
+        return min((r.seq, r.start) for r in hot)
 
     def _uids_left(self, seq: int, kept: list[IndexEntry], uids: set[int]) -> set[int]:
         """Which of ``uids`` have frames before a cut in segment ``seq`` (``kept``: its entries

@@ -4,13 +4,16 @@ module decodes, answers, and keeps the timer that expires silent members."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 from stratalog.broker.assignors import Assignment
 from stratalog.broker.consumer_groups import ConsumerGroup, GroupError, Heartbeat, clock_ms
 from stratalog.broker.group_timers import keep_expiring_consumer_groups
+from stratalog.broker.offset_records import OffsetRecordError
 from stratalog.broker.reconciliation import Member
 from stratalog.protocol.connection import Request
+from stratalog.storage.journal import StorageFailure
 
 from .common import AUTHORIZED_OPS_OMITTED, NONE, authorized, err, reply, sub
 from .group_admin import coordinator_error
@@ -63,12 +66,21 @@ async def handle_consumer_group_heartbeat(core, req: Request, conn) -> bytes:
             core.coordinator.forget(b.group_id)  # an empty classic group gives way
         answer = groups.heartbeat(hb, core.group_topics(), _now())
     except GroupError as e:
-        await core.persist_group_records(b.group_id)  # (a refused rejoin may remove a member)
+        with contextlib.suppress(StorageFailure, OffsetRecordError):
+            await core.persist_group_records(b.group_id)  # (a refused rejoin removes a member)
         return heartbeat_refusal(req, e)
     keep_expiring_consumer_groups(core)
-    # Written before the member learns of it, as Kafka's coordinator does: a new coordinator
-    # then knows the epoch and assignment the member has.
-    await core.persist_group_records(b.group_id)
+    return await persisted_reply(core, req, b.group_id, answer)
+
+
+async def persisted_reply(core, req: Request, group_id: str, answer) -> bytes:
+    """The heartbeat's answer once the records it changed are durable, as Kafka's coordinator
+    answers: a new coordinator then knows the epoch and assignment the member has. A failed
+    write is NOT_COORDINATOR (the client looks for its coordinator and heartbeats again)."""
+    try:
+        await core.persist_group_records(group_id)
+    except (StorageFailure, OffsetRecordError) as e:
+        return heartbeat_refusal(req, GroupError("NOT_COORDINATOR", f"not written: {e}"))
     return heartbeat_reply(req, answer)
 
 

@@ -20,8 +20,8 @@ from .consumer_groups import (
     described_assignment,
     described_group,
     heartbeat_refusal,
-    heartbeat_reply,
     member_entry,
+    persisted_reply,
 )
 from .group_admin import coordinator_error
 
@@ -54,7 +54,6 @@ async def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
         answer = core.share_groups.heartbeat(hb, core.group_topics(), _now())
     except GroupError as e:
         return heartbeat_refusal(req, e)
-    await core.persist_group_records(b.group_id)  # before the member learns of it, as Kafka
     try:
         # The state topic exists before the group's first ShareFetch needs it (in a cluster
         # it is created through etcd, which takes a moment).
@@ -62,7 +61,7 @@ async def handle_share_group_heartbeat(core, req: Request, conn) -> bytes:
     except StorageFailure:
         pass
     keep_expiring_share_groups(core)
-    return heartbeat_reply(req, answer)
+    return await persisted_reply(core, req, b.group_id, answer)
 
 
 def handle_share_group_describe(core, req: Request, conn) -> bytes:
