@@ -180,11 +180,14 @@ def test_a_cut_through_damage_that_a_crash_interrupted_is_finished_at_the_next_o
     assert seg.read_bytes() == (tmp_path / "primary.log").read_bytes()  # repaired, byte for byte
 
 
-def test_a_damaged_copy_named_in_sync_leaves_the_set_at_a_new_epoch_before_it_is_cut(
-    etcd: EtcdServer, tmp_path
+@pytest.mark.parametrize("in_sync", [True, False], ids=["named-in-sync", "out-of-sync"])
+def test_a_damaged_copy_makes_a_new_epoch_without_itself_in_sync_before_it_is_cut(
+    etcd: EtcdServer, tmp_path, in_sync
 ):
     """A copy etcd still names in sync (its restart was quicker than the controller) must not
-    be cut while so named: it could be elected without records it had acknowledged."""
+    be cut while so named: it could be elected without records it had acknowledged. Out of the
+    set already, it makes a new epoch all the same: a join of it by the primary, prepared
+    before its restart and still on its way to etcd, then fails its epoch guard."""
     store = _damaged_store(tmp_path / "b")
     vlog = store.logs["g7"]
     assert len(vlog.damaged) == 1
@@ -201,14 +204,14 @@ def test_a_damaged_copy_named_in_sync_leaves_the_set_at_a_new_epoch_before_it_is
                 await n.connect(None)
                 await n.register()
             assert me.store is not None
-            st = VirtualLogState(7, [1, 2], 1, 3, [1, 2])
+            st = VirtualLogState(7, [1, 2], 1, 3, [1, 2] if in_sync else [1])
             await me.store.put(me.keys.vlog(7), json.dumps(st.to_json()).encode())
             while 7 not in me.vlogs or 1 not in me.brokers:
                 await asyncio.sleep(0.05)
             repair = DamageRepair(me, store)
             assert repair.damaged("g7") == (damaged.seq, damaged.start)
 
-            # Named in sync: a Fence is refused and nothing is cut.
+            # Before its new epoch: a Fence is refused and nothing is cut.
             assert not repair.cut_at_fence("g7", 3)
             assert vlog.end == end
             left = asyncio.Event()

@@ -8,11 +8,13 @@ lagging backup takes. A damaged primary back from a restart hands its log over f
 (``Replicator._restarted``) and is then such a backup.
 
 The cut must never leave an in-sync replica without a committed record (it could be elected
-and lose it). So a damaged backup still named in sync first leaves the in-sync set at a new
-epoch with the same primary: the bump retires the primary's links of the old epoch, whose
-acknowledgements in flight could otherwise name it in sync again. It cuts only when a primary
-fences it and etcd (as this broker sees it) does not name it in sync; until its copy is cut it
-completes no Fence, so it acknowledges nothing and no primary can name it in sync. With no
+and lose it). So a damaged backup first makes a new epoch with the same primary, without itself
+in the in-sync set (one etcd transaction guarded by the state it read): the bump retires
+whatever could name it in sync again, the primary's links of older epochs and their joins
+still on their way to etcd (guarded by their epoch, they fail). It cuts only when a primary
+fences it at that epoch or a later one (each derived from it) and etcd, as this broker sees it,
+does not name it in sync; until its copy is cut it completes no Fence, so it acknowledges
+nothing and no primary can name it in sync. With no
 other in-sync replica registered it keeps its copy as recovery left it (the range lost,
 CORRUPT_MESSAGE), as a single broker does.
 """
@@ -36,6 +38,7 @@ class DamageRepair:
         self.node = node
         self.store = store
         self._leaving: set[int] = set()
+        self._cleared: dict[str, int] = {}  # log -> the epoch it made to be cut at
         self._tasks: set[asyncio.Future] = set()
 
     def damaged(self, name: str) -> tuple[int, int] | None:
@@ -43,11 +46,16 @@ class DamageRepair:
         vlog = self.store.logs.get(name)
         return None if vlog is None else vlog.first_damage()
 
+    def _ready(self, name: str, st: VirtualLogState) -> bool:
+        """Whether the copy may be cut at ``st``: at or after the epoch it made, not in sync."""
+        cleared = self._cleared.get(name)
+        return cleared is not None and st.epoch >= cleared and self.node.node_id not in st.isr
+
     def check(self, st: VirtualLogState, then) -> None:
-        """For a log this broker backs up: if its copy is damaged and etcd names it in sync,
-        leave the in-sync set at a new epoch (``then`` runs after, to reconcile)."""
+        """For a log this broker backs up: if its copy is damaged, make a new epoch with the
+        same primary and without this broker in sync (``then`` runs after, to reconcile)."""
         me = self.node.node_id
-        if st.primary == me or me not in st.isr or st.vid in self._leaving:
+        if st.primary == me or st.vid in self._leaving or self._ready(st.log_name, st):
             return
         if self.damaged(st.log_name) is None:
             return
@@ -55,7 +63,7 @@ class DamageRepair:
 
         def leave(now: VirtualLogState) -> VirtualLogState | None:
             primary = now.primary
-            if primary == me or me not in now.isr:
+            if primary == me or self._ready(st.log_name, now):
                 return None
             if primary not in now.isr or primary not in self.node.brokers:
                 return None  # no one else holds it all: keep the copy as recovery left it
@@ -66,6 +74,7 @@ class DamageRepair:
             try:
                 new = await self.node.update_vlog(st.vid, leave)
                 if new is not None:
+                    self._cleared[st.log_name] = new.epoch
                     log.warning(
                         "%s: this copy holds damaged bytes: out of the in-sync set at epoch %d "
                         "to have them sent again by %d",
@@ -93,13 +102,13 @@ class DamageRepair:
 
     def cut_at_fence(self, name: str, epoch: int) -> bool:
         """A primary fences this copy at ``epoch``: cut it at its first damage, if any.
-        False if it is damaged but still named in sync (the Fence is refused, and tried
-        again once it has left)."""
+        False if it is damaged but not ready to be cut (the Fence is refused, and tried again
+        once the new epoch is made)."""
         cut = self.damaged(name)
         if cut is None:
             return True
         st = self._state(name)
-        if st is None or self.node.node_id in st.isr or st.epoch != epoch:
+        if st is None or st.epoch != epoch or not self._ready(name, st):
             return False
         vlog = self.store.logs[name]
         log.warning(
@@ -110,4 +119,5 @@ class DamageRepair:
             cut,
         )
         self.store.truncate_log(name, *cut)
+        self._cleared.pop(name, None)
         return True
