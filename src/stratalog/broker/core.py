@@ -623,7 +623,7 @@ class BrokerCore:
         }
 
     def _drop_groups_of(self, log_name: str) -> None:
-        """This broker leads ``log_name`` anew: what it knew of the modern groups of the offsets
+        """This broker leads ``log_name`` anew: what it knew of the groups of the offsets
         partitions in it may be stale (another coordinator led them meanwhile); they are taken
         back from the records once the log's tail is committed."""
         parts = self._offsets_partitions_in(log_name)
@@ -634,6 +634,8 @@ class BrokerCore:
             self.consumer_groups.drop(gid)
         for gid in [g for g in self.share_groups.groups if partition_for(g, n) in parts]:
             self.share_groups.drop_membership(gid)
+        for gid in [g for g in self.coordinator.groups if partition_for(g, n) in parts]:
+            self.coordinator.unload(gid)
 
     def _restore_groups(self) -> None:
         """Take back the groups whose records the offsets partitions led here hold: classic

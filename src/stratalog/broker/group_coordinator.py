@@ -537,6 +537,24 @@ class GroupCoordinator:
         for t in g.pending.values():
             t.cancel()
 
+    def unload(self, group_id: str) -> None:
+        """Drop a group, members and all: another coordinator led its partition since, so what
+        this one knows may be stale (it is restored from the records). Requests parked in it
+        are answered NOT_COORDINATOR, and the clients look for the coordinator again."""
+        g = self.groups.pop(group_id, None)
+        if g is None:
+            return
+        if g.rebalance_timer is not None:
+            g.rebalance_timer.cancel()
+        for t in g.pending.values():
+            t.cancel()
+        for m in g.members.values():
+            self._cancel_expiry(m)
+            if m.join_future is not None and not m.join_future.done():
+                m.join_future.set_result(JoinResult("NOT_COORDINATOR", member_id=m.member_id))
+            if m.sync_future is not None and not m.sync_future.done():
+                m.sync_future.set_result(("NOT_COORDINATOR", b""))
+
     def shutdown(self) -> None:
         for t in self._writes:
             t.cancel()
