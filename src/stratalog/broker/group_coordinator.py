@@ -532,6 +532,10 @@ class GroupCoordinator:
         if g is None or g.members:
             return
         del self.groups[group_id]
+        self._stop_timers(g)
+
+    @staticmethod
+    def _stop_timers(g: Group) -> None:
         if g.rebalance_timer is not None:
             g.rebalance_timer.cancel()
         for t in g.pending.values():
@@ -544,10 +548,7 @@ class GroupCoordinator:
         g = self.groups.pop(group_id, None)
         if g is None:
             return
-        if g.rebalance_timer is not None:
-            g.rebalance_timer.cancel()
-        for t in g.pending.values():
-            t.cancel()
+        self._stop_timers(g)
         for m in g.members.values():
             self._cancel_expiry(m)
             if m.join_future is not None and not m.join_future.done():
@@ -559,10 +560,7 @@ class GroupCoordinator:
         for t in self._writes:
             t.cancel()
         for g in self.groups.values():
-            if g.rebalance_timer is not None:
-                g.rebalance_timer.cancel()
-            for t in g.pending.values():
-                t.cancel()
+            self._stop_timers(g)
             for m in g.members.values():
                 self._cancel_expiry(m)
                 for fut in (m.join_future, m.sync_future):
