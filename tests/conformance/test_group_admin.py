@@ -339,6 +339,20 @@ def test_group_deletions_survive_restart(tmp_path, name):
         b.kill()
 
 
+def _three_emptied_groups(bs: str, name: str) -> tuple[str, str, str]:
+    """Groups of ``name``: one whose member joined and left (idle), one with offsets only, never
+    joined (kept), one whose member committed, then left (done: its offsets keep it)."""
+    topic, idle, kept, done = f"{name}-t", f"{name}-idle", f"{name}-kept", f"{name}-done"
+    assert wire.create_topic(bs, topic, 1) == 0
+    member, _ = join(bs, idle, subscription(topic))
+    leave(bs, idle, member)
+    commit(bs, kept, {(topic, 0): 1})
+    member, gen = join(bs, done, subscription(topic))
+    commit(bs, done, {(topic, 0): 2}, member, gen)
+    leave(bs, done, member)
+    return idle, kept, done
+
+
 def test_a_group_its_members_left_is_dropped_at_the_clean_up_interval(tmp_path, name):
     """Stratalog alone: Kafka's clean-up runs every ``offsets.retention.check.interval.ms``
     (10 minutes by default, too long for a test); here at 1 s the group a member joined and
@@ -347,15 +361,7 @@ def test_a_group_its_members_left_is_dropped_at_the_clean_up_interval(tmp_path, 
     b = BrokerProcess(tmp_path / "data", settings=settings).start()
     try:
         bs = b.bootstrap
-        topic, idle, kept = f"{name}-t", f"{name}-idle", f"{name}-kept"
-        done = f"{name}-done"  # its member committed, then left: its offsets keep it
-        assert wire.create_topic(bs, topic, 1) == 0
-        member, _ = join(bs, idle, subscription(topic))
-        leave(bs, idle, member)
-        commit(bs, kept, {(topic, 0): 1})
-        member, gen = join(bs, done, subscription(topic))
-        commit(bs, done, {(topic, 0): 2}, member, gen)
-        leave(bs, done, member)
+        idle, kept, done = _three_emptied_groups(bs, name)
         assert listed(bs, name) == [
             (done, "Empty", "consumer", "classic"),
             (idle, "Empty", "consumer", "classic"),
@@ -386,15 +392,7 @@ def test_emptied_groups_survive_a_restart_with_their_protocol_type(tmp_path, nam
     b = BrokerProcess(tmp_path / "data").start()
     try:
         bs = b.bootstrap
-        topic, idle, kept = f"{name}-t", f"{name}-idle", f"{name}-kept"
-        done = f"{name}-done"
-        assert wire.create_topic(bs, topic, 1) == 0
-        member, _ = join(bs, idle, subscription(topic))
-        leave(bs, idle, member)
-        commit(bs, kept, {(topic, 0): 1})
-        member, gen = join(bs, done, subscription(topic))
-        commit(bs, done, {(topic, 0): 2}, member, gen)
-        leave(bs, done, member)
+        idle, kept, done = _three_emptied_groups(bs, name)
         before = listed(bs, name)
         described = describe(bs, idle)
         time.sleep(0.5)  # (an emptied group's record is written without holding up LeaveGroup)
