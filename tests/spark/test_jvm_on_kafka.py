@@ -204,7 +204,14 @@ def _main_records() -> list[Rec]:
 def main(kbs: str) -> tuple[str, list[Sent]]:
     name = topic_name("kafka-main")
     create_topic(kbs, name, MAIN_PARTITIONS)
-    return name, _produce(kbs, name, _main_records())
+    # Idempotent: without it librdkafka may retry a batch (say after NOT_LEADER on a topic just
+    # created) while the next one is appended, and a partition would then not hold its records
+    # in send order (seen in CI: Kafka answered offset 0 of partition 0 for T0 + 1001).
+    sent = _produce(kbs, name, _main_records(), **{"enable.idempotence": True})
+    # The cases below count on record i at offset i // 4 of partition i % 4.
+    misplaced = [s for s in sent if s.offset != (s.timestamp - T0) // MAIN_PARTITIONS]
+    assert not misplaced, f"{len(misplaced)} records out of send order, e.g. {misplaced[:2]}"
+    return name, sent
 
 
 @pytest.fixture(scope="module")
