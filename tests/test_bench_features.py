@@ -71,6 +71,10 @@ def test_the_goals_are_ratios_of_the_same_run():
             phases=phases,
         ),
     ]
+    # An experiment on the compaction load (bench/experiments/compaction-steered.toml) is
+    # judged by the same goal, per target.
+    raw.append(raw[-1] | {"workload": "compaction-steered", "target": "stratalog-steered-5"})
+    raw[-1]["extra"] = raw[-1]["extra"] | {"cleaning_p99_rise": 0.1}
     goals = {g.name: g for g in features_report.feature_goals(aggregate(raw), raw)}
     assert goals["transactional produce vs Kafka (flush.messages=1)"].met is True
     assert goals["transactional produce vs Kafka (default, reference)"].met is None
@@ -78,6 +82,10 @@ def test_the_goals_are_ratios_of_the_same_run():
     assert goals["produce over SASL_SSL vs Kafka over SASL_SSL (flush.messages=1)"].met is True
     cleaning = goals["produce p99 while a compacted topic is cleaned (stratalog)"]
     assert cleaning.met is False and "+40%" in cleaning.measured
+    steered = goals["produce p99 while a compacted topic is cleaned (stratalog-steered-5)"]
+    assert steered.met is True and "+10%" in steered.measured
+    md = "\n".join(features_report.markdown_lines(aggregate(raw), raw))
+    assert "Phases of compaction-steered on stratalog-steered-5" in md
 
 
 def test_failed_logins_beside_a_good_client(tmp_path: Path):

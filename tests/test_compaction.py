@@ -454,3 +454,49 @@ def test_a_partition_changed_during_a_cleaning_keeps_its_data(tmp_path, monkeypa
             await store.close()
 
     asyncio.run(run())
+
+
+def test_the_cleaners_rate_is_the_brokers_to_steer_while_it_runs(tmp_path):
+    """The worker process reads the rate its broker steers (``Cleaner.rate``, shared memory) at
+    every read and write, and says when it waits for it: at a slow rate it is held back, and
+    the same cleaning, let go mid-way, ends with the right records. FsyncGuidedRate steers
+    that rate as it steers backlog reads: it grows only while the worker waits."""
+    import time
+
+    from stratalog.storage.throttle import FsyncGuidedRate
+
+    async def run():
+        store = _store(tmp_path, segment_bytes=64_000)
+        cleaner = _cleaner(store)
+        try:
+            p = store.partitions[1]
+            written = []
+            for r in range(60):  # ~600 KB: at 20 KB/s it would take half a minute
+                recs = [(b"k%d" % k, b"r%d-" % r + b"x" * 1000, T0 + r * 10 + k) for k in range(10)]
+                res = p.append(build_batch(recs))
+                written += [(res.base_offset + i, *recs[i]) for i in range(len(recs))]
+            await _roll(store)
+            pacer = FsyncGuidedRate(cleaner.rate, target=0.002, floor=20_000, ceiling=10**9)
+            assert cleaner.rate.rate == 20_000
+            assert pacer.tick(0.0005) == 20_000  # nobody waits for it: no growth
+            task = asyncio.ensure_future(cleaner.clean(p, EAGER, T0))
+            deadline = time.monotonic() + 30
+            while not cleaner.rate.waiting(time.monotonic()):
+                assert not task.done(), "the cleaning ended without waiting for its rate"
+                assert time.monotonic() < deadline, "the worker never waited for its rate"
+                await asyncio.sleep(0.02)
+            assert pacer.tick(0.0005) == 20_000 + FsyncGuidedRate.MIN_STEP  # held back: grows
+            # The journal slowed down: halve, down to the floor.
+            assert pacer.tick(0.01) == (20_000 + FsyncGuidedRate.MIN_STEP) // 2
+            for _ in range(8):
+                pacer.tick(0.01)
+            assert cleaner.rate.rate == 20_000
+            cleaner.rate.set_rate(0)  # unlimited: the worker goes on at once
+            assert await asyncio.wait_for(task, 60)
+            assert _read(p) == _compacted(written, cleaner.cleaned(p.uid))
+            assert cleaner.cleaned(p.uid) > written[0][0]
+        finally:
+            cleaner.close()
+            await store.close()
+
+    asyncio.run(run())

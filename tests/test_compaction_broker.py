@@ -146,6 +146,25 @@ def test_a_compacted_topic_keeps_each_keys_latest_value(tmp_path):
         bp.kill()
 
 
+def test_a_cleaner_steered_by_the_journal_compacts(tmp_path):
+    """log.cleaner.fsync_target_ms: the cleaner's rate starts at log.cleaner.min_bytes_per_sec
+    and is steered by the group commit's fsyncs (fsync=always), and the topic is compacted."""
+    settings = SETTINGS | {
+        "fsync": "always",
+        "log.cleaner.fsync_target_ms": "20",
+        "log.cleaner.min_bytes_per_sec": "100000",
+    }
+    bp = BrokerProcess(tmp_path / "data", settings=settings)
+    try:
+        bp.start()
+        create_topic(bp.bootstrap, "c", 1, **COMPACT)
+        acked = produce(bp.bootstrap, "c", workload(12, 40))
+        acked |= produce(bp.bootstrap, "c", filler(300, "a"))
+        check(wait_compacted(bp.bootstrap, "c", 40), acked)
+    finally:
+        bp.kill()
+
+
 def test_kill_9_during_compaction_loses_no_latest_value(tmp_path, monkeypatch):
     data = tmp_path / "data"
     monkeypatch.setenv("STRATALOG_COMPACTION_PAUSE_MS", "60000")

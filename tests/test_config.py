@@ -55,6 +55,19 @@ def test_toml_file_nested_tables_flatten(tmp_path):
             "fetch.backlog.min_bytes_per_sec (9000000) is above",
         ),
         ({"fetch.backlog.min_bytes_per_sec": 0}, "must be positive"),
+        (
+            {"log.cleaner.fsync_target_ms": 5, "fsync": "never"},
+            "log.cleaner.fsync_target_ms steers the cleaner by the fsyncs",
+        ),
+        (
+            {
+                "log.cleaner.fsync_target_ms": 5,
+                "log.cleaner.min_bytes_per_sec": 9_000_000,
+                "log.cleaner.io.max.bytes.per.second": 5_000_000,
+            },
+            "log.cleaner.min_bytes_per_sec (9000000) is above",
+        ),
+        ({"log.cleaner.min_bytes_per_sec": 0}, "must be positive"),
     ],
 )
 def test_bad_settings_name_the_problem(values, message):

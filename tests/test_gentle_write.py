@@ -10,6 +10,7 @@ import time
 import pytest
 
 from stratalog.storage import gentle_write
+from stratalog.storage.throttle import BlockingPace
 
 SIZES = [0, 1, 4095, 4096, 4097, 512 * 1024 - 1, 512 * 1024, 512 * 1024 + 1, 3 * 1024 * 1024 + 17]
 
@@ -78,7 +79,7 @@ def test_a_paced_write_spreads_its_pieces_out(tmp_path, direct):
     else:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            gentle_write._write_synced_pieces(fd, [data], 8192, gentle_write._Pace(8192 / 0.02))
+            gentle_write._write_synced_pieces(fd, [data], 8192, BlockingPace(8192 / 0.02))
         finally:
             os.close(fd)
     assert time.monotonic() - t0 >= 9 * 0.02

@@ -533,6 +533,23 @@ SETTINGS: dict[str, Setting] = {
             "runs at a lower CPU priority either way).",
         ),
         _S(
+            "log.cleaner.fsync_target_ms",
+            float,
+            0.0,
+            "Steer the cleaner's reads and writes by the journal (needs fsync=always), as "
+            "fetch.backlog.fsync_target_ms steers backlog reads: every 100 ms its rate grows "
+            "while the cleaner waits for it and the slowest group-commit fsync stayed within "
+            "this many ms, and halves when it did not, between log.cleaner.min_bytes_per_sec "
+            "and log.cleaner.io.max.bytes.per.second (0 there: 4 GB/s); 0: a fixed rate.",
+        ),
+        _S(
+            "log.cleaner.min_bytes_per_sec",
+            int,
+            2_000_000,
+            "The least the steered cleaner reads and writes, however slow the journal's "
+            "fsyncs: a cleaning always ends.",
+        ),
+        _S(
             "log.cleaner.dedupe.buffer.size",
             int,
             128 * 1024 * 1024,
@@ -873,23 +890,33 @@ class BrokerConfig:
                 raise ConfigError(f"tiers.cold.options must be a JSON object: {e}") from None
         if self["tiers.cold.path"] and self["tiers.cold.url"]:
             raise ConfigError("set tiers.cold.path or tiers.cold.url, not both")
-        if self["fetch.backlog.fsync_target_ms"] > 0:
-            # Steered by the fsyncs acks wait for: with fsync=interval or never there are none.
-            if self["fsync"] != "always":
-                raise ConfigError(
-                    "fetch.backlog.fsync_target_ms steers backlog reads by the fsyncs that "
-                    f"producers wait for, and fsync={self['fsync']!r} has none: use "
-                    "fsync=always, or a fixed fetch.backlog.max_bytes_per_sec"
-                )
-            top = self["fetch.backlog.max_bytes_per_sec"]
-            if 0 < top < self["fetch.backlog.min_bytes_per_sec"]:
-                raise ConfigError(
-                    f"fetch.backlog.min_bytes_per_sec ({self['fetch.backlog.min_bytes_per_sec']}) "
-                    f"is above fetch.backlog.max_bytes_per_sec ({top})"
-                )
+        self._validate_steering(
+            "fetch.backlog.fsync_target_ms",
+            "backlog reads",
+            "fetch.backlog.min_bytes_per_sec",
+            "fetch.backlog.max_bytes_per_sec",
+        )
+        self._validate_steering(
+            "log.cleaner.fsync_target_ms",
+            "the cleaner",
+            "log.cleaner.min_bytes_per_sec",
+            "log.cleaner.io.max.bytes.per.second",
+        )
         self._validate_sender_cpus()
         self._validate_ranges()
         self._validate_security()
+
+    def _validate_steering(self, target: str, what: str, floor: str, top: str) -> None:
+        if self[target] <= 0:
+            return
+        # Steered by the fsyncs acks wait for: with fsync=interval or never there are none.
+        if self["fsync"] != "always":
+            raise ConfigError(
+                f"{target} steers {what} by the fsyncs that producers wait for, and "
+                f"fsync={self['fsync']!r} has none: use fsync=always, or a fixed {top}"
+            )
+        if 0 < self[top] < self[floor]:
+            raise ConfigError(f"{floor} ({self[floor]}) is above {top} ({self[top]})")
 
     def _validate_security(self) -> None:
         self._validate_etcd_tls()
@@ -1036,6 +1063,8 @@ class BrokerConfig:
         "retention.check.interval.ms": 1,
         "log.cleaner.backoff.ms": 1,
         "log.cleaner.io.max.bytes.per.second": 0,
+        "log.cleaner.fsync_target_ms": 0,
+        "log.cleaner.min_bytes_per_sec": 1,
         "log.cleaner.dedupe.buffer.size": 1024,
         "log.cleaner.min.cleanable.ratio": 0,
         "log.cleaner.min.compaction.lag.ms": 0,

@@ -23,7 +23,12 @@ SHARE_GOAL = 100_000  # records/s a share group of 4 consumers delivers
 
 
 def has_features(results: list[dict]) -> bool:
-    return any(r["workload"] in WORKLOADS for r in results)
+    return any(r["workload"] in WORKLOADS or _compaction(r["workload"]) for r in results)
+
+
+def _compaction(workload: str) -> bool:
+    """The compaction workload, or an experiment on its load (bench/experiments/compaction-*)."""
+    return workload == "compaction" or workload.startswith("compaction-")
 
 
 def _ratio_text(mine: dict, other: dict) -> str:
@@ -56,8 +61,8 @@ def _ms(x: float | None) -> str:
     return f"{x:,.1f} ms" if x is not None else "-"
 
 
-def compaction_goal(raw: list[dict], target: str) -> Goal:
-    runs = _runs_of(raw, "compaction", target)
+def compaction_goal(raw: list[dict], target: str, workload: str = "compaction") -> Goal:
+    runs = _runs_of(raw, workload, target)
     name = f"produce p99 while a compacted topic is cleaned ({target})"
     want = f"rises < {P99_RISE_GOAL:.0%}"
     ok = [r for r in runs if r["ok"] and r["extra"].get("cleaning_p99_rise") is not None]
@@ -164,8 +169,8 @@ def feature_goals(rows: list[dict], raw: list[dict]) -> list[Goal]:
     """Issues 28 and 29's goals that a bench run measures (``rows``: aggregated)."""
     ratios = [_ratio_goal(name, rows, *args) for name, *args in RATIO_GOALS]
     out = ratios[:3]
-    for t in sorted({r["target"] for r in raw if r["workload"] == "compaction"}):
-        out.append(compaction_goal(raw, t))
+    for w, t in sorted({(r["workload"], r["target"]) for r in raw if _compaction(r["workload"])}):
+        out.append(compaction_goal(raw, t, w))
     for t in sorted({r["target"] for r in raw if r["workload"] == "share"}):
         out.append(share_goal(raw, t))
     out += ratios[3:]
@@ -183,7 +188,7 @@ def markdown_lines(rows: list[dict], raw: list[dict]) -> list[str]:
     lines.append("")
     for r in raw:
         x = r.get("extra") or {}
-        if r["workload"] not in ("compaction", "auth") or "phases" not in x:
+        if not (_compaction(r["workload"]) or r["workload"] == "auth") or "phases" not in x:
             continue
         lines += [f"Phases of {r['workload']} on {r['target']}, run {r.get('run', 1)}:", ""]
         lines += [
@@ -198,7 +203,7 @@ def markdown_lines(rows: list[dict], raw: list[dict]) -> list[str]:
                 f"| {_num(p.get('broker_produce_p99_ms'))} | {_num(p.get('fsync_p99_ms'))} "
                 f"| {_num(p.get('server_cores'))} |"
             )
-        if r["workload"] == "compaction":
+        if _compaction(r["workload"]):
             c = x.get("cleaner_during_phase", {})
             lines += [
                 "",
@@ -223,8 +228,9 @@ def chart(rows: list[dict], raw: list[dict], out_dir: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in rows if r["ok"] and r["workload"] in WORKLOADS]
+    ok = [r for r in rows if r["ok"] and (r["workload"] in WORKLOADS or _compaction(r["workload"]))]
     panels = [w for w in WORKLOADS if any(r["workload"] == w for r in ok)]
+    panels += sorted({r["workload"] for r in ok} - set(WORKLOADS))  # compaction experiments
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
@@ -243,7 +249,7 @@ def chart(rows: list[dict], raw: list[dict], out_dir: Path) -> Path | None:
             ax.axhline(SHARE_GOAL, color="r", ls=":", lw=1)
             ax.set_ylabel("records/s delivered and acknowledged (median of runs)")
             ax.set_title("A share group of 4 consumers")
-        elif w == "compaction":
+        elif _compaction(w):
             _phase_bars(ax, raw, w, names, "publish_p99_ms", "produce p99 (ms)")
             ax.set_title("Produce p99 around a cleaning")
         else:

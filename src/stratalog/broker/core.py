@@ -259,6 +259,16 @@ class BrokerCore:
                 followers=(self.backlog_send_rate,),
             )
         metrics.BACKLOG_RATE.set(self.backlog_rate.rate)
+        # The cleaner's worker reads and writes at a rate steered the same way, if asked.
+        self.cleaner_pacer: FsyncGuidedRate | None = None
+        if config["log.cleaner.fsync_target_ms"] > 0:
+            self.cleaner_pacer = FsyncGuidedRate(
+                self.cleaner.rate,
+                target=config["log.cleaner.fsync_target_ms"] / 1000,
+                floor=config["log.cleaner.min_bytes_per_sec"],
+                ceiling=config["log.cleaner.io.max.bytes.per.second"] or 4_000_000_000,
+            )
+        metrics.CLEANER_RATE.set(self.cleaner.rate.rate)
         cache = self.store.tail_cache
         metrics.TAIL_CACHE_BYTES.set_function(lambda: cache.bytes)
         self.direct_reader = (
@@ -364,8 +374,8 @@ class BrokerCore:
                 {"cluster_id": self.metadata.cluster_id, "node_id": self.node_id}
             )
             self._tasks.append(asyncio.ensure_future(self._slot_refresh_loop()))
-        if self.backlog_pacer is not None:
-            self._tasks.append(asyncio.ensure_future(self._backlog_pacer_loop()))
+        if self.backlog_pacer is not None or self.cleaner_pacer is not None:
+            self._tasks.append(asyncio.ensure_future(self._fsync_pacer_loop()))
         if self.backlog_sender is not None:
             self.backlog_sender.start()
         if self.store.cold is not None:
@@ -460,12 +470,17 @@ class BrokerCore:
             await asyncio.sleep(SLOT_REFRESH_S)
             slots.refresh(self.store.partitions.values())
 
-    async def _backlog_pacer_loop(self) -> None:
-        assert self.backlog_pacer is not None
+    async def _fsync_pacer_loop(self) -> None:
+        """Every 100 ms, the slowest group-commit fsync steers the rates of backlog reads and of
+        the cleaner (each if configured): one reading of it for both."""
         SLOWEST_SYNC.take()  # what came before this broker's loop started does not count
         while True:
             await asyncio.sleep(0.1)
-            metrics.BACKLOG_RATE.set(self.backlog_pacer.tick(SLOWEST_SYNC.take()))
+            slowest = SLOWEST_SYNC.take()
+            if self.backlog_pacer is not None:
+                metrics.BACKLOG_RATE.set(self.backlog_pacer.tick(slowest))
+            if self.cleaner_pacer is not None:
+                metrics.CLEANER_RATE.set(self.cleaner_pacer.tick(slowest))
 
     async def _retention_loop(self) -> None:
         interval = self.config["retention.check.interval.ms"] / 1000

@@ -68,6 +68,11 @@ BACKLOG_RATE = Gauge(
     "stratalog_backlog_rate_bytes_per_second",
     "The backlog read budget now (0: unlimited); steered with fetch.backlog.fsync_target_ms",
 )
+CLEANER_RATE = Gauge(
+    "stratalog_cleaner_rate_bytes_per_second",
+    "The cleaner's read and write rate now (0: unlimited); steered with "
+    "log.cleaner.fsync_target_ms",
+)
 TAIL_CACHE_BYTES = Gauge(
     "stratalog_tail_cache_bytes", "Bytes of chunks in the broker-wide tail cache (cache.tail_bytes)"
 )

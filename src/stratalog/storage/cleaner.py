@@ -24,7 +24,8 @@ A partition is cleaned when its *dirty ratio* (bytes past the clean point over a
 range) reaches ``min.cleanable.dirty.ratio``, or when its first dirty chunk is older than
 ``max.compaction.lag.ms``. The dirtiest partition goes first, one at a time, in one worker
 process at a lower priority, its reads and writes paced (``log.cleaner.io.max.bytes.per.
-second``), so that produce latency is not hurt (the isolation migration and catch-up reads have).
+second``, or steered by the journal's fsync latency with ``log.cleaner.fsync_target_ms``), so
+that produce latency is not hurt (the isolation migration and catch-up reads have).
 
 Migration and compaction both change a partition's manifest: migration marks a partition while
 its commit is under way (``LogStore.cold_committing``) and drops a copy whose hot chunks were
@@ -47,10 +48,11 @@ from pathlib import Path
 
 from stratalog.storage.chunk_index import ChunkIndex
 from stratalog.storage.cold_tier import ColdSegment, ColdSegmentMeta, ColdTierError
-from stratalog.storage.compaction import Job, Result, Source, clean
-from stratalog.storage.migration_worker import _plain_main, _start_worker
+from stratalog.storage.compaction import Job, Result, Source, clean, start_cleaner_worker
+from stratalog.storage.migration_worker import _plain_main
 from stratalog.storage.partition import PartitionLog
 from stratalog.storage.segment import mkdir_durable
+from stratalog.storage.throttle import SharedRate
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,9 @@ class Cleaner:
         self.stats = CleanerStats()
         self._pool: Executor | None = executor
         self._own_pool = executor is None
+        # The worker's reads and writes, in bytes per second (0: unlimited): the setting, or
+        # what the broker steers it to by the journal's fsyncs (throttle.FsyncGuidedRate).
+        self.rate = SharedRate(settings.io_bytes_per_sec)
         self._busy = False
 
     def close(self) -> None:
@@ -200,8 +205,8 @@ class Cleaner:
             self._pool = ProcessPoolExecutor(
                 1,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start_worker,
-                initargs=(os.getpid(), self.settings.cpus),
+                initializer=start_cleaner_worker,
+                initargs=(os.getpid(), self.settings.cpus, self.rate),
             )
         return self._pool
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from stratalog.storage import gentle_write
 from stratalog.storage.chunk_index import ChunkIndex, Columns
 from stratalog.storage.noatime import open_noatime
+from stratalog.storage.throttle import BlockingPace
 from stratalog.storage.txn_index import is_transactional_producer
 
 log = logging.getLogger(__name__)
@@ -293,7 +294,12 @@ class ColdStore:
 
     # -- primitive I/O -------------------------------------------------------------------------
     def _write(
-        self, path: str, data: bytes | list[bytes], *, gentle: bool = False, rate: float = 0.0
+        self,
+        path: str,
+        data: bytes | list[bytes],
+        *,
+        gentle: bool = False,
+        rate: float | BlockingPace = 0.0,
     ) -> None:
         """Write a whole file (one buffer, or parts back to back), synced. ``gentle``: in small
         requests one at a time (gentle_write.py), for segment data, so the journal's fsyncs
@@ -383,10 +389,11 @@ class ColdStore:
 
     # -- segments ------------------------------------------------------------------------------
     def write_segment(
-        self, uid: int, batches: list[bytes], rate: float = 0.0
+        self, uid: int, batches: list[bytes], rate: float | BlockingPace = 0.0
     ) -> tuple[ColdSegmentMeta, list[ColdEntry]]:
         """Write whole record batches back to back, with an index, synced (at ``rate`` bytes
-        per second if given, on a local tier); return the segment's description and entries."""
+        per second if given, or to a job's BlockingPace, on a local tier); return the segment's
+        description and entries."""
         from stratalog.storage.batch import parse_header
 
         entries: list[ColdEntry] = []

@@ -55,7 +55,8 @@ from stratalog.storage.batch import (
     pack_header,
     parse_header,
 )
-from stratalog.storage.migration_worker import spans
+from stratalog.storage.migration_worker import _start_worker, spans
+from stratalog.storage.throttle import BlockingPace, SharedRate
 
 DELETE_HORIZON_MASK = 0x40  # KIP-534: the base timestamp is the batch's delete horizon
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
@@ -63,6 +64,17 @@ _XERIAL_BLOCK = 32 * 1024
 # Tests kill a broker in the middle of a cleaning: STRATALOG_COMPACTION_PAUSE_MS holds the worker
 # that long once its segments are written, before the broker commits them.
 _PAUSE_S = float(os.environ.get("STRATALOG_COMPACTION_PAUSE_MS", "0")) / 1000
+# In a cleaner worker: the rate its broker steers (set by start_cleaner_worker), kept in place
+# of a job's fixed rate.
+_STEERED: SharedRate | None = None
+
+
+def start_cleaner_worker(broker_pid: int, cpus: frozenset[int], rate: SharedRate) -> None:
+    """A cleaner worker's start: a migration worker's (priority, CPUs, dies with the broker),
+    and the broker's rate for its reads and writes."""
+    global _STEERED
+    _start_worker(broker_pid, cpus)
+    _STEERED = rate
 
 
 def key_digest(key: bytes) -> bytes:
@@ -219,7 +231,8 @@ class Job:
     delete_retention_ms: int
     max_keys: int = 1 << 20
     segment_bytes: int = 64 << 20
-    rate: float = 0.0  # bytes per second read and written; 0: unlimited
+    rate: float = 0.0  # bytes per second read and written; 0: unlimited (a cleaner worker
+    # keeps its broker's steered rate instead)
     keep_bytes: int = 0  # an unchanged cold segment at least this big is kept, not rewritten
 
 
@@ -234,27 +247,10 @@ class Result:
     records_removed: int = 0
 
 
-class _Pace:
-    """Holds the job's reads and writes to ``rate`` bytes per second (on average)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.start = time.monotonic()
-        self.done = 0
-
-    def __call__(self, nbytes: int) -> None:
-        if self.rate <= 0:
-            return
-        self.done += nbytes
-        ahead = self.done / self.rate - (time.monotonic() - self.start)
-        if ahead > 0.001:
-            time.sleep(ahead)
-
-
 class _Reader:
     """Opens a job's sources and iterates their batches."""
 
-    def __init__(self, job: Job, store, pace: _Pace) -> None:
+    def __init__(self, job: Job, store, pace: BlockingPace) -> None:
         self.job = job
         self.store = store
         self.pace = pace
@@ -317,7 +313,7 @@ def clean(job: Job) -> Result:
     from stratalog.storage.cold_tier import ColdStore, entries_index
 
     store = ColdStore(job.location, job.options)
-    pace = _Pace(job.rate)
+    pace = BlockingPace(_STEERED if _STEERED is not None else job.rate)
     reader = _Reader(job, store, pace)
     is_aborted = _aborted_lookup(job.aborted)
     result = Result(job.limit)
@@ -371,8 +367,7 @@ def clean(job: Job) -> Result:
     def flush() -> None:
         nonlocal out, out_bytes
         if out:
-            meta, entries = store.write_segment(job.uid, out, job.rate)
-            pace(meta.size)
+            meta, entries = store.write_segment(job.uid, out, pace)
             result.written_bytes += meta.size
             result.segments.append(("new", meta, entries_index(entries)))
         out, out_bytes = [], 0

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 from collections.abc import Iterable, Iterator, Sequence
+
+from stratalog.storage.throttle import BlockingPace
 
 PIECE = 512 * 1024
 BLOCK = 4096  # O_DIRECT: whole blocks at block offsets, from aligned memory
@@ -26,11 +27,14 @@ Data = bytes | bytearray | memoryview
 
 
 def write_file(
-    path: str, data: Data | Sequence[Data], piece: int = PIECE, rate: float = 0.0
+    path: str,
+    data: Data | Sequence[Data],
+    piece: int = PIECE,
+    rate: float | BlockingPace = 0.0,
 ) -> None:
     """Create (or replace) ``path`` holding ``data`` (one buffer, or parts written back to back),
     durable when this returns; with ``rate`` (bytes per second, > 0) the pieces are spread out
-    to that pace.
+    to that pace (a BlockingPace: the pace of a larger job this write is part of).
 
     Parts are copied into each piece as it goes out, never joined into one buffer first: on a
     pool thread, one ``b"".join`` of a 64 MiB segment is a single C call that holds the GIL for
@@ -40,6 +44,7 @@ def write_file(
     if piece <= 0 or piece % BLOCK:
         raise ValueError(f"piece must be a positive multiple of {BLOCK}, not {piece}")
     parts = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    pace = rate if isinstance(rate, BlockingPace) else BlockingPace(rate)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
@@ -48,12 +53,12 @@ def write_file(
             dfd = -1
         if dfd >= 0:
             try:
-                size = _write_direct(dfd, parts, piece, _Pace(rate))
+                size = _write_direct(dfd, parts, piece, pace)
             finally:
                 os.close(dfd)
             os.ftruncate(fd, size)  # the last block was padded
         else:
-            _write_synced_pieces(fd, parts, piece, _Pace(rate))
+            _write_synced_pieces(fd, parts, piece, pace)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -78,29 +83,17 @@ def _pieces(parts: Iterable[Data], piece: int, out: memoryview) -> Iterator[int]
         yield filled
 
 
-class _Pace:
-    """Sleeps before each piece until the bytes before it have had their time at ``rate``."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.start = time.monotonic()
-
-    def wait(self, done: int) -> None:
-        if self.rate > 0:
-            delay = self.start + done / self.rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-
-
-def _write_direct(dfd: int, parts: Iterable[Data], piece: int, pace: _Pace | None = None) -> int:
+def _write_direct(
+    dfd: int, parts: Iterable[Data], piece: int, pace: BlockingPace | None = None
+) -> int:
     """Write ``parts`` in O_DIRECT pieces, the last one padded; return the data's size."""
-    pace = pace or _Pace(0)
+    pace = pace or BlockingPace()
     buf = mmap.mmap(-1, piece)  # page-aligned
     pos = 0
     try:
         with memoryview(buf) as out:
             for k in _pieces(parts, piece, out):
-                pace.wait(pos)
+                pace(k)
                 padded = -(-k // BLOCK) * BLOCK
                 out[k:padded] = bytes(padded - k)
                 written = os.pwrite(dfd, out[:padded], pos)
@@ -113,15 +106,13 @@ def _write_direct(dfd: int, parts: Iterable[Data], piece: int, pace: _Pace | Non
 
 
 def _write_synced_pieces(
-    fd: int, parts: Iterable[Data], piece: int, pace: _Pace | None = None
+    fd: int, parts: Iterable[Data], piece: int, pace: BlockingPace | None = None
 ) -> None:
-    pace = pace or _Pace(0)
+    pace = pace or BlockingPace()
     buf = bytearray(piece)
-    done = 0
     with memoryview(buf) as out:
         for k in _pieces(parts, piece, out):
-            pace.wait(done)
-            done += k
+            pace(k)
             view = out[:k]
             while view:
                 view = view[os.write(fd, view) :]

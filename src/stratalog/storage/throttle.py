@@ -4,6 +4,7 @@ the controller that can steer the backlog's limit by the journal's fsync latency
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
 
 # How far ahead of a byte rate the small turns of a paced sender may run: a token bucket this
@@ -125,3 +126,74 @@ class FsyncGuidedRate:
         for limit in (self.rate, *self.followers):
             limit.set_rate(r, now)
         return r
+
+
+class SharedRate:
+    """A byte rate that one process steers and a worker process keeps (the cleaner's): the rate
+    and the last time the worker waited for it, two numbers in shared memory. Made before the
+    worker starts and handed to it then (a spawned process can be given it at its start only).
+    It has ByteRate's face for FsyncGuidedRate: ``rate``, ``set_rate`` and ``waiting``."""
+
+    # The worker waited for the rate this recently: it counts as held back (the steering's
+    # intervals are 0.1 s; one wait per read span or written piece at any useful rate).
+    HELD_S = 0.25
+
+    def __init__(self, rate: float = 0.0) -> None:
+        self._cells = multiprocessing.get_context("spawn").RawArray("d", 2)
+        self._cells[0] = rate
+
+    @property
+    def rate(self) -> float:
+        return self._cells[0]
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        self._cells[0] = value
+
+    def set_rate(self, rate: float, now: float | None = None) -> None:
+        self._cells[0] = rate
+
+    def waiting(self, now: float) -> bool:
+        return self._cells[0] > 0 and now - self._cells[1] < self.HELD_S
+
+    def note_held(self, now: float) -> None:
+        self._cells[1] = now
+
+
+class BlockingPace:
+    """Holds a worker's reads and writes to a byte rate by sleeping (worker processes and
+    threads, never the event loop): called with each piece's size before it goes, it returns
+    once the piece's time under the rate has come. A token bucket ``PACE_SLACK_S`` deep, so a
+    pause (a slow read, CPU work) is not made up for by a burst after it. ``rate``: bytes per
+    second (<= 0: unlimited), or a SharedRate, read again at every call so a steered rate
+    takes effect at the next piece."""
+
+    STEP_S = 0.05  # a steered rate is looked at again this often while waiting
+
+    def __init__(self, rate: float | SharedRate = 0.0) -> None:
+        self._shared = rate if isinstance(rate, SharedRate) else None
+        self._fixed = 0.0 if self._shared is not None else float(rate)  # type: ignore[arg-type]
+        self._until = 0.0
+
+    def __call__(self, nbytes: int) -> None:
+        rate = self._shared.rate if self._shared is not None else self._fixed
+        if rate <= 0 or nbytes <= 0:
+            return
+        now = time.monotonic()
+        self._until = max(self._until, now - PACE_SLACK_S) + nbytes / rate
+        if self._shared is None:
+            if self._until > now:
+                time.sleep(self._until - now)
+            return
+        # Steered: wait in short steps, and reschedule what is left at a new rate at once (a
+        # piece admitted at the floor must not sleep for seconds after the rate went up).
+        while self._until > now:
+            self._shared.note_held(now)
+            time.sleep(min(self._until - now, self.STEP_S))
+            now = time.monotonic()
+            new = self._shared.rate
+            if new <= 0:
+                self._until = now
+            elif new != rate and self._until > now:
+                self._until = now + (self._until - now) * rate / new
+            rate = new
