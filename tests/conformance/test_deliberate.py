@@ -30,6 +30,7 @@ from . import wire
 from .conftest import KAFKA_PROPERTIES, both, start_kafka, warm_up
 from .deliberate import DELIBERATE, check_deliberate
 from .test_consumer_group_protocol import _group_view, _hb, _heartbeat_until_settled
+from .test_share_groups import Member, member_id
 
 pytestmark = pytest.mark.kafka
 
@@ -268,6 +269,13 @@ def membership_across_restart(bs: str, restart: Callable[[], str], name: str) ->
     assert r["error_code"] == 0, r
     owned: dict[str, list[int]] = {}
     epoch = _heartbeat_until_settled(bs, kip848, member2, r, {(wire.topic_id(bs, topic), 0)}, owned)
+    # And a share-group member (KIP-932), assigned the partition.
+    share = Member(bs, f"{name}-share", topic, member_id(name, "share"))
+    share.join()
+    share_epoch = share.epoch
+    share_before = wire.call(
+        bs, 77, 1, group_ids=[share.group], include_authorized_operations=False
+    )["groups"]
 
     bs = restart()
 
@@ -306,7 +314,19 @@ def membership_across_restart(bs: str, restart: Callable[[], str], name: str) ->
                     topic_partitions=report),
         lambda r: r["error_code"],
     )  # fmt: skip
+    share.bs = bs
+    share_beat = settled(share.heartbeat, lambda r: r["error_code"])
+    share_after = settled(
+        lambda: wire.call(bs, 77, 1, group_ids=[share.group], include_authorized_operations=False),
+        lambda r: r["groups"][0]["error_code"],
+    )["groups"]
     return {
+        # (The epoch itself differs: Kafka's assignment after a join bumps it more than once.)
+        "share_heartbeat": (
+            err(share_beat["error_code"]),
+            share_beat["member_epoch"] == share_epoch,
+        ),
+        "share_group_kept": wire.normalise(share_after) == wire.normalise(share_before),
         "kip848_heartbeat": (err(beat["error_code"]), beat["member_epoch"] == epoch),
         "kip848_group": _group_view(bs, kip848),
         "heartbeat": hb,
@@ -345,7 +365,10 @@ def test_group_membership_after_restart(fresh_stratalog, name):
         kafka.close()
     # Both keep the member (its group metadata record in __consumer_offsets), its assignment
     # and the group's offset; and the consumer-protocol member with its epoch and assignment
-    # (the group's records, types 3 and 5 to 8).
+    # (the group's records, types 3 and 5 to 8); and the share-group member at its epoch (types
+    # 10 to 14), the group described as before.
+    assert kafka_obs["share_heartbeat"] == ("NONE", True)
+    assert kafka_obs["share_group_kept"] is True
     assert kafka_obs["heartbeat"] == "NONE" and kafka_obs["group_state"] == "Stable"
     assert kafka_obs["kip848_heartbeat"] == ("NONE", True)
     assert kafka_obs["kip848_group"]["state"] == "Stable"

@@ -461,26 +461,3 @@ def java_release_until_archived(bs: str, name: str) -> dict[str, Any]:
 def test_java_release_until_archived(share_pair: Pair) -> None:
     strat = _same(share_pair, java_release_until_archived, "cf-share-java")
     assert strat["records"] == [(0, n, "v0") for n in range(1, 6)]
-
-
-def test_share_group_membership_survives_a_restart(fresh_stratalog) -> None:
-    """Stratalog alone (Kafka keeps a share group's members in __consumer_offsets the same way):
-    a member joined and assigned before a restart heartbeats on at its epoch afterwards, and
-    the group is described with it, as before."""
-    broker = fresh_stratalog()
-    bs, name = broker.bootstrap, unique("cf-share-restart")
-    assert wire.create_topic(bs, name, 1) == 0
-    wire.wait_for_topic(bs, name, 1)
-    m = Member(bs, f"{name}-g", name, member_id(name, "m"))
-    m.join()
-    before = wire.call(bs, 77, 1, group_ids=[m.group], include_authorized_operations=False)
-    broker.stop()
-    bs = fresh_stratalog(broker.data_dir).bootstrap
-    m.bs = bs
-    r = m.heartbeat()
-    assert (r["error_code"], r["member_epoch"]) == (
-        0,
-        before["groups"][0]["members"][0]["member_epoch"],
-    )
-    after = wire.call(bs, 77, 1, group_ids=[m.group], include_authorized_operations=False)
-    assert wire.normalise(after["groups"]) == wire.normalise(before["groups"])
