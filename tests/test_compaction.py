@@ -500,3 +500,34 @@ def test_the_cleaners_rate_is_the_brokers_to_steer_while_it_runs(tmp_path):
             await store.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("sched_idle", [False, True])
+def test_the_cleaners_worker_runs_below_the_broker(tmp_path, sched_idle):
+    """log.cleaner.priority: the worker process at nice +10 (low, the default) or in the
+    SCHED_IDLE class (idle), as the kernel reports it while the worker lives."""
+    import os
+
+    async def run():
+        store = _store(tmp_path)
+        cleaner = _cleaner(store, sched_idle=sched_idle)
+        try:
+            p = store.partitions[1]
+            written = _write(p, 20, 5)
+            await _roll(store)
+            assert await cleaner.clean(p, EAGER, T0)
+            assert _read(p) == _compacted(written, cleaner.cleaned(p.uid))
+            pids = list(cleaner._pool._processes)  # type: ignore[union-attr]
+            assert pids
+            for pid in pids:
+                policy = os.sched_getscheduler(pid)
+                if sched_idle:
+                    assert policy == os.SCHED_IDLE
+                else:
+                    assert policy == os.SCHED_OTHER
+                    assert os.getpriority(os.PRIO_PROCESS, pid) >= 10
+        finally:
+            cleaner.close()
+            await store.close()
+
+    asyncio.run(run())

@@ -68,6 +68,7 @@ def test_toml_file_nested_tables_flatten(tmp_path):
             "log.cleaner.min_bytes_per_sec (9000000) is above",
         ),
         ({"log.cleaner.min_bytes_per_sec": 0}, "must be positive"),
+        ({"log.cleaner.priority": "high"}, "log.cleaner.priority must be"),
     ],
 )
 def test_bad_settings_name_the_problem(values, message):

@@ -533,6 +533,14 @@ SETTINGS: dict[str, Setting] = {
             "runs at a lower CPU priority either way).",
         ),
         _S(
+            "log.cleaner.priority",
+            str,
+            "low",
+            "CPU priority of the cleaner's worker process: low (nice +10: a small share of a "
+            "busy core) or idle (SCHED_IDLE and the idle I/O class: only CPU time and disk "
+            "time no other task wants; a cleaning waits while the cores are busy).",
+        ),
+        _S(
             "log.cleaner.fsync_target_ms",
             float,
             0.0,
@@ -831,6 +839,7 @@ _CHOICES = {
     "storage.layout": ("virtual", "per-partition"),
     "storage.fsync_via": ("auto", "io_uring", "thread"),
     "share.auto.offset.reset": ("latest", "earliest"),
+    "log.cleaner.priority": ("low", "idle"),
     "ssl.client.auth": ("none", "requested", "required"),
     "admin.auth": ("auto", "basic", "none"),
 }

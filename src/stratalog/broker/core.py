@@ -242,6 +242,7 @@ class BrokerCore:
                 segment_bytes=min(config["segment.bytes"], 64 << 20),
                 backoff_ms=config["log.cleaner.backoff.ms"],
                 cpus=self._broker_cpus | sender_cpus,
+                sched_idle=config["log.cleaner.priority"] == "idle",
             ),
         )
         # Backlog reads (from segment files) share one budget, so catch-up consumers cannot

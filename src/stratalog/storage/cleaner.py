@@ -77,6 +77,7 @@ class CleanerSettings:
     segment_bytes: int = 64 << 20  # size of the segments written
     backoff_ms: int = 15000  # between looks for partitions to clean
     cpus: frozenset[int] = frozenset()
+    sched_idle: bool = False  # the worker in SCHED_IDLE and the idle I/O class, not nice +10
 
 
 @dataclass
@@ -206,7 +207,7 @@ class Cleaner:
                 1,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=start_cleaner_worker,
-                initargs=(os.getpid(), self.settings.cpus, self.rate),
+                initargs=(os.getpid(), self.settings.cpus, self.rate, self.settings.sched_idle),
             )
         return self._pool
 

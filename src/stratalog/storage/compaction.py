@@ -56,6 +56,7 @@ from stratalog.storage.batch import (
     parse_header,
 )
 from stratalog.storage.migration_worker import _start_worker, spans
+from stratalog.storage.priority import lower_this_thread
 from stratalog.storage.throttle import BlockingPace, SharedRate
 
 DELETE_HORIZON_MASK = 0x40  # KIP-534: the base timestamp is the batch's delete horizon
@@ -69,11 +70,17 @@ _PAUSE_S = float(os.environ.get("STRATALOG_COMPACTION_PAUSE_MS", "0")) / 1000
 _STEERED: SharedRate | None = None
 
 
-def start_cleaner_worker(broker_pid: int, cpus: frozenset[int], rate: SharedRate) -> None:
+def start_cleaner_worker(
+    broker_pid: int, cpus: frozenset[int], rate: SharedRate, sched_idle: bool = False
+) -> None:
     """A cleaner worker's start: a migration worker's (priority, CPUs, dies with the broker),
-    and the broker's rate for its reads and writes."""
+    and the broker's rate for its reads and writes. ``sched_idle``: in the SCHED_IDLE CPU class
+    and the idle I/O class instead, so that it runs only on CPU time nobody else wants (a
+    nice +10 process still takes a share of a busy core, and delays the broker's wake-ups)."""
     global _STEERED
     _start_worker(broker_pid, cpus)
+    if sched_idle:
+        lower_this_thread(sched_idle=True)
     _STEERED = rate
 
 
