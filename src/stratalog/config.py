@@ -967,7 +967,7 @@ class BrokerConfig:
 
     def _validate_etcd_tls(self) -> None:
         # Only the URLs and which settings are set: the files are read when the broker starts
-        # (security/tls.py's etcd_client_tls), like the listeners' certificates.
+        # (cluster/etcd_tls.py's etcd_client_tls), like the listeners' certificates.
         endpoints = self.etcd_endpoints
         https = [e for e in endpoints if e.lower().startswith("https://")]
         tls_set = [

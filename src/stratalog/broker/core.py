@@ -37,6 +37,7 @@ from stratalog.broker.stopping import BoundedStop
 from stratalog.broker.topic_config import TopicConfigView
 from stratalog.broker.txn_coordinator import TransactionCoordinator
 from stratalog.broker.txn_records import TRANSACTION_STATE_TOPIC
+from stratalog.cluster.etcd_tls import etcd_client_tls
 from stratalog.cluster.metadata import (
     INTERNAL_TOPICS,
     MetadataError,
@@ -49,7 +50,6 @@ from stratalog.security.acl_store import AclStore
 from stratalog.security.authorizer import Authorizer, parse_super_users
 from stratalog.security.credentials import CredentialStore, read_plain_users
 from stratalog.security.listeners import Listener
-from stratalog.security.tls import etcd_client_tls
 from stratalog.storage.backlog_loader import BacklogLoader
 from stratalog.storage.chunk_index import RUN_CACHE
 from stratalog.storage.cleaner import Cleaner, CleanerSettings, CompactionPolicy

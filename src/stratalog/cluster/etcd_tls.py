@@ -19,7 +19,10 @@ import re
 import socket
 import ssl
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
+
+from stratalog.config import ConfigError
 
 TRUSTSTORE = "cluster.etcd.ssl.truststore.location"
 KEYSTORE = "cluster.etcd.ssl.keystore.location"
@@ -198,3 +201,28 @@ def _not_tls(endpoint: str, why: str) -> str:
         f"etcd at {endpoint} does not complete a TLS handshake ({why}): is its client URL "
         f"{plain} (no --cert-file)? A plain etcd is named with http:// in cluster.etcd"
     )
+
+
+def etcd_client_tls(config: Any) -> EtcdTls | None:
+    """The broker's TLS to an https etcd (``cluster.etcd.ssl.*``), its files read and checked
+    now (a missing file, a keystore without a key or certificate, a key that does not match
+    its certificate or does not decrypt: a ConfigError naming the setting); None for a plain
+    http etcd or none at all."""
+    if not any(e.lower().startswith("https://") for e in config.etcd_endpoints):
+        return None
+    tls = EtcdTls(
+        config["cluster.etcd.ssl.truststore.location"],
+        config["cluster.etcd.ssl.keystore.location"],
+        config["cluster.etcd.ssl.key.password"],
+    )
+    try:
+        tls.grpc_material()
+        tls.client_context()  # the CA bundle parses for OpenSSL too
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    except ssl.SSLError as e:
+        raise ConfigError(
+            f"cluster.etcd.ssl.truststore.location: {tls.truststore} is not a usable PEM "
+            f"bundle ({e.reason or e})"
+        ) from None
+    return tls

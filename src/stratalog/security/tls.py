@@ -162,30 +162,3 @@ def principal_of(ssl_object: Any) -> str:
 
     subject = x509.load_der_x509_certificate(der).subject.rfc4514_string()
     return f"User:{subject}"
-
-
-def etcd_client_tls(config: Any) -> Any:
-    """The broker's TLS to an https etcd (``cluster.etcd.ssl.*``), its files read and checked
-    now (a missing file, a keystore without a key or certificate, a key that does not match
-    its certificate or does not decrypt: a ConfigError naming the setting); None for a plain
-    http etcd or none at all."""
-    from stratalog.cluster.etcd_tls import EtcdTls
-
-    if not any(e.lower().startswith("https://") for e in config.etcd_endpoints):
-        return None
-    tls = EtcdTls(
-        config["cluster.etcd.ssl.truststore.location"],
-        config["cluster.etcd.ssl.keystore.location"],
-        config["cluster.etcd.ssl.key.password"],
-    )
-    try:
-        tls.grpc_material()
-        tls.client_context()  # the CA bundle parses for OpenSSL too
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    except ssl.SSLError as e:
-        raise ConfigError(
-            f"cluster.etcd.ssl.truststore.location: {tls.truststore} is not a usable PEM "
-            f"bundle ({e.reason or e})"
-        ) from None
-    return tls
