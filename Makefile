@@ -29,7 +29,7 @@ kafka-deps: $(STAMP)
 	@$(PY) -c 'from stratalog.peers.kafka import resolve_kafka; print("Apache Kafka jars in", resolve_kafka())'
 	@$(PY) -c 'from stratalog.peers.kafka import resolve_kafka_apps; print("Kafka Streams and Connect jars in", *resolve_kafka_apps().values())'
 
-$(STAMP): pyproject.toml setup.py src/stratalog/client/_columns.c
+$(STAMP): pyproject.toml setup.py src/stratalog/client/_columns.c src/stratalog/storage/_key_scan.c src/stratalog/kafka_varint.h
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip

@@ -19,6 +19,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "../kafka_varint.h"
 #include <string.h>
 
 #define HEADER_SIZE 61
@@ -44,22 +46,6 @@ static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_
 static inline int64_t wrap_ms_to_us(int64_t ms) { return (int64_t)((uint64_t)ms * 1000u); }
 
 static inline int16_t be16(const uint8_t *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
-
-/* A zigzag varint; on overrun or more than 10 bytes sets *ok = 0. */
-static inline int64_t varlong(const uint8_t **pp, const uint8_t *end, int *ok) {
-    const uint8_t *p = *pp;
-    uint64_t v = 0;
-    for (int shift = 0; shift < 70 && p < end; shift += 7) {
-        uint8_t b = *p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *pp = p;
-            return (int64_t)(v >> 1) ^ -(int64_t)(v & 1);
-        }
-    }
-    *ok = 0;
-    return 0;
-}
 
 typedef struct {
     Py_ssize_t n, key_bytes, value_bytes, key_nulls, value_nulls;

@@ -65,6 +65,11 @@ _XERIAL_BLOCK = 32 * 1024
 # Tests kill a broker in the middle of a cleaning: STRATALOG_COMPACTION_PAUSE_MS holds the worker
 # that long once its segments are written, before the broker commits them.
 _PAUSE_S = float(os.environ.get("STRATALOG_COMPACTION_PAUSE_MS", "0")) / 1000
+# The two passes' record walk in C (_key_scan.c), where it was built; else in Python.
+try:
+    from stratalog.storage import _key_scan as _native
+except ImportError:  # pragma: no cover (built without a C compiler)
+    _native = None
 # In a cleaner worker: the rate its broker steers (set by start_cleaner_worker), kept in place
 # of a job's fixed rate.
 _STEERED: SharedRate | None = None
@@ -107,7 +112,7 @@ class RawRecord:
 
 def records_of(h: BatchHeader, batch: bytes | memoryview) -> list[RawRecord]:
     """The records of one batch (decompressed if need be)."""
-    body = decompress(h.compression, memoryview(batch)[HEADER_SIZE : h.size])
+    body = _body(h, batch)
     out: list[RawRecord] = []
     pos = 0
     mv = memoryview(body)
@@ -131,6 +136,68 @@ def records_of(h: BatchHeader, batch: bytes | memoryview) -> list[RawRecord]:
     if pos != len(body):
         raise CorruptBatchError("batch has bytes after its last record")
     return out
+
+
+def _body(h: BatchHeader, batch: bytes | memoryview) -> bytes | memoryview:
+    return decompress(h.compression, memoryview(batch)[HEADER_SIZE : h.size])
+
+
+def remember(
+    h: BatchHeader, batch: bytes | memoryview, latest: dict[bytes, int], max_keys: int
+) -> bool:
+    """Pass 1 for one batch: map each keyed record's key digest to its offset in ``latest``.
+    False (and nothing added) if the map holds keys already and the batch's new keys would
+    take it over ``max_keys``."""
+    if _native is not None:
+        try:
+            return _native.remember(
+                _body(h, batch), h.record_count, h.base_offset, latest, key_digest, max_keys
+            )
+        except ValueError as e:
+            raise CorruptBatchError(str(e)) from None
+    recs = records_of(h, batch)
+    if len(latest) + len(recs) > max_keys and len(latest) > 0:
+        new = {key_digest(r.key) for r in recs if r.key is not None} - latest.keys()
+        if len(latest) + len(new) > max_keys:
+            return False
+    for r in recs:
+        if r.key is not None:
+            latest[key_digest(r.key)] = h.base_offset + r.offset_delta
+    return True
+
+
+def survivors(
+    h: BatchHeader, batch: bytes | memoryview, latest: dict[bytes, int], expired: bool
+) -> tuple[list[RawRecord], bool]:
+    """Pass 2 for one batch: the records that stay (a key, no later offset for it in
+    ``latest``, not a tombstone past its horizon when ``expired``), and whether one of them is
+    a tombstone."""
+    if _native is not None:
+        body = _body(h, batch)
+        try:
+            spans, tombstones = _native.survivors(
+                body, h.record_count, h.base_offset, latest, key_digest, expired
+            )
+        except ValueError as e:
+            raise CorruptBatchError(str(e)) from None
+        mv = memoryview(body)
+        # (Key and value are not carried: the rebuild copies each record's bytes whole.)
+        kept = [RawRecord(mv[a:b], off, ts, None, True, after) for a, b, off, ts, after in spans]
+        return kept, tombstones
+    kept: list[RawRecord] = []
+    tombstones = False
+    for r in records_of(h, batch):
+        if r.key is None:
+            continue
+        offset = h.base_offset + r.offset_delta
+        if latest.get(key_digest(r.key), offset) > offset:
+            continue  # superseded
+        if not r.has_value:
+            if expired:
+                continue
+            tombstones = True
+        kept.append(r)
+    return kept, tombstones
 
 
 def keyless_records(h: BatchHeader, batch: bytes | memoryview) -> list[int]:
@@ -352,16 +419,10 @@ def clean(job: Job) -> Result:
                 continue
             if h.attributes & TRANSACTIONAL_MASK and is_aborted(h.producer_id, h.base_offset):
                 continue
-            recs = records_of(h, view)
-            if len(latest) + len(recs) > job.max_keys and len(latest) > 0:
-                new = {key_digest(r.key) for r in recs if r.key is not None} - latest.keys()
-                if len(latest) + len(new) > job.max_keys:
-                    limit = h.base_offset  # the map is full: clean up to here this time
-                    full = True
-                    break
-            for r in recs:
-                if r.key is not None:
-                    latest[key_digest(r.key)] = h.base_offset + r.offset_delta
+            if not remember(h, view, latest, job.max_keys):
+                limit = h.base_offset  # the map is full: clean up to here this time
+                full = True
+                break
     if full:
         last_of_producer = {p: b for p, b in last_of_producer.items() if b < limit}
     result.limit = limit
@@ -427,22 +488,9 @@ def _filter(
     if h.attributes & CONTROL_MASK:
         return view  # transaction markers stay (see the module docstring)
     aborted = bool(h.attributes & TRANSACTIONAL_MASK) and is_aborted(h.producer_id, h.base_offset)
-    recs = [] if aborted else records_of(h, view)
     has_horizon = bool(h.attributes & DELETE_HORIZON_MASK)
     expired = has_horizon and job.now_ms >= h.base_timestamp
-    kept: list[RawRecord] = []
-    tombstones = False
-    for r in recs:
-        if r.key is None:
-            continue
-        offset = h.base_offset + r.offset_delta
-        if latest.get(key_digest(r.key), offset) > offset:
-            continue  # superseded
-        if not r.has_value:
-            if expired:
-                continue
-            tombstones = True
-        kept.append(r)
+    kept, tombstones = ([], False) if aborted else survivors(h, view, latest, expired)
     removed = h.record_count - len(kept)
     result.records_kept += len(kept)
     result.records_removed += removed
