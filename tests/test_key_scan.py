@@ -71,6 +71,9 @@ def test_both_walks_agree(codec, seed):
 
     got, want = _both(run)
     assert got == want
+    # The produce path's check of a compacted topic: the records without a key.
+    keyless, expected = _both(lambda: [compaction.keyless_records(h, raw) for h, raw in batches])
+    assert keyless == expected and any(keyless)
     latest, kept = got
     assert any(len(k) > 16 for k in latest)  # long keys went through the digest
     assert any(t for _k, t in kept) and any(not k for k, _t in kept)
@@ -111,6 +114,7 @@ def test_malformed_records_raise_on_both_paths(damage):
         for call in (
             lambda: compaction.remember(h2, bad, {}, 1 << 20),
             lambda: compaction.survivors(h2, bad, {}, False),
+            lambda: compaction.keyless_records(h2, bad),
         ):
             with pytest.raises(CorruptBatchError):
                 call()
@@ -118,4 +122,4 @@ def test_malformed_records_raise_on_both_paths(damage):
         return outcomes
 
     got, want = _both(run)
-    assert got == want == ["refused", "refused"]
+    assert got == want == ["refused"] * 3

@@ -21,6 +21,9 @@
  *     after_timestamp where their offset delta starts, relative to start; and whether a kept
  *     one is a tombstone. A record goes if it has no key, if the map has a later offset for
  *     its key, or if it is a tombstone and `expired` is true.
+ * keyless(body, count) -> list
+ *     The indexes of the records without a key (a produce to a compacted topic refuses them:
+ *     this runs on the broker's event loop, for every batch such a topic is sent).
  *
  * Malformed input raises ValueError and never reads outside `body`.
  */
@@ -223,7 +226,38 @@ done:
     return result;
 }
 
+static PyObject *keyless(PyObject *self, PyObject *args) {
+    Py_buffer body;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &body, &count))
+        return NULL;
+    PyObject *out = PyList_New(0), *result = NULL;
+    Py_ssize_t pos = 0;
+    rec_t r;
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (next_record(body.buf, body.len, &pos, &r) < 0)
+            goto done;
+        if (r.key_len < 0) {
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (at == NULL || PyList_Append(out, at) < 0) {
+                Py_XDECREF(at);
+                goto done;
+            }
+            Py_DECREF(at);
+        }
+    }
+    if (at_end(pos, body.len))
+        result = Py_NewRef(out);
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&body);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"keyless", keyless, METH_VARARGS, "The indexes of the batch's records without a key."},
     {"remember", remember, METH_VARARGS, "Pass 1: map the batch's keys to their offsets."},
     {"survivors", survivors, METH_VARARGS, "Pass 2: the batch's records that stay."},
     {NULL, NULL, 0, NULL},

@@ -204,6 +204,11 @@ def keyless_records(h: BatchHeader, batch: bytes | memoryview) -> list[int]:
     """The indexes in the batch of its records without a key (refused by a compacted topic)."""
     if h.attributes & CONTROL_MASK:
         return []
+    if _native is not None:
+        try:
+            return _native.keyless(_body(h, batch), h.record_count)
+        except ValueError as e:
+            raise CorruptBatchError(str(e)) from None
     return [i for i, r in enumerate(records_of(h, batch)) if r.key is None]
 
 
