@@ -38,7 +38,7 @@ from stratalog.broker.share_state_records import (
 
 from .conformance import wire
 from .conftest import BrokerProcess, create_topic
-from .test_share_groups import JavaShareConsumer, _produce
+from .test_share_groups import JavaShareConsumer, _produce, close_share_consumer
 
 DELIVERY_LIMIT = 5
 SETTINGS = {
@@ -225,7 +225,7 @@ def consume_through_a_crash(
                 ack(c, poll(c, oracle, 0.2), oracle)
     finally:
         for c in consumers:
-            c.close()
+            close_share_consumer(c)
 
     # Nothing whose acknowledgement the broker confirmed was delivered again, before or after
     # the crash, and every record was confirmed exactly once (an acknowledgement refused at the

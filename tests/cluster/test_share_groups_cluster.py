@@ -30,6 +30,7 @@ from stratalog.cluster.local_cluster import LocalCluster
 from stratalog.storage.journal import StorageFailure
 
 from ..conformance import wire
+from ..test_share_groups import close_share_consumer
 from ..test_share_state import SETTINGS, Oracle, consume_through_a_crash, poll, share_consumer
 from .conftest import in_process_brokers, wait_for
 
@@ -70,7 +71,7 @@ def _group_with_remote_state(cluster: LocalCluster, topic: str, leaders: dict[in
             lambda: _led(first, SHARE_STATE_TOPIC) or (poll(warm, Oracle(), 0.2) and None), 30
         )
     finally:
-        warm.close()
+        close_share_consumer(warm)
     assert state, f"{SHARE_STATE_TOPIC} was not created"
     tid = wire.topic_id(first, topic)
 

@@ -28,7 +28,7 @@ from stratalog.peers.kafka import KafkaBroker
 from stratalog.records import build_batch
 
 from ..conftest import KAFKA_TEST_JVM
-from ..test_share_groups import JavaShareConsumer
+from ..test_share_groups import JavaShareConsumer, close_share_consumer
 from . import wire
 from .conftest import KAFKA_PROPERTIES, Pair, both, start_kafka, unique, warm_up
 from .deliberate import check_deliberate
@@ -404,7 +404,7 @@ def librdkafka_share_consumers(bs: str, name: str) -> dict[str, Any]:
         out["delivery counts"] = {f"{p}-{v}": d for (p, v), d in seen.items() if d != [1]}
     finally:
         for c in consumers:
-            c.close()
+            close_share_consumer(c)
     return out
 
 
