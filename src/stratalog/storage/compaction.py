@@ -142,6 +142,14 @@ def _body(h: BatchHeader, batch: bytes | memoryview) -> bytes | memoryview:
     return decompress(h.compression, memoryview(batch)[HEADER_SIZE : h.size])
 
 
+def _walk(fn, *args):
+    """A call into the C walk; its ValueError (a malformed record) is the batch's damage."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise CorruptBatchError(str(e)) from None
+
+
 def remember(
     h: BatchHeader, batch: bytes | memoryview, latest: dict[bytes, int], max_keys: int
 ) -> bool:
@@ -149,12 +157,15 @@ def remember(
     False (and nothing added) if the map holds keys already and the batch's new keys would
     take it over ``max_keys``."""
     if _native is not None:
-        try:
-            return _native.remember(
-                _body(h, batch), h.record_count, h.base_offset, latest, key_digest, max_keys
-            )
-        except ValueError as e:
-            raise CorruptBatchError(str(e)) from None
+        return _walk(
+            _native.remember,
+            _body(h, batch),
+            h.record_count,
+            h.base_offset,
+            latest,
+            key_digest,
+            max_keys,
+        )
     recs = records_of(h, batch)
     if len(latest) + len(recs) > max_keys and len(latest) > 0:
         new = {key_digest(r.key) for r in recs if r.key is not None} - latest.keys()
@@ -174,12 +185,9 @@ def survivors(
     a tombstone."""
     if _native is not None:
         body = _body(h, batch)
-        try:
-            spans, tombstones = _native.survivors(
-                body, h.record_count, h.base_offset, latest, key_digest, expired
-            )
-        except ValueError as e:
-            raise CorruptBatchError(str(e)) from None
+        spans, tombstones = _walk(
+            _native.survivors, body, h.record_count, h.base_offset, latest, key_digest, expired
+        )
         mv = memoryview(body)
         # (Key and value are not carried: the rebuild copies each record's bytes whole.)
         kept = [RawRecord(mv[a:b], off, ts, None, True, after) for a, b, off, ts, after in spans]
@@ -205,10 +213,7 @@ def keyless_records(h: BatchHeader, batch: bytes | memoryview) -> list[int]:
     if h.attributes & CONTROL_MASK:
         return []
     if _native is not None:
-        try:
-            return _native.keyless(_body(h, batch), h.record_count)
-        except ValueError as e:
-            raise CorruptBatchError(str(e)) from None
+        return _walk(_native.keyless, _body(h, batch), h.record_count)
     return [i for i, r in enumerate(records_of(h, batch)) if r.key is None]
 
 
